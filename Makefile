@@ -1,0 +1,35 @@
+# Baton developer entry points. `make test` and `make run` set up what they need first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+DEMO_MODEL ?= .cache/checkpoints/k3-tiny
+
+.PHONY: setup test run lint clean
+
+setup: $(STAMP)
+
+# torch goes in first so pip takes the local CPU build instead of resolving a CUDA one for a dependant.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+$(DEMO_MODEL)/config.json: | setup
+	$(VENV)/bin/baton checkpoint init --family k3 --preset tiny --seed 0 --out $(DEMO_MODEL)
+
+run: setup $(DEMO_MODEL)/config.json
+	$(VENV)/bin/baton generate --model $(DEMO_MODEL) --prompt "Hello, Baton!" --max-tokens 16
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,76 @@
+"""Kimi Delta Attention (KDA), token-by-token recurrent reference.
+
+Per head, with recurrent state ``S [K, V]`` (float32) and per-channel log-decay ``g_t <= 0``::
+
+    S      <- diag(exp(g_t)) S                    # decay first,
+    delta  =  beta_t * (v_t - S^T k_t)            # then read what the memory predicts for k_t,
+    S      <- S + k_t delta^T                     # write the correction,
+    o_t    =  scale * S^T q_t
+
+``q`` and ``k`` are expected L2-normalised (see ``l2_normalize``).
+"""
+
+import torch
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim, in float32 (the fla convention, not ``max``)."""
+    xf = x.to(torch.float32)
+    return xf / torch.sqrt((xf * xf).sum(dim=-1, keepdim=True) + eps)
+
+
+def kda_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the KDA recurrence one token at a time.
+
+    Args:
+        q, k: ``[B, T, H, K]`` L2-normalised queries and keys.
+        v: ``[B, T, H, V]`` values.
+        g: ``[B, T, H, K]`` log forget gate (``<= 0``).
+        beta: ``[B, T, H]`` write strength in ``(0, 1)``.
+        scale: query scale, usually ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` float32, or None for zeros.
+
+    Returns:
+        ``(o [B, T, H, V] in v.dtype, final_state [B, H, K, V] float32)``.
+    """
+    batch, seq_len, heads, k_dim = k.shape
+    v_dim = v.shape[-1]
+    qf, kf, vf, gf, bf = (t.to(torch.float32) for t in (q, k, v, g, beta))
+    state = (
+        torch.zeros(batch, heads, k_dim, v_dim, dtype=torch.float32, device=v.device)
+        if initial_state is None
+        else initial_state.to(torch.float32).clone()
+    )
+    out = torch.empty(batch, seq_len, heads, v_dim, dtype=torch.float32, device=v.device)
+    for t in range(seq_len):
+        state = state * gf[:, t].exp()[..., None]
+        predicted = (state * kf[:, t][..., None]).sum(dim=-2)
+        delta = (vf[:, t] - predicted) * bf[:, t][..., None]
+        state = state + kf[:, t][..., None] * delta[..., None, :]
+        out[:, t] = (state * (qf[:, t] * scale)[..., None]).sum(dim=-2)
+    return out.to(v.dtype), state
+
+
+def kda_forget_gate(gate_logits: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor) -> torch.Tensor:
+    """KDA's per-channel log forget gate ``g = -exp(A_log) * softplus(gate_logits + dt_bias)``.
+
+    Args:
+        gate_logits: ``[B, T, H, K]`` output of the gate's low-rank projection ``f_b(f_a(x))``.
+        dt_bias: ``[H * K]``.
+        a_log: ``[H]`` (any shape with H elements) log decay rate per head.
+
+    Returns:
+        ``[B, T, H, K]`` float32, ``<= 0``. Softplus switches to the identity above 20, as fla does.
+    """
+    heads, k_dim = gate_logits.shape[-2:]
+    x = gate_logits.to(torch.float32) + dt_bias.to(torch.float32).view(heads, k_dim)
+    softplus = torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(x)))
+    return -torch.exp(a_log.to(torch.float32).reshape(heads, 1)) * softplus

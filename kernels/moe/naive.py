@@ -1,0 +1,76 @@
+"""Mixture-of-experts references: the sigmoid group-limited router and the expert combine.
+
+Routing (DeepSeek-V3 / Kimi "noaux_tc"): scores are ``sigmoid(logits)``; a per-expert correction bias
+is added only to *choose* experts. Experts are split into ``n_group`` groups, each group is scored by
+the sum of its two best biased scores, the ``topk_group`` best groups are kept, and the ``top_k``
+best biased experts inside them are chosen. Their *unbiased* scores, optionally renormalised, times
+``routed_scaling_factor`` are the combine weights.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def route_tokens(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick experts for each token.
+
+    Args:
+        router_logits: ``[N, E]`` float32.
+        correction_bias: ``[E]`` float32 selection bias.
+        top_k, n_group, topk_group: routing budget (see module docstring).
+        norm_topk_prob: renormalise the chosen scores to sum to one.
+        routed_scaling_factor: multiplies the final weights.
+
+    Returns:
+        ``(weights [N, top_k] float32, expert_ids [N, top_k] int64)``.
+    """
+    tokens, experts = router_logits.shape
+    scores = router_logits.to(torch.float32).sigmoid()
+    biased = scores + correction_bias.to(torch.float32)
+    grouped = biased.view(tokens, n_group, experts // n_group)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    kept_groups = group_scores.topk(topk_group, dim=-1).indices
+    group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept_groups, True)
+    expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(tokens, experts)
+    expert_ids = biased.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1).indices
+    weights = scores.gather(1, expert_ids)
+    if norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * routed_scaling_factor, expert_ids
+
+
+def moe_experts(
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """SwiGLU experts, combined in expert-id order.
+
+    Args:
+        x: ``[N, D]`` token activations.
+        expert_ids: ``[N, k]`` chosen experts.
+        weights: ``[N, k]`` combine weights (float32).
+        w_gate_up: ``[E, 2I, D]`` gate rows then up rows of each expert.
+        w_down: ``[E, D, I]``.
+
+    Returns:
+        ``[N, D]`` in ``x.dtype``: ``sum_j weights[:, j] * down(silu(gate x) * up x)``, accumulated
+        expert by expert in increasing id so the summation order does not depend on the batch.
+    """
+    out = torch.zeros_like(x)
+    for expert in torch.unique(expert_ids).tolist():
+        token_idx, slot = torch.where(expert_ids == expert)
+        gate, up = F.linear(x[token_idx], w_gate_up[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w_down[expert]) * weights[token_idx, slot, None]
+        out.index_add_(0, token_idx, y.to(out.dtype))
+    return out

@@ -1,0 +1,1 @@
+"""Baton's services: the engine (model + cache), prefill, decode, HiCache and transfer."""

@@ -1,0 +1,1 @@
+"""Hugging Face checkpoint folders: explicit tensor-name mapping, streaming load, random tiny checkpoints."""

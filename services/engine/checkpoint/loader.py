@@ -1,0 +1,113 @@
+"""Stream a checkpoint folder's safetensors into a freshly built model, tensor by tensor."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
+from services.engine.model.config import ModelConfig
+from services.engine.model.config_loader import load_model_config
+
+from .tensor_names import NameMapper, Target
+
+
+class CheckpointError(ValueError):
+    """A checkpoint tensor is missing, unexpected, misshapen or written twice; the message names it."""
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a folder: from ``model.safetensors.index.json`` when present."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({model_dir / f for f in weight_map.values()})
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir}: no *.safetensors files")
+    for file in files:
+        if not file.is_file():
+            raise CheckpointError(f"{file}: listed in model.safetensors.index.json but missing")
+    return files
+
+
+def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None) -> CausalLM:
+    """Validate the config, build the model and stream its weights in.
+
+    Args:
+        model_dir: a Hugging Face checkpoint folder.
+        device: where the parameters live.
+        dtype: parameter dtype (default: the config's ``torch_dtype``); a few router and gate
+            parameters stay float32 (``FLOAT32_PARAMETERS``).
+
+    Returns:
+        The model in eval mode.
+
+    Raises:
+        ConfigError: the config is invalid (before anything else is read).
+        CheckpointError: a tensor is missing, unexpected, of the wrong shape, or given twice.
+    """
+    model_dir = Path(model_dir)
+    config = load_model_config(model_dir)
+    files = checkpoint_files(model_dir)
+    dtype = dtype or getattr(torch, config.torch_dtype)
+    model = build_empty_model(config, device, dtype)
+    _stream_weights(model, config, files)
+    return model.eval()
+
+
+def build_empty_model(config: ModelConfig, device: str, dtype: torch.dtype) -> CausalLM:
+    """Allocate the model's parameters without initialising them (filled by the caller)."""
+    with torch.device("meta"):
+        model = CausalLM(config)
+    model = model.to_empty(device=device)
+    for name, param in model.named_parameters():
+        param.requires_grad_(False)
+        if not name.endswith(FLOAT32_PARAMETERS):
+            param.data = param.data.to(dtype)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> None:
+    params = dict(model.named_parameters())
+    mapper = NameMapper(config, set(params))
+    filled: dict[str, int] = {name: 0 for name in params}
+    seen: dict[Target, str] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                if mapper.is_skipped(name):
+                    continue
+                target = mapper.resolve(name)
+                if target is None:
+                    raise CheckpointError(f"{file.name}: unexpected tensor {name!r} (no parameter of this "
+                                          f"{config.family} model takes it)")
+                if target in seen:
+                    raise CheckpointError(f"{file.name}: tensor {name!r} fills {target.describe()}, "
+                                          f"already filled by {seen[target]!r}")
+                seen[target] = name
+                destination = _destination(params[target.parameter], target)
+                tensor = handle.get_tensor(name)
+                if tensor.shape != destination.shape:
+                    raise CheckpointError(f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, expected "
+                                          f"{list(destination.shape)} for {target.describe()}")
+                destination.copy_(tensor)
+                filled[target.parameter] += destination.numel()
+    missing = [name for name, count in filled.items() if count != params[name].numel()]
+    if missing:
+        first = missing[0]
+        raise CheckpointError(f"missing tensor {first!r} ({len(missing)} parameters incomplete: "
+                              f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
+
+
+def _destination(param: torch.Tensor, target: Target) -> torch.Tensor:
+    view = param.data
+    if target.expert is not None:
+        view = view[target.expert]
+    if target.rows is not None:
+        view = view[target.rows[0] : target.rows[1]]
+    return view

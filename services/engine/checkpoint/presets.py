@@ -1,0 +1,67 @@
+"""Config presets for random checkpoints: ``tiny`` models small enough for tests on 2 CPU cores.
+
+Each preset is a ``config.json`` dict in the family's own form (loadable by transformers for
+``kimi_linear`` and ``deepseek_v32``; ``k3`` is ``kimi_linear`` plus the DSA indexer keys).
+"""
+
+from typing import Any
+
+_TINY_COMMON: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_group": 2,
+    "topk_group": 2,
+    "num_experts_per_tok": 2,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+
+_KIMI_LINEAR_ATTN = {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
+                     "kda_layers": [1, 2, 4], "full_attn_layers": [3]}
+
+_INDEXER = {"index_n_heads": 8, "index_head_dim": 16, "index_topk": 16}
+
+TINY = {
+    "kimi_linear": {
+        **_TINY_COMMON, "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"],
+        "q_lora_rank": None, "num_experts": 8, "num_shared_experts": 1, "rms_norm_eps": 1e-5,
+        "linear_attn_config": _KIMI_LINEAR_ATTN,
+    },
+    "k3": {
+        **_TINY_COMMON, "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"],
+        "q_lora_rank": 32, "num_experts": 8, "num_shared_experts": 1, "rms_norm_eps": 1e-5,
+        "linear_attn_config": _KIMI_LINEAR_ATTN, **_INDEXER,
+    },
+    "deepseek_v32": {
+        **_TINY_COMMON, "model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"],
+        "q_lora_rank": 32, "n_routed_experts": 8, "n_shared_experts": 1, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **_INDEXER,
+    },
+}
+
+PRESETS = {"tiny": TINY}
+
+
+def preset_config(family: str, preset: str) -> dict[str, Any]:
+    """A fresh copy of the preset's config dict.
+
+    Raises:
+        ValueError: unknown family or preset, naming the valid choices.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"--preset: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    if family not in PRESETS[preset]:
+        raise ValueError(f"--family: unknown family {family!r} (choose from {', '.join(PRESETS[preset])})")
+    return {key: (dict(value) if isinstance(value, dict) else value) for key, value in PRESETS[preset][family].items()}
