@@ -26,12 +26,15 @@ _TINY_COMMON: dict[str, Any] = {
     "first_k_dense_replace": 1,
     "tie_word_embeddings": False,
     "torch_dtype": "float32",
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 
 _KIMI_LINEAR_ATTN = {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
                      "kda_layers": [1, 2, 4], "full_attn_layers": [3]}
 
-_INDEXER = {"index_n_heads": 8, "index_head_dim": 16, "index_topk": 16}
+_INDEXER = {"index_n_heads": 32, "index_head_dim": 16, "index_topk": 16}
 
 TINY = {
     "kimi_linear": {

@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny random checkpoints, written once per test session."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.engine.checkpoint.presets import preset_config
+from services.engine.checkpoint.random_init import write_random_checkpoint
+
+FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``max |got - want| / max |want|`` in float64."""
+    got, want = got.double(), want.double()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """``tiny_checkpoint(family, layout="hub", **config_overrides) -> Path``, cached per arguments."""
+    made: dict[tuple, Path] = {}
+
+    def make(family: str, layout: str = "hub", seed: int = 0, **overrides) -> Path:
+        key = (family, layout, seed, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"{family}-{layout}")
+            config = preset_config(family, "tiny")
+            config.update(overrides)
+            write_random_checkpoint(out, config, seed=seed, layout=layout)
+            made[key] = out
+        return made[key]
+
+    return make

@@ -1,0 +1,54 @@
+"""Prefill-then-decode through ``SequenceState`` equals one full-sequence forward.
+
+Decode steps run the single-token paths (recurrent KDA, absorbed MLA, indexer over cached keys);
+prefill runs the chunked KDA and expanded MLA. Float32, relative max error <= 1e-5.
+"""
+
+import pytest
+import torch
+
+import services.engine.model.kda as kda_module
+import services.engine.model.mla as mla_module
+from services.engine.checkpoint.loader import load_model
+from services.engine.model.state import KdaLayerState, MlaLayerState, SequenceState
+from tests.conftest import FAMILIES, relative_error
+
+SPLITS = {"prefill-1-then-decode": [1] + [1] * 20, "prefill-13-then-decode": [13] + [1] * 8,
+          "chunks-7-30-then-decode": [7, 30, 1, 1, 1]}
+
+
+@pytest.mark.parametrize("split", list(SPLITS), ids=list(SPLITS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_equals_full(family, split, tiny_checkpoint, monkeypatch):
+    model = load_model(tiny_checkpoint(family), dtype=torch.float32)
+    calls = {"recurrent": 0, "absorbed": 0}
+
+    def counting(name, function):
+        def wrapper(*args):
+            calls[name] += 1
+            return function(*args)
+        return wrapper
+
+    monkeypatch.setattr(kda_module, "kda_recurrent", counting("recurrent", kda_module.kda_recurrent))
+    monkeypatch.setattr(mla_module, "mla_attention_absorbed", counting("absorbed", mla_module.mla_attention_absorbed))
+    sizes = SPLITS[split]
+    ids = torch.randint(0, model.config.vocab_size, (2, sum(sizes)), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids)
+        state = SequenceState()
+        pieces, start = [], 0
+        for size in sizes:
+            pieces.append(model(ids[:, start : start + size], state))
+            start += size
+    assert state.num_tokens == ids.shape[1]
+    assert relative_error(torch.cat(pieces, dim=1), full) <= 1e-5
+    decode_steps = sum(1 for i, s in enumerate(sizes) if s == 1 and i > 0)
+    kinds = model.config.layer_types
+    assert calls["absorbed"] == decode_steps * kinds.count("mla")
+    assert calls["recurrent"] == decode_steps * kinds.count("kda")
+    for index, kind in enumerate(kinds):
+        layer_state = state.layers[index]
+        if kind == "kda":
+            assert isinstance(layer_state, KdaLayerState) and layer_state.recurrent.dtype == torch.float32
+        else:
+            assert isinstance(layer_state, MlaLayerState) and layer_state.latent.shape[1] == ids.shape[1]
