@@ -1,0 +1,1 @@
+"""The ``baton`` command line: one module per subcommand, dispatched by ``cli.main``."""

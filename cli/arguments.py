@@ -1,0 +1,24 @@
+"""Argument parsing helpers shared by subcommands."""
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_token_ids(text: str, flag: str) -> list[int]:
+    """``"5,17,42"`` -> ``[5, 17, 42]``; a clear ValueError naming ``flag`` otherwise."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise ValueError(f"{flag}: expected comma-separated token ids like 5,17,42, got {text!r}")
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    return ids
+
+
+def check_vocabulary(ids: list[int], vocab_size: int, flag: str) -> None:
+    """Raise ValueError naming ``flag`` and the first id outside ``[0, vocab_size)``."""
+    for position, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"{flag}: id {token} at position {position} is outside the vocabulary [0, {vocab_size})")
