@@ -12,8 +12,8 @@ from services.engine.model.config import ModelConfig
 
 _FORGET_GATE = re.compile(r"\.self_attn\.forget_gate\.")
 _CONV = re.compile(r"\.self_attn\.conv1d\.weight$")
-_GATE_UP = re.compile(r"\.mlp\.experts\.gate_up_proj$")
-_DOWN = re.compile(r"\.mlp\.experts\.down_proj$")
+_GATE_UP = re.compile(r"\.(?:mlp|block_sparse_moe)\.experts\.gate_up_proj$")
+_DOWN = re.compile(r"\.(?:mlp|block_sparse_moe)\.experts\.down_proj$")
 
 
 def to_hub_layout(tensors: dict[str, torch.Tensor], config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:

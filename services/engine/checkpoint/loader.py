@@ -76,7 +76,8 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
     params = dict(model.named_parameters())
     mapper = NameMapper(config, set(params))
     filled: dict[str, int] = {name: 0 for name in params}
-    seen: dict[Target, str] = {}
+    # Regions written so far, by (parameter, expert); expert None holds whole-parameter writes.
+    written: dict[tuple[str, int | None], list[tuple[Target, str]]] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
@@ -86,10 +87,7 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
                 if target is None:
                     raise CheckpointError(f"{file.name}: unexpected tensor {name!r} (no parameter of this "
                                           f"{config.family} model takes it)")
-                if target in seen:
-                    raise CheckpointError(f"{file.name}: tensor {name!r} fills {target.describe()}, "
-                                          f"already filled by {seen[target]!r}")
-                seen[target] = name
+                _check_not_written(written, target, name, file.name)
                 destination = _destination(params[target.parameter], target)
                 tensor = handle.get_tensor(name)
                 if tensor.shape != destination.shape:
@@ -102,6 +100,18 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
         first = missing[0]
         raise CheckpointError(f"missing tensor {first!r} ({len(missing)} parameters incomplete: "
                               f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
+
+
+def _check_not_written(written: dict, target: Target, name: str, file_name: str) -> None:
+    if target.expert is None:
+        candidates = [r for (param, _), regions in written.items() if param == target.parameter for r in regions]
+    else:
+        candidates = written.get((target.parameter, target.expert), []) + written.get((target.parameter, None), [])
+    for earlier, earlier_name in candidates:
+        if target.overlaps(earlier):
+            raise CheckpointError(f"{file_name}: tensor {name!r} writes {target.describe()}, "
+                                  f"already filled by {earlier_name!r}")
+    written.setdefault((target.parameter, target.expert), []).append((target, name))
 
 
 def _destination(param: torch.Tensor, target: Target) -> torch.Tensor:

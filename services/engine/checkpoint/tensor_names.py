@@ -26,6 +26,16 @@ class Target:
     expert: int | None = None
     rows: tuple[int, int] | None = None
 
+    def overlaps(self, other: "Target") -> bool:
+        """True when both write some element of the same parameter."""
+        if self.parameter != other.parameter:
+            return False
+        if self.expert is not None and other.expert is not None and self.expert != other.expert:
+            return False
+        if self.rows is None or other.rows is None:
+            return True
+        return self.rows[0] < other.rows[1] and other.rows[0] < self.rows[1]
+
     def describe(self) -> str:
         parts = self.parameter
         if self.expert is not None:
