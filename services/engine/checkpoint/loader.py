@@ -76,8 +76,8 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
     params = dict(model.named_parameters())
     mapper = NameMapper(config, set(params))
     filled: dict[str, int] = {name: 0 for name in params}
-    # Regions written so far, by (parameter, expert); expert None holds whole-parameter writes.
-    written: dict[tuple[str, int | None], list[tuple[Target, str]]] = {}
+    # Regions written so far: parameter -> expert (None: not per expert) -> [(target, tensor name)].
+    written: dict[str, dict[int | None, list[tuple[Target, str]]]] = {name: {} for name in params}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
@@ -103,15 +103,16 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
 
 
 def _check_not_written(written: dict, target: Target, name: str, file_name: str) -> None:
+    by_expert = written[target.parameter]
     if target.expert is None:
-        candidates = [r for (param, _), regions in written.items() if param == target.parameter for r in regions]
+        candidates = [region for regions in by_expert.values() for region in regions]
     else:
-        candidates = written.get((target.parameter, target.expert), []) + written.get((target.parameter, None), [])
+        candidates = by_expert.get(target.expert, []) + by_expert.get(None, [])
     for earlier, earlier_name in candidates:
         if target.overlaps(earlier):
             raise CheckpointError(f"{file_name}: tensor {name!r} writes {target.describe()}, "
                                   f"already filled by {earlier_name!r}")
-    written.setdefault((target.parameter, target.expert), []).append((target, name))
+    by_expert.setdefault(target.expert, []).append((target, name))
 
 
 def _destination(param: torch.Tensor, target: Target) -> torch.Tensor:
