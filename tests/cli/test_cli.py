@@ -1,0 +1,139 @@
+"""The ``baton`` command line, run as a real subprocess: outputs, determinism and user errors."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from services.engine.checkpoint.loader import load_model
+from tests.conftest import FAMILIES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def baton(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=REPO)
+
+
+def _digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(folder.iterdir()):
+        digest.update(file.name.encode() + file.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def k3_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "k3"
+    result = baton("checkpoint", "init", "--family", "k3", "--preset", "tiny", "--seed", "3", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_console_script_is_installed():
+    assert shutil.which("baton", path=str(Path(sys.executable).parent)), "pip install -e . should provide `baton`"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checkpoint_init_writes_a_complete_folder(family, tmp_path):
+    result = baton("checkpoint", "init", "--family", family, "--preset", "tiny", "--seed", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).is_file(), name
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["eos_token_id"] and all(0 <= i < config["vocab_size"] for i in config["eos_token_id"])
+    assert load_model(tmp_path).config.family == family
+
+
+def test_checkpoint_init_is_deterministic_per_seed(tmp_path):
+    folders = {}
+    for name, seed in (("a", "5"), ("b", "5"), ("c", "6")):
+        folders[name] = tmp_path / name
+        assert baton("checkpoint", "init", "--family", "deepseek_v32", "--seed", seed, "--out", str(folders[name])).returncode == 0
+    assert _digest(folders["a"]) == _digest(folders["b"])
+    assert _digest(folders["a"]) != _digest(folders["c"])
+
+
+def test_logits_match_the_model_and_need_no_tokenizer(k3_dir, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(k3_dir, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (bare / name).unlink()
+    out = tmp_path / "logits.npy"
+    result = baton("logits", "--model", str(bare), "--input-ids", "5,17,42", "--dtype", "float32", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    logits = np.load(out)
+    assert logits.shape == (3, 1024) and logits.dtype == np.float32
+    with torch.no_grad():
+        want = load_model(k3_dir, dtype=torch.float32)(torch.tensor([[5, 17, 42]]))[0].numpy()
+    assert np.array_equal(logits, want)
+
+
+LOGITS_ERRORS = {
+    "out-of-vocab": (["--input-ids", "5,17,4096"], "--input-ids: id 4096 at position 2 is outside the vocabulary"),
+    "negative-id": (["--input-ids", "-3"], "--input-ids: id -3 at position 0"),
+    "not-integers": (["--input-ids", "5,x"], "--input-ids: expected comma-separated integers"),
+    "empty-item": (["--input-ids", "5,,6"], "--input-ids: expected comma-separated token ids"),
+}
+
+
+@pytest.mark.parametrize("case", list(LOGITS_ERRORS), ids=list(LOGITS_ERRORS))
+def test_logits_user_errors(case, k3_dir, tmp_path):
+    extra, message = LOGITS_ERRORS[case]
+    result = baton("logits", "--model", str(k3_dir), *extra, "--out", str(tmp_path / "x.npy"))
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_logits_on_missing_folder_and_bad_config(tmp_path):
+    result = baton("logits", "--model", str(tmp_path / "nope"), "--input-ids", "1", "--out", str(tmp_path / "x.npy"))
+    assert result.returncode == 2 and "config.json" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    result = baton("logits", "--model", str(tmp_path), "--input-ids", "1", "--out", str(tmp_path / "x.npy"))
+    assert result.returncode == 2 and "model_type: 'gpt2' is not supported" in result.stderr
+
+
+def test_unknown_family_is_an_argument_error(tmp_path):
+    result = baton("checkpoint", "init", "--family", "llama", "--out", str(tmp_path))
+    assert result.returncode == 2 and "--family" in result.stderr
+
+
+def _generated_ids(stdout: str) -> list[int]:
+    line = [line for line in stdout.splitlines() if "generated" in line][-1]
+    return [int(i) for i in line.split("ids: ")[1].split(",")]
+
+
+def test_generate_greedy_matches_full_forward_argmax(k3_dir):
+    result = baton("generate", "--model", str(k3_dir), "--prompt-ids", "10,20,30,40", "--max-tokens", "6")
+    assert result.returncode == 0, result.stderr
+    generated = _generated_ids(result.stdout)
+    model = load_model(k3_dir, dtype=torch.float32)
+    sequence = [10, 20, 30, 40]
+    with torch.no_grad():
+        for token in generated:
+            assert token == int(model(torch.tensor([sequence]))[0, -1].argmax())
+            sequence.append(token)
+
+
+def test_generate_from_text_and_chat(k3_dir):
+    for extra in ([], ["--chat"]):
+        result = baton("generate", "--model", str(k3_dir), "--prompt", "Hello, Baton!", "--max-tokens", "4", *extra)
+        assert result.returncode == 0, result.stderr
+        assert "prompt tokens" in result.stdout and len(_generated_ids(result.stdout)) >= 1
+
+
+def test_generate_errors(k3_dir):
+    result = baton("generate", "--model", str(k3_dir), "--prompt-ids", "1,2", "--max-tokens", "0")
+    assert result.returncode == 2 and "--max-tokens: must be >= 1" in result.stderr
+    result = baton("generate", "--model", str(k3_dir), "--prompt-ids", "1,99999")
+    assert result.returncode == 2 and "--prompt-ids: id 99999" in result.stderr
