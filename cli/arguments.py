@@ -21,4 +21,6 @@ def check_vocabulary(ids: list[int], vocab_size: int, flag: str) -> None:
     """Raise ValueError naming ``flag`` and the first id outside ``[0, vocab_size)``."""
     for position, token in enumerate(ids):
         if not 0 <= token < vocab_size:
-            raise ValueError(f"{flag}: id {token} at position {position} is outside the vocabulary [0, {vocab_size})")
+            raise ValueError(
+                f"{flag}: id {token} at position {position} is outside the vocabulary [0, {vocab_size})"
+            )

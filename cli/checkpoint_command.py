@@ -12,13 +12,19 @@ from services.engine.tokenizer import Tokenizer, write_tiny_tokenizer
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("checkpoint", help="checkpoint tools")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    init = actions.add_parser("init", help="write a random checkpoint folder (config, safetensors, tokenizer)")
+    init = actions.add_parser(
+        "init", help="write a random checkpoint folder (config, safetensors, tokenizer)"
+    )
     init.add_argument("--family", required=True, choices=sorted(TINY), help="model family")
     init.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="size preset (default tiny)")
     init.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     init.add_argument("--out", required=True, type=Path, help="output folder")
-    init.add_argument("--layout", default="hub", choices=LAYOUTS,
-                      help="tensor layout: hub (per-expert tensors, as released) or transformers (fused)")
+    init.add_argument(
+        "--layout",
+        default="hub",
+        choices=LAYOUTS,
+        help="tensor layout: hub (per-expert tensors, as released) or transformers (fused)",
+    )
     init.set_defaults(run=run_init)
 
 
@@ -32,5 +38,6 @@ def run_init(args: argparse.Namespace) -> int:
     config["eos_token_id"] = tokenizer.eos_token_ids
     config["pad_token_id"] = tokenizer.token_to_id(pad_token) if pad_token else None
     model_config = write_random_checkpoint(args.out, config, seed=args.seed, layout=args.layout)
-    print(f"wrote {model_config.family} checkpoint ({args.preset}, seed {args.seed}, {args.layout} layout) to {args.out}")
+    what = f"{model_config.family} checkpoint ({args.preset}, seed {args.seed}, {args.layout} layout)"
+    print(f"wrote {what} to {args.out}")
     return 0

@@ -20,9 +20,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs the folder's tokenizer)")
     prompt.add_argument("--prompt-ids", help="comma-separated prompt token ids")
-    parser.add_argument("--chat", action="store_true", help="wrap --prompt as a user message in the chat template")
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap --prompt as a user message in the chat template"
+    )
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype (default float32)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype (default float32)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.set_defaults(run=run)
 
@@ -58,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if detokenizer:
         sys.stdout.write(detokenizer.flush() + "\n")
     reason = "stop" if generated[-1] in stop_ids else "length"
-    print(f"[{len(prompt_ids)} prompt tokens, {len(generated)} generated, finish={reason}] ids: "
-          f"{','.join(map(str, generated))}")
+    print(
+        f"[{len(prompt_ids)} prompt tokens, {len(generated)} generated, finish={reason}] ids: "
+        f"{','.join(map(str, generated))}"
+    )
     return 0

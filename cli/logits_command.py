@@ -16,7 +16,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("logits", help="write full-sequence logits [T, vocab] as float32 .npy")
     parser.add_argument("--model", required=True, type=Path, help="checkpoint folder (no tokenizer needed)")
     parser.add_argument("--input-ids", required=True, help="comma-separated token ids, e.g. 5,17,42")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype (default float32)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype (default float32)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--out", required=True, type=Path, help="output .npy file")
     parser.set_defaults(run=run)

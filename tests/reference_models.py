@@ -19,8 +19,12 @@ def load_reference(model_dir: Path) -> torch.nn.Module:
     """The transformers model matching a checkpoint folder (float32, eager attention, eval mode)."""
     raw = json.loads((model_dir / "config.json").read_text())
     if raw["model_type"] == "deepseek_v32":
-        return DeepseekV32ForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    model = KimiLinearForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+        return DeepseekV32ForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+    model = KimiLinearForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     if "index_n_heads" in raw:
         _attach_indexers(model, raw, model_dir)
     return model
@@ -34,8 +38,12 @@ def reference_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.T
 def _attach_indexers(model: KimiLinearForCausalLM, raw: dict, model_dir: Path) -> None:
     query_dim = raw.get("q_lora_rank") or raw["hidden_size"]
     index_config = DeepseekV32Config(
-        hidden_size=raw["hidden_size"], q_lora_rank=query_dim, qk_rope_head_dim=raw["qk_rope_head_dim"],
-        index_n_heads=raw["index_n_heads"], index_head_dim=raw["index_head_dim"], index_topk=raw["index_topk"],
+        hidden_size=raw["hidden_size"],
+        q_lora_rank=query_dim,
+        qk_rope_head_dim=raw["qk_rope_head_dim"],
+        index_n_heads=raw["index_n_heads"],
+        index_head_dim=raw["index_head_dim"],
+        index_topk=raw["index_topk"],
     )
     tensors = {}
     for file in model_dir.glob("*.safetensors"):
@@ -46,7 +54,9 @@ def _attach_indexers(model: KimiLinearForCausalLM, raw: dict, model_dir: Path) -
             continue
         indexer = DeepseekV32Indexer(index_config, index).float().eval()
         prefix = f"model.layers.{index}.self_attn.indexer."
-        indexer.load_state_dict({k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)})
+        indexer.load_state_dict(
+            {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        )
         _wrap_attention(layer.self_attn, indexer, raw.get("q_lora_rank") is not None)
 
 

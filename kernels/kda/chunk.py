@@ -3,7 +3,8 @@
 Within a chunk of C tokens starting from state ``S0``, let ``G_t = g_1 + ... + g_t`` (cumulative
 log decay, per key channel). Unrolling the recurrence gives, for the corrections ``delta``::
 
-    (I + A) delta = beta * v - beta * (k * exp(G)) S0,   A[t, s] = beta_t * sum_c k_t[c] k_s[c] exp(G_t[c] - G_s[c])  (s < t)
+    (I + A) delta = beta * v - beta * (k * exp(G)) S0
+    A[t, s] = beta_t * sum_c k_t[c] k_s[c] exp(G_t[c] - G_s[c])        (s < t, else 0)
 
 a unit lower-triangular system solved once per chunk. Then::
 

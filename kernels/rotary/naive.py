@@ -33,7 +33,9 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 0.1 * mscale * math.log(scale) + 1.0
 
 
-def rope_inverse_frequencies(dim: int, theta: float, scaling: RopeScaling | None) -> tuple[torch.Tensor, float]:
+def rope_inverse_frequencies(
+    dim: int, theta: float, scaling: RopeScaling | None
+) -> tuple[torch.Tensor, float]:
     """Inverse frequencies for a rotary dimension.
 
     Args:
@@ -52,7 +54,9 @@ def rope_inverse_frequencies(dim: int, theta: float, scaling: RopeScaling | None
     attention_factor = scaling.attention_factor
     if attention_factor is None:
         if scaling.mscale and scaling.mscale_all_dim:
-            attention_factor = yarn_mscale(factor, scaling.mscale) / yarn_mscale(factor, scaling.mscale_all_dim)
+            attention_factor = yarn_mscale(factor, scaling.mscale) / yarn_mscale(
+                factor, scaling.mscale_all_dim
+            )
         else:
             attention_factor = yarn_mscale(factor)
 
@@ -68,7 +72,9 @@ def rope_inverse_frequencies(dim: int, theta: float, scaling: RopeScaling | None
         high += 0.001  # avoids a zero-width ramp
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     extrapolation_weight = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (
+        1.0 / pos_freqs
+    ) * extrapolation_weight
     return inv_freq, float(attention_factor)
 
 

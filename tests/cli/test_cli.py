@@ -20,8 +20,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def baton(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 def _digest(folder: Path) -> str:
@@ -34,18 +40,24 @@ def _digest(folder: Path) -> str:
 @pytest.fixture(scope="module")
 def k3_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "k3"
-    result = baton("checkpoint", "init", "--family", "k3", "--preset", "tiny", "--seed", "3", "--out", str(out))
+    result = baton(
+        "checkpoint", "init", "--family", "k3", "--preset", "tiny", "--seed", "3", "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
     return out
 
 
 def test_console_script_is_installed():
-    assert shutil.which("baton", path=str(Path(sys.executable).parent)), "pip install -e . should provide `baton`"
+    assert shutil.which("baton", path=str(Path(sys.executable).parent)), (
+        "pip install -e . should provide `baton`"
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_checkpoint_init_writes_a_complete_folder(family, tmp_path):
-    result = baton("checkpoint", "init", "--family", family, "--preset", "tiny", "--seed", "1", "--out", str(tmp_path))
+    result = baton(
+        "checkpoint", "init", "--family", family, "--preset", "tiny", "--seed", "1", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).is_file(), name
@@ -58,7 +70,12 @@ def test_checkpoint_init_is_deterministic_per_seed(tmp_path):
     folders = {}
     for name, seed in (("a", "5"), ("b", "5"), ("c", "6")):
         folders[name] = tmp_path / name
-        assert baton("checkpoint", "init", "--family", "deepseek_v32", "--seed", seed, "--out", str(folders[name])).returncode == 0
+        assert (
+            baton(
+                "checkpoint", "init", "--family", "deepseek_v32", "--seed", seed, "--out", str(folders[name])
+            ).returncode
+            == 0
+        )
     assert _digest(folders["a"]) == _digest(folders["b"])
     assert _digest(folders["a"]) != _digest(folders["c"])
 
@@ -69,7 +86,9 @@ def test_logits_match_the_model_and_need_no_tokenizer(k3_dir, tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (bare / name).unlink()
     out = tmp_path / "logits.npy"
-    result = baton("logits", "--model", str(bare), "--input-ids", "5,17,42", "--dtype", "float32", "--out", str(out))
+    result = baton(
+        "logits", "--model", str(bare), "--input-ids", "5,17,42", "--dtype", "float32", "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
     logits = np.load(out)
     assert logits.shape == (3, 1024) and logits.dtype == np.float32
@@ -79,7 +98,10 @@ def test_logits_match_the_model_and_need_no_tokenizer(k3_dir, tmp_path):
 
 
 LOGITS_ERRORS = {
-    "out-of-vocab": (["--input-ids", "5,17,4096"], "--input-ids: id 4096 at position 2 is outside the vocabulary"),
+    "out-of-vocab": (
+        ["--input-ids", "5,17,4096"],
+        "--input-ids: id 4096 at position 2 is outside the vocabulary",
+    ),
     "negative-id": (["--input-ids", "-3"], "--input-ids: id -3 at position 0"),
     "not-integers": (["--input-ids", "5,x"], "--input-ids: expected comma-separated integers"),
     "empty-item": (["--input-ids", "5,,6"], "--input-ids: expected comma-separated token ids"),
@@ -96,7 +118,9 @@ def test_logits_user_errors(case, k3_dir, tmp_path):
 
 
 def test_logits_on_missing_folder_and_bad_config(tmp_path):
-    result = baton("logits", "--model", str(tmp_path / "nope"), "--input-ids", "1", "--out", str(tmp_path / "x.npy"))
+    result = baton(
+        "logits", "--model", str(tmp_path / "nope"), "--input-ids", "1", "--out", str(tmp_path / "x.npy")
+    )
     assert result.returncode == 2 and "config.json" in result.stderr and "Traceback" not in result.stderr
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     result = baton("logits", "--model", str(tmp_path), "--input-ids", "1", "--out", str(tmp_path / "x.npy"))
@@ -127,7 +151,9 @@ def test_generate_greedy_matches_full_forward_argmax(k3_dir):
 
 def test_generate_from_text_and_chat(k3_dir):
     for extra in ([], ["--chat"]):
-        result = baton("generate", "--model", str(k3_dir), "--prompt", "Hello, Baton!", "--max-tokens", "4", *extra)
+        result = baton(
+            "generate", "--model", str(k3_dir), "--prompt", "Hello, Baton!", "--max-tokens", "4", *extra
+        )
         assert result.returncode == 0, result.stderr
         assert "prompt tokens" in result.stdout and len(_generated_ids(result.stdout)) >= 1
 

@@ -59,19 +59,31 @@ def _edit_checkpoint(source, destination, edit):
 
 
 BAD_TENSORS = {
-    "missing-expert": (lambda t: t.pop("model.layers.1.block_sparse_moe.experts.3.w2.weight"),
-                       "missing tensor 'model.layers.1.mlp.experts.down_proj'"),
+    "missing-expert": (
+        lambda t: t.pop("model.layers.1.block_sparse_moe.experts.3.w2.weight"),
+        "missing tensor 'model.layers.1.mlp.experts.down_proj'",
+    ),
     "missing-norm": (lambda t: t.pop("model.norm.weight"), "missing tensor 'model.norm.weight'"),
-    "wrong-shape": (lambda t: t.update({"model.layers.2.self_attn.kv_b_proj.weight": torch.zeros(3, 3)}),
-                    "'model.layers.2.self_attn.kv_b_proj.weight' has shape [3, 3], expected"),
-    "wrong-expert-shape": (lambda t: t.update({"model.layers.1.block_sparse_moe.experts.0.w1.weight": torch.zeros(4, 64)}),
-                           "experts.0.w1.weight' has shape [4, 64]"),
-    "unexpected": (lambda t: t.update({"model.layers.0.self_attn.rotary.inv_freq": torch.zeros(4)}),
-                   "unexpected tensor 'model.layers.0.self_attn.rotary.inv_freq'"),
-    "expert-out-of-range": (lambda t: t.update({"model.layers.1.block_sparse_moe.experts.8.w1.weight": torch.zeros(32, 64)}),
-                            "unexpected tensor 'model.layers.1.block_sparse_moe.experts.8.w1.weight'"),
-    "indexer-on-kda-layer": (lambda t: t.update({"model.layers.0.self_attn.indexer.wk.weight": torch.zeros(16, 64)}),
-                             "unexpected tensor 'model.layers.0.self_attn.indexer.wk.weight'"),
+    "wrong-shape": (
+        lambda t: t.update({"model.layers.2.self_attn.kv_b_proj.weight": torch.zeros(3, 3)}),
+        "'model.layers.2.self_attn.kv_b_proj.weight' has shape [3, 3], expected",
+    ),
+    "wrong-expert-shape": (
+        lambda t: t.update({"model.layers.1.block_sparse_moe.experts.0.w1.weight": torch.zeros(4, 64)}),
+        "experts.0.w1.weight' has shape [4, 64]",
+    ),
+    "unexpected": (
+        lambda t: t.update({"model.layers.0.self_attn.rotary.inv_freq": torch.zeros(4)}),
+        "unexpected tensor 'model.layers.0.self_attn.rotary.inv_freq'",
+    ),
+    "expert-out-of-range": (
+        lambda t: t.update({"model.layers.1.block_sparse_moe.experts.8.w1.weight": torch.zeros(32, 64)}),
+        "unexpected tensor 'model.layers.1.block_sparse_moe.experts.8.w1.weight'",
+    ),
+    "indexer-on-kda-layer": (
+        lambda t: t.update({"model.layers.0.self_attn.indexer.wk.weight": torch.zeros(16, 64)}),
+        "unexpected tensor 'model.layers.0.self_attn.indexer.wk.weight'",
+    ),
 }
 
 
@@ -89,8 +101,10 @@ def test_duplicate_tensor_across_layouts_is_rejected(tiny_checkpoint, tmp_path):
     folder = tmp_path / "ckpt"
     shutil.copytree(tiny_checkpoint("k3", "hub"), folder)
     fused = load_file(tiny_checkpoint("k3", "transformers") / "model.safetensors")
-    save_file({"model.layers.1.mlp.experts.down_proj": fused["model.layers.1.mlp.experts.down_proj"]},
-              str(folder / "model-extra.safetensors"))
+    save_file(
+        {"model.layers.1.mlp.experts.down_proj": fused["model.layers.1.mlp.experts.down_proj"]},
+        str(folder / "model-extra.safetensors"),
+    )
     with pytest.raises(CheckpointError, match="already filled"):
         load_model(folder)
 
@@ -111,7 +125,9 @@ def test_mtp_layers_are_skipped_by_name(tiny_checkpoint, tmp_path):
 
 def test_out_of_vocabulary_input_is_rejected(tiny_checkpoint):
     model = load_model(tiny_checkpoint("kimi_linear"), dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"input_ids: id 1024 at position 1 is outside the vocabulary \[0, 1024\)"):
+    with pytest.raises(
+        ValueError, match=r"input_ids: id 1024 at position 1 is outside the vocabulary \[0, 1024\)"
+    ):
         model(torch.tensor([[5, 1024, 3]]))
     with pytest.raises(ValueError, match="input_ids: id -1"):
         model(torch.tensor([[-1]]))

@@ -13,8 +13,11 @@ from services.engine.checkpoint.loader import load_model
 from services.engine.model.state import KdaLayerState, MlaLayerState, SequenceState
 from tests.conftest import FAMILIES, relative_error
 
-SPLITS = {"prefill-1-then-decode": [1] + [1] * 20, "prefill-13-then-decode": [13] + [1] * 8,
-          "chunks-7-30-then-decode": [7, 30, 1, 1, 1]}
+SPLITS = {
+    "prefill-1-then-decode": [1] + [1] * 20,
+    "prefill-13-then-decode": [13] + [1] * 8,
+    "chunks-7-30-then-decode": [7, 30, 1, 1, 1],
+}
 
 
 @pytest.mark.parametrize("split", list(SPLITS), ids=list(SPLITS))
@@ -27,12 +30,17 @@ def test_incremental_equals_full(family, split, tiny_checkpoint, monkeypatch):
         def wrapper(*args):
             calls[name] += 1
             return function(*args)
+
         return wrapper
 
     monkeypatch.setattr(kda_module, "kda_recurrent", counting("recurrent", kda_module.kda_recurrent))
-    monkeypatch.setattr(mla_module, "mla_attention_absorbed", counting("absorbed", mla_module.mla_attention_absorbed))
+    monkeypatch.setattr(
+        mla_module, "mla_attention_absorbed", counting("absorbed", mla_module.mla_attention_absorbed)
+    )
     sizes = SPLITS[split]
-    ids = torch.randint(0, model.config.vocab_size, (2, sum(sizes)), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, sum(sizes)), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():
         full = model(ids)
         state = SequenceState()

@@ -19,35 +19,80 @@ from tests.reference_models import load_reference, reference_logits
 TOLERANCE = 1e-4
 
 _MLA = {"kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12}
-_SMALL = {"vocab_size": 211, "hidden_size": 48, "intermediate_size": 64, "moe_intermediate_size": 24,
-          "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts_per_tok": 2, "n_group": 2,
-          "topk_group": 1, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, **_MLA}
+_SMALL = {
+    "vocab_size": 211,
+    "hidden_size": 48,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 24,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    **_MLA,
+}
 
 
 def _kimi(q_lora_rank, kda_layers, mla_layers, **extra):
     layers = len(kda_layers) + len(mla_layers)
-    linear = {"head_dim": 8, "num_heads": 3, "short_conv_kernel_size": 4,
-              "kda_layers": kda_layers, "full_attn_layers": mla_layers}
-    fields = {**_SMALL, "num_hidden_layers": layers, "q_lora_rank": q_lora_rank, "num_experts": 8,
-              "first_k_dense_replace": 1, "linear_attn_config": linear, **extra}
+    linear = {
+        "head_dim": 8,
+        "num_heads": 3,
+        "short_conv_kernel_size": 4,
+        "kda_layers": kda_layers,
+        "full_attn_layers": mla_layers,
+    }
+    fields = {
+        **_SMALL,
+        "num_hidden_layers": layers,
+        "q_lora_rank": q_lora_rank,
+        "num_experts": 8,
+        "first_k_dense_replace": 1,
+        "linear_attn_config": linear,
+        **extra,
+    }
     return KimiLinearConfig(**fields)
 
 
 def _deepseek(index_topk, rope_parameters=None, **extra):
     rope = rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}
-    fields = {**_SMALL, "num_hidden_layers": 3, "q_lora_rank": 24, "n_routed_experts": 8, "first_k_dense_replace": 1,
-              "index_n_heads": 16, "index_head_dim": 16, "index_topk": index_topk, "rope_parameters": rope,
-              "max_position_embeddings": 4096, **extra}
+    fields = {
+        **_SMALL,
+        "num_hidden_layers": 3,
+        "q_lora_rank": 24,
+        "n_routed_experts": 8,
+        "first_k_dense_replace": 1,
+        "index_n_heads": 16,
+        "index_head_dim": 16,
+        "index_topk": index_topk,
+        "rope_parameters": rope,
+        "max_position_embeddings": 4096,
+        **extra,
+    }
     return DeepseekV32Config(**fields)
 
 
-_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
-         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 
 TRANSFORMERS_CASES = {
     "kimi-noqlora-kda,mla,kda,kda": (KimiLinearForCausalLM, lambda: _kimi(None, [1, 3, 4], [2])),
     "kimi-qlora-mla,kda,kda,mla": (KimiLinearForCausalLM, lambda: _kimi(20, [2, 3], [1, 4])),
-    "kimi-qlora-3groups-kda,kda,mla": (KimiLinearForCausalLM, lambda: _kimi(20, [1, 2], [3], n_group=4, topk_group=2)),
+    "kimi-qlora-3groups-kda,kda,mla": (
+        KimiLinearForCausalLM,
+        lambda: _kimi(20, [1, 2], [3], n_group=4, topk_group=2),
+    ),
     "deepseek-topk7-below-len": (DeepseekV32ForCausalLM, lambda: _deepseek(7)),
     "deepseek-topk500-above-len": (DeepseekV32ForCausalLM, lambda: _deepseek(500)),
     "deepseek-yarn-topk11": (DeepseekV32ForCausalLM, lambda: _deepseek(11, _YARN)),
@@ -87,8 +132,18 @@ OUR_CASES = {
     "k3-qlora-topk16": ("k3", {}),
     "k3-noqlora-topk5": ("k3", {"q_lora_rank": None, "index_topk": 5}),
     "k3-topk4096-dense": ("k3", {"index_topk": 4096}),
-    "k3-mla-first": ("k3", {"linear_attn_config": {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
-                                                    "kda_layers": [2, 3], "full_attn_layers": [1, 4]}}),
+    "k3-mla-first": (
+        "k3",
+        {
+            "linear_attn_config": {
+                "head_dim": 16,
+                "num_heads": 4,
+                "short_conv_kernel_size": 4,
+                "kda_layers": [2, 3],
+                "full_attn_layers": [1, 4],
+            }
+        },
+    ),
     "kimi_linear": ("kimi_linear", {}),
     "deepseek_v32": ("deepseek_v32", {}),
 }

@@ -16,7 +16,9 @@ _GATE_UP = re.compile(r"\.(?:mlp|block_sparse_moe)\.experts\.gate_up_proj$")
 _DOWN = re.compile(r"\.(?:mlp|block_sparse_moe)\.experts\.down_proj$")
 
 
-def to_hub_layout(tensors: dict[str, torch.Tensor], config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def to_hub_layout(
+    tensors: dict[str, torch.Tensor], config: ModelConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hub name, tensor)`` for every parameter.
 
     Kimi families (``kimi_linear``, ``k3``): ``mlp`` -> ``block_sparse_moe``, experts as ``w1/w3/w2``,

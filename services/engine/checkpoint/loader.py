@@ -85,21 +85,27 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
                     continue
                 target = mapper.resolve(name)
                 if target is None:
-                    raise CheckpointError(f"{file.name}: unexpected tensor {name!r} (no parameter of this "
-                                          f"{config.family} model takes it)")
+                    raise CheckpointError(
+                        f"{file.name}: unexpected tensor {name!r} (no parameter of this "
+                        f"{config.family} model takes it)"
+                    )
                 _check_not_written(written, target, name, file.name)
                 destination = _destination(params[target.parameter], target)
                 tensor = handle.get_tensor(name)
                 if tensor.shape != destination.shape:
-                    raise CheckpointError(f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, expected "
-                                          f"{list(destination.shape)} for {target.describe()}")
+                    raise CheckpointError(
+                        f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, expected "
+                        f"{list(destination.shape)} for {target.describe()}"
+                    )
                 destination.copy_(tensor)
                 filled[target.parameter] += destination.numel()
     missing = [name for name, count in filled.items() if count != params[name].numel()]
     if missing:
         first = missing[0]
-        raise CheckpointError(f"missing tensor {first!r} ({len(missing)} parameters incomplete: "
-                              f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
+        raise CheckpointError(
+            f"missing tensor {first!r} ({len(missing)} parameters incomplete: "
+            f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
+        )
 
 
 def _check_not_written(written: dict, target: Target, name: str, file_name: str) -> None:
@@ -110,8 +116,9 @@ def _check_not_written(written: dict, target: Target, name: str, file_name: str)
         candidates = by_expert.get(target.expert, []) + by_expert.get(None, [])
     for earlier, earlier_name in candidates:
         if target.overlaps(earlier):
-            raise CheckpointError(f"{file_name}: tensor {name!r} writes {target.describe()}, "
-                                  f"already filled by {earlier_name!r}")
+            raise CheckpointError(
+                f"{file_name}: tensor {name!r} writes {target.describe()}, already filled by {earlier_name!r}"
+            )
     by_expert.setdefault(target.expert, []).append((target, name))
 
 

@@ -31,26 +31,48 @@ _TINY_COMMON: dict[str, Any] = {
     "eos_token_id": 2,
 }
 
-_KIMI_LINEAR_ATTN = {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
-                     "kda_layers": [1, 2, 4], "full_attn_layers": [3]}
+_KIMI_LINEAR_ATTN = {
+    "head_dim": 16,
+    "num_heads": 4,
+    "short_conv_kernel_size": 4,
+    "kda_layers": [1, 2, 4],
+    "full_attn_layers": [3],
+}
 
 _INDEXER = {"index_n_heads": 32, "index_head_dim": 16, "index_topk": 16}
 
 TINY = {
     "kimi_linear": {
-        **_TINY_COMMON, "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"],
-        "q_lora_rank": None, "num_experts": 8, "num_shared_experts": 1, "rms_norm_eps": 1e-5,
+        **_TINY_COMMON,
+        "model_type": "kimi_linear",
+        "architectures": ["KimiLinearForCausalLM"],
+        "q_lora_rank": None,
+        "num_experts": 8,
+        "num_shared_experts": 1,
+        "rms_norm_eps": 1e-5,
         "linear_attn_config": _KIMI_LINEAR_ATTN,
     },
     "k3": {
-        **_TINY_COMMON, "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"],
-        "q_lora_rank": 32, "num_experts": 8, "num_shared_experts": 1, "rms_norm_eps": 1e-5,
-        "linear_attn_config": _KIMI_LINEAR_ATTN, **_INDEXER,
+        **_TINY_COMMON,
+        "model_type": "kimi_linear",
+        "architectures": ["KimiLinearForCausalLM"],
+        "q_lora_rank": 32,
+        "num_experts": 8,
+        "num_shared_experts": 1,
+        "rms_norm_eps": 1e-5,
+        "linear_attn_config": _KIMI_LINEAR_ATTN,
+        **_INDEXER,
     },
     "deepseek_v32": {
-        **_TINY_COMMON, "model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"],
-        "q_lora_rank": 32, "n_routed_experts": 8, "n_shared_experts": 1, "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **_INDEXER,
+        **_TINY_COMMON,
+        "model_type": "deepseek_v32",
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "q_lora_rank": 32,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        **_INDEXER,
     },
 }
 
@@ -67,4 +89,7 @@ def preset_config(family: str, preset: str) -> dict[str, Any]:
         raise ValueError(f"--preset: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     if family not in PRESETS[preset]:
         raise ValueError(f"--family: unknown family {family!r} (choose from {', '.join(PRESETS[preset])})")
-    return {key: (dict(value) if isinstance(value, dict) else value) for key, value in PRESETS[preset][family].items()}
+    return {
+        key: (dict(value) if isinstance(value, dict) else value)
+        for key, value in PRESETS[preset][family].items()
+    }

@@ -82,7 +82,9 @@ def write_random_checkpoint(
     return config
 
 
-def _write_shards(out_dir: Path, named: Iterator[tuple[str, torch.Tensor]], max_shard_bytes: int | None) -> None:
+def _write_shards(
+    out_dir: Path, named: Iterator[tuple[str, torch.Tensor]], max_shard_bytes: int | None
+) -> None:
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in named:

@@ -47,7 +47,14 @@ class Target:
 
 _LAYER = r"model\.layers\.(\d+)\."
 _EXPERT = re.compile(_LAYER + r"mlp\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
-_EXPERT_PART = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+_EXPERT_PART = {
+    "w1": "gate",
+    "w3": "up",
+    "w2": "down",
+    "gate_proj": "gate",
+    "up_proj": "up",
+    "down_proj": "down",
+}
 _KIMI_CONV = re.compile(_LAYER + r"self_attn\.([qkv])_conv1d\.weight$")
 _KIMI_GATE = re.compile(r"\.self_attn\.(f_a_proj\.weight|f_b_proj\.weight|dt_bias|A_log)$")
 _ANY_LAYER = re.compile(_LAYER)
@@ -89,8 +96,11 @@ class NameMapper:
             return self._expert_target(prefix, int(m.group(2)), _EXPERT_PART[m.group(3)])
         if m := _KIMI_CONV.match(name):
             part = "qkv".index(m.group(2))
-            target = Target(f"model.layers.{m.group(1)}.self_attn.conv1d.weight", None,
-                            (part * self.kda_width, (part + 1) * self.kda_width))
+            target = Target(
+                f"model.layers.{m.group(1)}.self_attn.conv1d.weight",
+                None,
+                (part * self.kda_width, (part + 1) * self.kda_width),
+            )
             return target if target.parameter in self.parameters else None
         return None
 

@@ -12,8 +12,12 @@ from .rotary import RotaryTables
 from .state import SequenceState
 
 # Parameters kept in float32 whatever the model dtype (as the reference implementations do).
-FLOAT32_PARAMETERS = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "forget_gate.dt_bias",
-                      "indexer.weights_proj.weight")
+FLOAT32_PARAMETERS = (
+    "mlp.gate.weight",
+    "mlp.gate.e_score_correction_bias",
+    "forget_gate.dt_bias",
+    "indexer.weights_proj.weight",
+)
 
 
 class DecoderLayer(nn.Module):
@@ -81,7 +85,9 @@ class CausalLM(nn.Module):
         """
         self._check_ids(input_ids)
         past = state.num_tokens if state else 0
-        positions = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        positions = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).expand_as(
+            input_ids
+        )
         hidden = self.model.embed_tokens(input_ids)
         cos = sin = None
         if self.rotary is not None:
@@ -97,11 +103,13 @@ class CausalLM(nn.Module):
 
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(f"input_ids: expected shape [batch, tokens] with tokens >= 1, got {list(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids: expected shape [batch, tokens] with tokens >= 1, got {list(input_ids.shape)}"
+            )
         bad = (input_ids < 0) | (input_ids >= self.config.vocab_size)
         if bad.any():
             where = bad.nonzero()[0].tolist()
+            token, vocab = int(input_ids[tuple(where)]), self.config.vocab_size
             raise ValueError(
-                f"input_ids: id {int(input_ids[tuple(where)])} at position {where[-1]} is outside the vocabulary "
-                f"[0, {self.config.vocab_size})"
+                f"input_ids: id {token} at position {where[-1]} is outside the vocabulary [0, {vocab})"
             )

@@ -46,7 +46,9 @@ class ConfigReader:
             raise self.error(key, f"missing (required: {names})")
         return default
 
-    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1, aliases: tuple[str, ...] = ()) -> Any:
+    def integer(
+        self, key: str, default: Any = _MISSING, minimum: int = 1, aliases: tuple[str, ...] = ()
+    ) -> Any:
         """An integer ``>= minimum`` (``None`` passes through when it is the default)."""
         value = self.value(key, default, aliases)
         if value is None and default is None:

@@ -25,19 +25,60 @@ log = logging.getLogger(__name__)
 
 # Keys with no effect on the numerics the engine computes; accepted without a warning.
 _INERT_KEYS = {
-    "architectures", "auto_map", "transformers_version", "initializer_range", "use_cache",
-    "output_router_logits", "router_aux_loss_coef", "attention_dropout", "pretraining_tp",
-    "model_max_length", "max_position_embeddings", "head_dim", "qk_head_dim", "ep_size", "aux_loss_alpha",
-    "seq_aux", "pad_token_id", "use_bfloat16", "return_dict", "output_hidden_states", "output_attentions",
-    "tokenizer_class", "_name_or_path", "id2label", "label2id", "chunk_size_feed_forward", "problem_type",
+    "architectures",
+    "auto_map",
+    "transformers_version",
+    "initializer_range",
+    "use_cache",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "attention_dropout",
+    "pretraining_tp",
+    "model_max_length",
+    "max_position_embeddings",
+    "head_dim",
+    "qk_head_dim",
+    "ep_size",
+    "aux_loss_alpha",
+    "seq_aux",
+    "pad_token_id",
+    "use_bfloat16",
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+    "tokenizer_class",
+    "_name_or_path",
+    "id2label",
+    "label2id",
+    "chunk_size_feed_forward",
+    "problem_type",
 }
 # Keys of a section the model may not have (no MoE layer, no KDA layer, layer kinds given twice).
 _SECTION_KEYS = {
-    "first_k_dense_replace", "mlp_layer_types", "layer_types", "linear_attn_config", "linear_head_dim",
-    "linear_num_heads", "linear_conv_kernel_dim", "moe_intermediate_size", "n_group", "num_expert_group",
-    "topk_group", "n_routed_experts", "num_experts", "num_local_experts", "n_shared_experts",
-    "num_shared_experts", "norm_topk_prob", "moe_renormalize", "num_experts_per_tok", "num_experts_per_token",
-    "routed_scaling_factor", "rope_theta", "rope_scaling", "rope_parameters",
+    "first_k_dense_replace",
+    "mlp_layer_types",
+    "layer_types",
+    "linear_attn_config",
+    "linear_head_dim",
+    "linear_num_heads",
+    "linear_conv_kernel_dim",
+    "moe_intermediate_size",
+    "n_group",
+    "num_expert_group",
+    "topk_group",
+    "n_routed_experts",
+    "num_experts",
+    "num_local_experts",
+    "n_shared_experts",
+    "num_shared_experts",
+    "norm_topk_prob",
+    "moe_renormalize",
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "routed_scaling_factor",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
 }
 _KIMI_LAYER_NAMES = {"linear_attention": LAYER_KDA, "full_attention": LAYER_MLA}
 _MLP_NAMES = {"dense": MLP_DENSE, "sparse": MLP_MOE}
@@ -72,7 +113,9 @@ def _read_raw(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found (expected a Hugging Face checkpoint folder with config.json)")
+        raise FileNotFoundError(
+            f"{path}: not found (expected a Hugging Face checkpoint folder with config.json)"
+        )
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -88,7 +131,9 @@ def _parse(r: ConfigReader) -> ModelConfig:
         raise r.error("model_type", f"{model_type!r} is not supported (supported: {', '.join(FAMILIES)})")
     if r.has("quantization_config"):
         r.value("quantization_config")
-        raise r.error("quantization_config", "quantized checkpoints are not supported yet; give bf16/fp32 weights")
+        raise r.error(
+            "quantization_config", "quantized checkpoints are not supported yet; give bf16/fp32 weights"
+        )
     r.choice("hidden_act", ("silu",), "silu")
     if r.boolean("attention_bias", False):
         raise r.error("attention_bias", "true is not supported (MLA projections have no bias)")
@@ -100,13 +145,17 @@ def _parse(r: ConfigReader) -> ModelConfig:
 
     is_deepseek = model_type == "deepseek_v32"
     has_index_keys = any(r.has(k) for k in ("index_n_heads", "index_head_dim", "index_topk"))
-    family = "deepseek_v32" if is_deepseek else ("k3" if model_type == "k3" or has_index_keys else "kimi_linear")
+    family = (
+        "deepseek_v32" if is_deepseek else ("k3" if model_type == "k3" or has_index_keys else "kimi_linear")
+    )
 
     num_layers = r.integer("num_hidden_layers")
     heads = r.integer("num_attention_heads")
     kv_heads = r.integer("num_key_value_heads", heads)
     if kv_heads != heads:
-        raise r.error("num_key_value_heads", f"must equal num_attention_heads ({heads}) for MLA, got {kv_heads}")
+        raise r.error(
+            "num_key_value_heads", f"must equal num_attention_heads ({heads}) for MLA, got {kv_heads}"
+        )
     q_lora_rank = r.integer("q_lora_rank", None)
     if is_deepseek and q_lora_rank is None:
         raise r.error("q_lora_rank", "required for deepseek_v32 (its indexer reads the compressed query)")
@@ -175,7 +224,10 @@ def _kimi_layer_types(r: ConfigReader, num_layers: int) -> tuple[str, ...]:
     if "kda_layers" in linear or "full_attn_layers" in linear:
         kda_layers, mla_layers = linear.get("kda_layers", []), linear.get("full_attn_layers", [])
         kinds: list[str | None] = [None] * num_layers
-        for field, indices, kind in (("kda_layers", kda_layers, LAYER_KDA), ("full_attn_layers", mla_layers, LAYER_MLA)):
+        for field, indices, kind in (
+            ("kda_layers", kda_layers, LAYER_KDA),
+            ("full_attn_layers", mla_layers, LAYER_MLA),
+        ):
             for index in indices:
                 if not isinstance(index, int) or not 1 <= index <= num_layers:
                     raise r.error(f"linear_attn_config.{field}", f"layer {index!r} outside 1..{num_layers}")
@@ -184,12 +236,16 @@ def _kimi_layer_types(r: ConfigReader, num_layers: int) -> tuple[str, ...]:
                 kinds[index - 1] = kind
         if None in kinds:
             missing = kinds.index(None) + 1
-            raise r.error("linear_attn_config", f"layer {missing} is in neither kda_layers nor full_attn_layers")
+            raise r.error(
+                "linear_attn_config", f"layer {missing} is in neither kda_layers nor full_attn_layers"
+            )
         from_linear = tuple(kinds)
     if from_list and from_linear and from_list != from_linear:
         raise r.error("layer_types", "disagrees with linear_attn_config.kda_layers/full_attn_layers")
     if not (from_list or from_linear):
-        raise r.error("layer_types", "missing: give layer_types or linear_attn_config.kda_layers/full_attn_layers")
+        raise r.error(
+            "layer_types", "missing: give layer_types or linear_attn_config.kda_layers/full_attn_layers"
+        )
     return from_list or from_linear
 
 
@@ -199,14 +255,19 @@ def _kda_config(r: ConfigReader) -> KdaConfig:
     def pick(inner: str, flat: str) -> int:
         value = linear.get(inner, r.value(flat, None))
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise r.error(f"linear_attn_config.{inner}", f"missing or not a positive integer (or give {flat})")
+            raise r.error(
+                f"linear_attn_config.{inner}", f"missing or not a positive integer (or give {flat})"
+            )
         return value
 
     kernel = pick("short_conv_kernel_size", "linear_conv_kernel_dim")
     if kernel < 2:
         raise r.error("linear_attn_config.short_conv_kernel_size", f"must be >= 2, got {kernel}")
-    return KdaConfig(num_heads=pick("num_heads", "linear_num_heads"), head_dim=pick("head_dim", "linear_head_dim"),
-                     conv_kernel_size=kernel)
+    return KdaConfig(
+        num_heads=pick("num_heads", "linear_num_heads"),
+        head_dim=pick("head_dim", "linear_head_dim"),
+        conv_kernel_size=kernel,
+    )
 
 
 def _rope_config(r: ConfigReader) -> RopeConfig:
@@ -260,7 +321,9 @@ def _mlp_types(r: ConfigReader, num_layers: int, default_dense: int) -> tuple[st
 
 
 def _moe_config(r: ConfigReader, is_deepseek: bool) -> MoeConfig:
-    expert_keys = ("n_routed_experts", "num_local_experts") if is_deepseek else ("num_experts", "num_local_experts")
+    expert_keys = (
+        ("n_routed_experts", "num_local_experts") if is_deepseek else ("num_experts", "num_local_experts")
+    )
     experts = r.integer(expert_keys[0], aliases=expert_keys[1:])
     per_tok = r.integer("num_experts_per_tok", aliases=("num_experts_per_token",))
     n_group = r.integer("n_group", 1, aliases=("num_expert_group",))
@@ -268,7 +331,9 @@ def _moe_config(r: ConfigReader, is_deepseek: bool) -> MoeConfig:
     if experts % n_group:
         raise r.error("n_group", f"must divide the number of experts ({experts}), got {n_group}")
     if experts // n_group < 2:
-        raise r.error("n_group", f"each group needs at least 2 experts ({experts} experts / {n_group} groups)")
+        raise r.error(
+            "n_group", f"each group needs at least 2 experts ({experts} experts / {n_group} groups)"
+        )
     if topk_group > n_group:
         raise r.error("topk_group", f"must be <= n_group ({n_group}), got {topk_group}")
     if per_tok > topk_group * (experts // n_group):

@@ -55,8 +55,12 @@ class LightningIndexer(nn.Module):
         """
         batch, seq_len, _ = x.shape
         q = self.wq_b(query_input).view(batch, seq_len, self.spec.n_heads, self.spec.head_dim)
-        q = self._rotate(q, None if cos is None else cos.unsqueeze(2), None if sin is None else sin.unsqueeze(2))
-        head_weights = nn.functional.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
+        q = self._rotate(
+            q, None if cos is None else cos.unsqueeze(2), None if sin is None else sin.unsqueeze(2)
+        )
+        head_weights = (
+            nn.functional.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
+        )
         scores = indexer_scores(q, keys, head_weights, self.spec.head_dim**-0.5)
         return indexer_topk(scores, visible, self.spec.topk)
 

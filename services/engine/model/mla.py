@@ -31,7 +31,9 @@ class MultiLatentAttention(nn.Module):
             self.q_b_proj = nn.Linear(config.q_lora_rank, heads * config.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(hidden, config.kv_lora_rank + config.qk_rope_head_dim, bias=False)
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, 1e-6)
-        self.kv_b_proj = nn.Linear(config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False)
+        self.kv_b_proj = nn.Linear(
+            config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False
+        )
         self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=False)
         self.indexer = None
         if config.indexer is not None:
@@ -88,5 +90,7 @@ class MultiLatentAttention(nn.Module):
         if self.indexer is not None:
             allowed = self.indexer.select(x, query_input, cache.index_keys, cos, sin, visible)
         attend = mla_attention_absorbed if seq_len == 1 and past_tokens > 0 else mla_attention_expanded
-        out = attend(q_nope, q_rope, cache.latent, cache.k_rope, self.kv_b_proj.weight, c.attention_scale, allowed)
+        out = attend(
+            q_nope, q_rope, cache.latent, cache.k_rope, self.kv_b_proj.weight, c.attention_scale, allowed
+        )
         return self.o_proj(out.reshape(batch, seq_len, -1)), cache

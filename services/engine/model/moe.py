@@ -34,8 +34,15 @@ class Router(nn.Module):
         """``x [N, D]`` -> ``(weights [N, k] float32, expert_ids [N, k])``."""
         s = self.spec
         logits = nn.functional.linear(x.float(), self.weight.float())
-        return route_tokens(logits, self.e_score_correction_bias, s.num_experts_per_tok, s.n_group, s.topk_group,
-                            s.norm_topk_prob, s.routed_scaling_factor)
+        return route_tokens(
+            logits,
+            self.e_score_correction_bias,
+            s.num_experts_per_tok,
+            s.n_group,
+            s.topk_group,
+            s.norm_topk_prob,
+            s.routed_scaling_factor,
+        )
 
 
 class Experts(nn.Module):
@@ -43,7 +50,9 @@ class Experts(nn.Module):
 
     def __init__(self, hidden_size: int, spec: MoeConfig):
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.zeros(spec.num_experts, 2 * spec.intermediate_size, hidden_size))
+        self.gate_up_proj = nn.Parameter(
+            torch.zeros(spec.num_experts, 2 * spec.intermediate_size, hidden_size)
+        )
         self.down_proj = nn.Parameter(torch.zeros(spec.num_experts, hidden_size, spec.intermediate_size))
 
 
@@ -55,13 +64,17 @@ class MoE(nn.Module):
         self.gate = Router(hidden_size, spec)
         self.experts = Experts(hidden_size, spec)
         self.shared_experts = (
-            DenseMLP(hidden_size, spec.intermediate_size * spec.num_shared_experts) if spec.num_shared_experts else None
+            DenseMLP(hidden_size, spec.intermediate_size * spec.num_shared_experts)
+            if spec.num_shared_experts
+            else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, expert_ids = self.gate(flat)
-        out = moe_experts(flat, expert_ids, weights, self.experts.gate_up_proj, self.experts.down_proj).view_as(x)
+        out = moe_experts(
+            flat, expert_ids, weights, self.experts.gate_up_proj, self.experts.down_proj
+        ).view_as(x)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
