@@ -59,14 +59,16 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | 
 
 
 def build_empty_model(config: ModelConfig, device: str, dtype: torch.dtype) -> CausalLM:
-    """Allocate the model's parameters without initialising them (filled by the caller)."""
+    """Allocate the model's parameters, uninitialised, directly in their final dtypes (filled by the caller).
+
+    Dtypes are set while the parameters are still on the meta device, so memory is allocated once.
+    """
     with torch.device("meta"):
         model = CausalLM(config)
-    model = model.to_empty(device=device)
     for name, param in model.named_parameters():
         param.requires_grad_(False)
-        if not name.endswith(FLOAT32_PARAMETERS):
-            param.data = param.data.to(dtype)
+        param.data = param.data.to(torch.float32 if name.endswith(FLOAT32_PARAMETERS) else dtype)
+    model = model.to_empty(device=device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model

@@ -66,17 +66,17 @@ class KimiDeltaAttention(nn.Module):
         batch, seq_len, _ = x.shape
         heads = (batch, seq_len, self.num_heads, self.head_dim)
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight.squeeze(1), cache and cache.conv)
+        conv_initial, recurrent_initial = (None, None) if cache is None else (cache.conv, cache.recurrent)
+        mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight.squeeze(1), conv_initial)
         q, k, v = (part.reshape(heads) for part in mixed.split(self.width, dim=-1))
         q, k = l2_normalize(q), l2_normalize(k)
         g = self.forget_gate(x)
         beta = torch.sigmoid(self.b_proj(x))
-        initial = cache and cache.recurrent
         scale = self.head_dim**-0.5
-        if seq_len == 1 and initial is not None:
-            out, recurrent = kda_recurrent(q, k, v, g, beta, scale, initial)
+        if seq_len == 1 and recurrent_initial is not None:
+            out, recurrent = kda_recurrent(q, k, v, g, beta, scale, recurrent_initial)
         else:
-            out, recurrent = kda_chunked(q, k, v, g, beta, scale, initial, KDA_CHUNK_SIZE)
+            out, recurrent = kda_chunked(q, k, v, g, beta, scale, recurrent_initial, KDA_CHUNK_SIZE)
         gate = self.g_b_proj(self.g_a_proj(x)).view(heads)
         out = self.o_norm(out, gate).reshape(batch, seq_len, -1)
         return self.o_proj(out), KdaLayerState(conv=conv_state, recurrent=recurrent)

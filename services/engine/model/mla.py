@@ -79,9 +79,11 @@ class MultiLatentAttention(nn.Module):
 
         index_keys = self.indexer.index_keys(x, cos, sin) if self.indexer is not None else None
         cache = MlaLayerState(
-            latent=append_tokens(cache and cache.latent, latent),
-            k_rope=append_tokens(cache and cache.k_rope, k_rope),
-            index_keys=None if index_keys is None else append_tokens(cache and cache.index_keys, index_keys),
+            latent=append_tokens(None if cache is None else cache.latent, latent),
+            k_rope=append_tokens(None if cache is None else cache.k_rope, k_rope),
+            index_keys=None
+            if index_keys is None
+            else append_tokens(None if cache is None else cache.index_keys, index_keys),
         )
         total = past_tokens + seq_len
         query_pos = torch.arange(past_tokens, total, device=x.device)
