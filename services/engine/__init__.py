@@ -1,0 +1,1 @@
+"""The engine shared by the prefill and decode services: model, checkpoints, tokenizer."""

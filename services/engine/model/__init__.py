@@ -1,0 +1,13 @@
+"""The model: validated configs and the KDA / MLA (+ DSA) / MoE decoder for the three families.
+
+``load_model_config(dir)`` validates ``config.json`` before anything else; ``CausalLM(config)`` is the
+network; ``services.engine.checkpoint.loader.load_model(dir)`` does both and streams the weights in.
+"""
+
+from .causal_lm import CausalLM
+from .config import ModelConfig
+from .config_fields import ConfigError
+from .config_loader import load_model_config
+from .state import SequenceState
+
+__all__ = ["CausalLM", "ConfigError", "ModelConfig", "SequenceState", "load_model_config"]
