@@ -18,7 +18,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     Returns:
         ``weight * (x / rms(x))`` with the normalisation done in float32 and cast back to ``x.dtype``
-        before the weight multiply (the transformers / T5 convention).
+        before the weight multiply (the transformers / T5 convention); the product then follows torch
+        type promotion, so it is in ``x.dtype`` when ``weight`` has that dtype.
     """
     xf = x.to(torch.float32)
     variance = xf.pow(2).mean(-1, keepdim=True)
