@@ -1,4 +1,4 @@
-"""Helpers shared by the kernel tests (imported by name: pytest puts ``tests/kernels`` on ``sys.path``)."""
+"""Helpers shared by the kernel tests."""
 
 from __future__ import annotations
 
