@@ -8,7 +8,7 @@ import torch
 
 from services.engine.checkpoint.loader import load_model
 from services.engine.model.config_loader import load_model_config
-from services.engine.model.state import SequenceState
+from services.engine.model.state import ContiguousCache
 from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 from .arguments import DTYPES, check_vocabulary, parse_token_ids
@@ -46,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
     detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True) if tokenizer else None
     stop_ids = set(config.eos_token_ids)
-    state = SequenceState()
+    cache = ContiguousCache(1)
     generated: list[int] = []
     next_input = torch.tensor([prompt_ids], device=args.device)
     with torch.no_grad():
         for _ in range(args.max_tokens):
-            token = int(model(next_input, state)[0, -1].argmax())
+            token = int(model(next_input, cache)[0, -1].argmax())
             generated.append(token)
             if token in stop_ids:
                 break

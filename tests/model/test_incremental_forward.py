@@ -1,4 +1,4 @@
-"""Prefill-then-decode through ``SequenceState`` equals one full-sequence forward.
+"""Prefill-then-decode through ``ContiguousCache`` equals one full-sequence forward.
 
 Decode steps run the single-token paths (recurrent KDA, absorbed MLA, indexer over cached keys);
 prefill runs the chunked KDA and expanded MLA. Float32, relative max error <= 1e-5.
@@ -10,7 +10,7 @@ import torch
 import services.engine.model.kda as kda_module
 import services.engine.model.mla as mla_module
 from services.engine.checkpoint.loader import load_model
-from services.engine.model.state import KdaLayerState, MlaLayerState, SequenceState
+from services.engine.model.state import ContiguousCache, KdaLayerState, MlaLayerState
 from tests.conftest import FAMILIES, relative_error
 
 SPLITS = {
@@ -43,20 +43,21 @@ def test_incremental_equals_full(family, split, tiny_checkpoint, monkeypatch):
     )
     with torch.no_grad():
         full = model(ids)
-        state = SequenceState()
+        cache = ContiguousCache(2)
         pieces, start = [], 0
         for size in sizes:
-            pieces.append(model(ids[:, start : start + size], state))
+            pieces.append(model(ids[:, start : start + size], cache))
             start += size
-    assert state.num_tokens == ids.shape[1]
+    assert cache.num_tokens == [ids.shape[1]] * 2
     assert relative_error(torch.cat(pieces, dim=1), full) <= 1e-5
     decode_steps = sum(1 for i, s in enumerate(sizes) if s == 1 and i > 0)
     kinds = model.config.layer_types
-    assert calls["absorbed"] == decode_steps * kinds.count("mla")
-    assert calls["recurrent"] == decode_steps * kinds.count("kda")
+    sequences = ids.shape[0]
+    assert calls["absorbed"] == decode_steps * kinds.count("mla") * sequences
+    assert calls["recurrent"] == decode_steps * kinds.count("kda") * sequences
     for index, kind in enumerate(kinds):
-        layer_state = state.layers[index]
+        layer_state = cache.layers[1][index]
         if kind == "kda":
             assert isinstance(layer_state, KdaLayerState) and layer_state.recurrent.dtype == torch.float32
         else:
-            assert isinstance(layer_state, MlaLayerState) and layer_state.latent.shape[1] == ids.shape[1]
+            assert isinstance(layer_state, MlaLayerState) and layer_state.latent.shape[0] == ids.shape[1]

@@ -8,6 +8,16 @@ from .causal_lm import CausalLM
 from .config import ModelConfig
 from .config_fields import ConfigError
 from .config_loader import load_model_config
-from .state import SequenceState
+from .forward_batch import ForwardBatch, ModelCache, SequenceSlice
+from .state import ContiguousCache
 
-__all__ = ["CausalLM", "ConfigError", "ModelConfig", "SequenceState", "load_model_config"]
+__all__ = [
+    "CausalLM",
+    "ConfigError",
+    "ContiguousCache",
+    "ForwardBatch",
+    "ModelCache",
+    "ModelConfig",
+    "SequenceSlice",
+    "load_model_config",
+]

@@ -4,12 +4,13 @@ import torch
 from torch import nn
 
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
+from .forward_batch import ForwardBatch, ModelCache
 from .kda import KimiDeltaAttention
 from .mla import MultiLatentAttention
 from .moe import DenseMLP, MoE
 from .norm import RMSNorm
 from .rotary import RotaryTables
-from .state import SequenceState
+from .state import ContiguousCache
 
 # Parameters kept in float32 whatever the model dtype (as the reference implementations do).
 FLOAT32_PARAMETERS = (
@@ -34,14 +35,14 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = DenseMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, cos, sin, cache, past_tokens: int):
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: ModelCache, layer: int) -> torch.Tensor:
         normed = self.input_layernorm(x)
         if self.is_kda:
-            attn, cache = self.self_attn(normed, cache)
+            attn = self.self_attn(normed, batch, cache, layer)
         else:
-            attn, cache = self.self_attn(normed, cos, sin, cache, past_tokens)
+            attn = self.self_attn(normed, cos, sin, batch, cache, layer)
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderStack(nn.Module):
@@ -70,46 +71,58 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTables(config.rope, config.qk_rope_head_dim) if config.rope else None
 
-    def forward(self, input_ids: torch.Tensor, state: SequenceState | None = None) -> torch.Tensor:
-        """Logits for new tokens, continuing ``state`` (updated in place) when given.
+    def forward_batch(
+        self, batch: ForwardBatch, cache: ModelCache, logit_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the batch's new tokens through the model, writing them into ``cache``.
 
         Args:
-            input_ids: ``[B, T]`` token ids, each in ``[0, vocab_size)``.
-            state: cache of the previous tokens of these B sequences, or None for a fresh sequence.
+            batch: flattened new tokens of several sequences.
+            cache: per-sequence cache, holding each sequence's ``past`` tokens.
+            logit_rows: rows whose logits are wanted (e.g. ``batch.last_rows()``); None for all.
 
         Returns:
-            ``[B, T, vocab_size]`` logits in the model dtype.
+            ``[len(logit_rows) or N, vocab_size]`` logits in the model dtype.
 
         Raises:
             ValueError: an id outside the vocabulary (names the first bad id and its index).
         """
-        self._check_ids(input_ids)
-        past = state.num_tokens if state else 0
-        positions = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).expand_as(
-            input_ids
-        )
-        hidden = self.model.embed_tokens(input_ids)
+        self._check_ids(batch.input_ids)
+        hidden = self.model.embed_tokens(batch.input_ids)
         cos = sin = None
         if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+            cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
         for index, layer in enumerate(self.model.layers):
-            cache = state.layers.get(index) if state else None
-            hidden, cache = layer(hidden, cos, sin, cache, past)
-            if state is not None:
-                state.layers[index] = cache
-        if state is not None:
-            state.num_tokens += input_ids.shape[1]
+            hidden = layer(hidden, cos, sin, batch, cache, index)
+        if logit_rows is not None:
+            hidden = hidden[logit_rows]
         return self.lm_head(self.model.norm(hidden))
 
-    def _check_ids(self, input_ids: torch.Tensor) -> None:
+    def forward(self, input_ids: torch.Tensor, cache: ContiguousCache | None = None) -> torch.Tensor:
+        """Logits for ``B`` sequences' new tokens, continuing ``cache`` (updated in place) when given.
+
+        Args:
+            input_ids: ``[B, T]`` token ids, each in ``[0, vocab_size)``.
+            cache: the B sequences' previous tokens, or None for fresh sequences.
+
+        Returns:
+            ``[B, T, vocab_size]`` logits in the model dtype.
+        """
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(
                 f"input_ids: expected shape [batch, tokens] with tokens >= 1, got {list(input_ids.shape)}"
             )
+        cache = cache or ContiguousCache(input_ids.shape[0])
+        batch = ForwardBatch.build(input_ids.tolist(), cache.num_tokens, input_ids.device)
+        logits = self.forward_batch(batch, cache)
+        cache.num_tokens = [piece.total for piece in batch.sequences]
+        return logits.view(*input_ids.shape, -1)
+
+    def _check_ids(self, input_ids: torch.Tensor) -> None:
         bad = (input_ids < 0) | (input_ids >= self.config.vocab_size)
         if bad.any():
-            where = bad.nonzero()[0].tolist()
-            token, vocab = int(input_ids[tuple(where)]), self.config.vocab_size
+            position = int(bad.nonzero()[0, 0])
+            token, vocab = int(input_ids[position]), self.config.vocab_size
             raise ValueError(
-                f"input_ids: id {token} at position {where[-1]} is outside the vocabulary [0, {vocab})"
+                f"input_ids: id {token} at position {position} is outside the vocabulary [0, {vocab})"
             )

@@ -31,7 +31,7 @@ class LightningIndexer(nn.Module):
         self.weights_proj = nn.Linear(hidden_size, spec.n_heads, bias=False)
 
     def index_keys(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
-        """Keys to cache for new tokens: ``[B, T, Di]`` from ``x [B, T, D]``."""
+        """Keys to cache for new tokens: ``[N, Di]`` from ``x [N, D]`` (tables ``[N, Dr / 2]``)."""
         keys = self.k_norm(self.wk(x))
         return self._rotate(keys, cos, sin)
 
@@ -44,25 +44,23 @@ class LightningIndexer(nn.Module):
         sin: torch.Tensor | None,
         visible: torch.Tensor,
     ) -> torch.Tensor:
-        """Boolean ``[B, T, S]`` mask of the keys each new query may attend to.
+        """Boolean ``[T, S]`` mask of the keys each of one sequence's new queries may attend to.
 
         Args:
-            x: ``[B, T, D]`` normalised hidden states of the new tokens.
-            query_input: ``[B, T, q_in]`` compressed query (or ``x``).
-            keys: ``[B, S, Di]`` index keys of all visible tokens, new ones included.
-            cos, sin: ``[B, T, Dr / 2]`` tables of the new tokens, or None for NoPE.
-            visible: ``[B, T, S]`` causal mask.
+            x: ``[T, D]`` normalised hidden states of the sequence's new tokens.
+            query_input: ``[T, q_in]`` compressed query (or ``x``).
+            keys: ``[S, Di]`` index keys of all the sequence's tokens, new ones included.
+            cos, sin: ``[T, Dr / 2]`` tables of the new tokens, or None for NoPE.
+            visible: ``[T, S]`` causal mask.
         """
-        batch, seq_len, _ = x.shape
-        q = self.wq_b(query_input).view(batch, seq_len, self.spec.n_heads, self.spec.head_dim)
+        seq_len = x.shape[0]
+        q = self.wq_b(query_input).view(seq_len, self.spec.n_heads, self.spec.head_dim)
         q = self._rotate(
-            q, None if cos is None else cos.unsqueeze(2), None if sin is None else sin.unsqueeze(2)
+            q, None if cos is None else cos.unsqueeze(1), None if sin is None else sin.unsqueeze(1)
         )
-        head_weights = (
-            nn.functional.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
-        )
-        scores = indexer_scores(q, keys, head_weights, self.spec.head_dim**-0.5)
-        return indexer_topk(scores, visible, self.spec.topk)
+        weights = nn.functional.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
+        scores = indexer_scores(q[None], keys[None], weights[None], self.spec.head_dim**-0.5)
+        return indexer_topk(scores, visible[None], self.spec.topk)[0]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         if cos is None or self.rope_dim == 0:

@@ -8,6 +8,7 @@ from kernels.kda.chunk import kda_chunked
 from kernels.kda.naive import kda_forget_gate, kda_recurrent, l2_normalize
 
 from .config import ModelConfig
+from .forward_batch import ForwardBatch, ModelCache
 from .norm import GatedRMSNorm
 from .state import KdaLayerState
 
@@ -26,8 +27,8 @@ class KdaForgetGate(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(1, 1, num_heads, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, T, D]`` -> log forget gate ``[B, T, H, K]`` float32."""
-        logits = self.f_b_proj(self.f_a_proj(x)).view(*x.shape[:2], self.num_heads, self.head_dim)
+        """``x [N, D]`` -> log forget gate ``[N, H, K]`` float32."""
+        logits = self.f_b_proj(self.f_a_proj(x)).view(x.shape[0], self.num_heads, self.head_dim)
         return kda_forget_gate(logits, self.dt_bias, self.A_log)
 
 
@@ -53,30 +54,40 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm = GatedRMSNorm(spec.head_dim, config.rms_norm_eps)
         self.o_proj = nn.Linear(width, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, cache: KdaLayerState | None) -> tuple[torch.Tensor, KdaLayerState]:
-        """Advance the recurrence over the new tokens.
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, layer: int) -> torch.Tensor:
+        """Advance each sequence's recurrence over its new tokens, reading and writing its cached state.
 
         Args:
-            x: ``[B, T, D]`` normalised hidden states.
-            cache: conv and recurrent state after the previous tokens, or None at the start.
+            x: ``[N, D]`` normalised hidden states of the batch's new tokens.
+            batch: which rows belong to which sequence.
+            cache: per-sequence cache; this layer's index is ``layer``.
 
         Returns:
-            ``(out [B, T, D], state after the new tokens)``.
+            ``[N, D]``.
         """
-        batch, seq_len, _ = x.shape
-        heads = (batch, seq_len, self.num_heads, self.head_dim)
+        tokens = x.shape[0]
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        conv_initial, recurrent_initial = (None, None) if cache is None else (cache.conv, cache.recurrent)
-        mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight.squeeze(1), conv_initial)
-        q, k, v = (part.reshape(heads) for part in mixed.split(self.width, dim=-1))
-        q, k = l2_normalize(q), l2_normalize(k)
         g = self.forget_gate(x)
         beta = torch.sigmoid(self.b_proj(x))
         scale = self.head_dim**-0.5
-        if seq_len == 1 and recurrent_initial is not None:
-            out, recurrent = kda_recurrent(q, k, v, g, beta, scale, recurrent_initial)
-        else:
-            out, recurrent = kda_chunked(q, k, v, g, beta, scale, recurrent_initial, KDA_CHUNK_SIZE)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(heads)
-        out = self.o_norm(out, gate).reshape(batch, seq_len, -1)
-        return self.o_proj(out), KdaLayerState(conv=conv_state, recurrent=recurrent)
+        heads = (1, -1, self.num_heads, self.head_dim)
+        out = torch.empty(tokens, self.num_heads, self.head_dim, dtype=x.dtype, device=x.device)
+        for seq, piece in enumerate(batch.sequences):
+            rows = piece.rows
+            previous = cache.read_kda(layer, seq)
+            conv_initial = None if previous is None else previous.conv[None]
+            recurrent_initial = None if previous is None else previous.recurrent[None]
+            mixed_seq, conv_state = causal_conv1d(
+                mixed[rows][None], self.conv1d.weight.squeeze(1), conv_initial
+            )
+            q, k, v = (part.reshape(heads) for part in mixed_seq.split(self.width, dim=-1))
+            q, k = l2_normalize(q), l2_normalize(k)
+            g_seq, beta_seq = g[rows][None], beta[rows][None]
+            if piece.length == 1 and recurrent_initial is not None:
+                o, recurrent = kda_recurrent(q, k, v, g_seq, beta_seq, scale, recurrent_initial)
+            else:
+                o, recurrent = kda_chunked(q, k, v, g_seq, beta_seq, scale, recurrent_initial, KDA_CHUNK_SIZE)
+            cache.write_kda(layer, seq, KdaLayerState(conv=conv_state[0], recurrent=recurrent[0]))
+            out[rows] = o[0]
+        gate = self.g_b_proj(self.g_a_proj(x)).view(tokens, self.num_heads, self.head_dim)
+        return self.o_proj(self.o_norm(out, gate).reshape(tokens, -1))

@@ -7,9 +7,9 @@ from kernels.mla.naive import mla_attention_absorbed, mla_attention_expanded
 from kernels.rotary.naive import apply_rope_interleaved
 
 from .config import ModelConfig
+from .forward_batch import ForwardBatch, ModelCache
 from .indexer import LightningIndexer
 from .norm import RMSNorm
-from .state import MlaLayerState, append_tokens
 
 
 class MultiLatentAttention(nn.Module):
@@ -46,53 +46,65 @@ class MultiLatentAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
-        cache: MlaLayerState | None,
-        past_tokens: int,
-    ) -> tuple[torch.Tensor, MlaLayerState]:
-        """Attend the new tokens to the cached ones and themselves.
+        batch: ForwardBatch,
+        cache: ModelCache,
+        layer: int,
+    ) -> torch.Tensor:
+        """Write the new tokens' latents to the cache and attend each sequence's new tokens to its cache.
 
         Args:
-            x: ``[B, T, D]`` normalised hidden states of the new tokens.
-            cos, sin: ``[B, T, Dr / 2]`` rotary tables of the new tokens, or None (NoPE).
-            cache: this layer's cached tokens, or None at the start of the sequence.
-            past_tokens: number of cached tokens (positions of the new tokens start there).
+            x: ``[N, D]`` normalised hidden states of the batch's new tokens.
+            cos, sin: ``[N, Dr / 2]`` rotary tables at the tokens' positions, or None (NoPE).
+            batch: which rows belong to which sequence, and their past lengths.
+            cache: per-sequence cache; this layer's index is ``layer``.
 
         Returns:
-            ``(out [B, T, D], updated cache)``.
+            ``[N, D]``.
         """
         c = self.config
-        batch, seq_len, _ = x.shape
+        tokens = x.shape[0]
         if c.q_lora_rank is None:
             query_input = x
             q = self.q_proj(x)
         else:
             query_input = self.q_a_layernorm(self.q_a_proj(x))
             q = self.q_b_proj(query_input)
-        q = q.view(batch, seq_len, c.num_attention_heads, c.qk_head_dim)
+        q = q.view(tokens, c.num_attention_heads, c.qk_head_dim)
         q_nope, q_rope = q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim :]
         compressed = self.kv_a_proj_with_mqa(x)
         latent = self.kv_a_layernorm(compressed[..., : c.kv_lora_rank])
         k_rope = compressed[..., c.kv_lora_rank :]
         if cos is not None:
-            q_rope = apply_rope_interleaved(q_rope, cos.unsqueeze(2), sin.unsqueeze(2))
+            q_rope = apply_rope_interleaved(q_rope, cos.unsqueeze(1), sin.unsqueeze(1))
             k_rope = apply_rope_interleaved(k_rope, cos, sin)
-
         index_keys = self.indexer.index_keys(x, cos, sin) if self.indexer is not None else None
-        cache = MlaLayerState(
-            latent=append_tokens(None if cache is None else cache.latent, latent),
-            k_rope=append_tokens(None if cache is None else cache.k_rope, k_rope),
-            index_keys=None
-            if index_keys is None
-            else append_tokens(None if cache is None else cache.index_keys, index_keys),
-        )
-        total = past_tokens + seq_len
-        query_pos = torch.arange(past_tokens, total, device=x.device)
-        visible = (torch.arange(total, device=x.device)[None, :] <= query_pos[:, None]).expand(batch, -1, -1)
-        allowed = visible
-        if self.indexer is not None:
-            allowed = self.indexer.select(x, query_input, cache.index_keys, cos, sin, visible)
-        attend = mla_attention_absorbed if seq_len == 1 and past_tokens > 0 else mla_attention_expanded
-        out = attend(
-            q_nope, q_rope, cache.latent, cache.k_rope, self.kv_b_proj.weight, c.attention_scale, allowed
-        )
-        return self.o_proj(out.reshape(batch, seq_len, -1)), cache
+
+        out = x.new_empty(tokens, c.num_attention_heads, c.v_head_dim)
+        for seq, piece in enumerate(batch.sequences):
+            rows = piece.rows
+            cache.write_mla(
+                layer, seq, latent[rows], k_rope[rows], None if index_keys is None else index_keys[rows]
+            )
+            cached_latent, cached_rope, cached_index = cache.read_mla(layer, seq)
+            query_pos = torch.arange(piece.past, piece.total, device=x.device)
+            allowed = torch.arange(piece.total, device=x.device)[None, :] <= query_pos[:, None]
+            if self.indexer is not None:
+                allowed = self.indexer.select(
+                    x[rows], query_input[rows], cached_index, _rows(cos, rows), _rows(sin, rows), allowed
+                )
+            decoding = piece.length == 1 and piece.past > 0
+            attend = mla_attention_absorbed if decoding else mla_attention_expanded
+            out[rows] = attend(
+                q_nope[rows][None],
+                q_rope[rows][None],
+                cached_latent[None],
+                cached_rope[None],
+                self.kv_b_proj.weight,
+                c.attention_scale,
+                allowed[None],
+            )[0]
+        return self.o_proj(out.reshape(tokens, -1))
+
+
+def _rows(table: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if table is None else table[rows]
