@@ -1,0 +1,1 @@
+"""The engine's cache memory: packed MLA blocks and KDA state slots, their layouts and allocators."""

@@ -1,0 +1,92 @@
+"""Byte layouts of one packed block (MLA layers) and one state slot (KDA layers).
+
+A block holds ``block_size`` tokens of every MLA layer's latent, rotary key part and DSA index key;
+a slot holds one request's state of every KDA layer. Each field is contiguous inside its block or
+slot, at a 64-byte aligned offset::
+
+    block:  | L2.latent [B, Dc] | L2.k_rope [B, Dr] | L2.index_key [B, Di] | L5.latent ... |
+    slot:   | L0.recurrent [H, K, V] fp32 | L0.conv [3HK, kernel-1] | L1.recurrent ... |
+
+Kernels view one field of every block at once (``[num_blocks, B, dim]``, strided), while the
+allocator, prefix cache and transfer move whole blocks or slots as bytes.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.model.config import LAYER_KDA, LAYER_MLA, ModelConfig
+
+ALIGNMENT = 64
+
+LATENT = "latent"
+K_ROPE = "k_rope"
+INDEX_KEY = "index_key"
+RECURRENT = "recurrent"
+CONV = "conv"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One (layer, kind) region: ``shape`` elements of ``dtype`` at ``offset`` bytes."""
+
+    layer: int
+    kind: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Fields of one block or slot and its total size in bytes."""
+
+    fields: tuple[Field, ...]
+    nbytes: int
+
+    def field(self, layer: int, kind: str) -> Field:
+        for candidate in self.fields:
+            if candidate.layer == layer and candidate.kind == kind:
+                return candidate
+        raise KeyError(f"no field {kind!r} for layer {layer}")
+
+
+def _pack(entries: list[tuple[int, str, torch.dtype, tuple[int, ...]]]) -> Layout:
+    fields, offset = [], 0
+    for layer, kind, dtype, shape in entries:
+        field = Field(layer, kind, dtype, shape, offset)
+        fields.append(field)
+        offset += -(-field.nbytes // ALIGNMENT) * ALIGNMENT
+    return Layout(tuple(fields), max(offset, ALIGNMENT))
+
+
+def block_layout(config: ModelConfig, block_size: int, dtype: torch.dtype) -> Layout:
+    """Layout of one block of ``block_size`` tokens for every MLA layer (model-dtype storage)."""
+    entries = []
+    for layer, kind in enumerate(config.layer_types):
+        if kind != LAYER_MLA:
+            continue
+        entries.append((layer, LATENT, dtype, (block_size, config.kv_lora_rank)))
+        entries.append((layer, K_ROPE, dtype, (block_size, config.qk_rope_head_dim)))
+        if config.indexer is not None:
+            entries.append((layer, INDEX_KEY, dtype, (block_size, config.indexer.head_dim)))
+    return _pack(entries)
+
+
+def slot_layout(config: ModelConfig, dtype: torch.dtype) -> Layout:
+    """Layout of one request's KDA state: float32 recurrent state and the short-conv tail."""
+    entries = []
+    if config.kda is not None:
+        heads, dim, kernel = config.kda.num_heads, config.kda.head_dim, config.kda.conv_kernel_size
+        for layer, kind in enumerate(config.layer_types):
+            if kind == LAYER_KDA:
+                entries.append((layer, RECURRENT, torch.float32, (heads, dim, dim)))
+                entries.append((layer, CONV, dtype, (3 * heads * dim, kernel - 1)))
+    return _pack(entries)

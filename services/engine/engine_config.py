@@ -1,0 +1,53 @@
+"""``EngineConfig``: the one typed configuration of an engine, validated when built."""
+
+from dataclasses import dataclass
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an engine runs a model.
+
+    Attributes:
+        model: checkpoint folder.
+        device: ``cpu`` or ``cuda`` (``cuda:N`` accepted).
+        dtype: compute dtype name (``float32``, ``bfloat16``, ``float16``); None takes the checkpoint's.
+        block_size: tokens per packed block.
+        num_blocks: blocks in the pool; None sizes it to hold ``max_num_seqs`` contexts of
+            ``max_model_len`` tokens.
+        max_num_seqs: requests running at once (also the number of KDA state slots).
+        max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
+        max_model_len: longest prompt + generation a request may reach.
+        batch_invariant: bitwise-reproducible numerics whatever the batch (DESIGN.md section 4).
+    """
+
+    model: str
+    device: str = "cpu"
+    dtype: str | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    batch_invariant: bool = False
+
+    def __post_init__(self):
+        if self.device.split(":")[0] not in DEVICES:
+            raise ValueError(f"device: {self.device!r} is not supported (cpu, cuda, cuda:N)")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: {self.dtype!r} is not supported (float32, bfloat16, float16)")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
+            raise ValueError(f"num_blocks: must be a positive integer, got {self.num_blocks!r}")
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def pool_blocks(self) -> int:
+        return self.num_blocks or self.blocks_per_sequence * self.max_num_seqs

@@ -1,0 +1,89 @@
+"""The engine loop: admit requests, schedule a step, run it, apply the results."""
+
+import itertools
+
+import torch
+
+from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.layout import block_layout, slot_layout
+from services.engine.cache.state_pool import StateSlotPool
+from services.engine.checkpoint.loader import load_model
+from services.engine.sampling import SamplingParams
+
+from .cache_manager import CacheManager
+from .engine_config import EngineConfig
+from .model_runner import ModelRunner
+from .request import Request
+from .scheduler import Scheduler
+
+
+class EngineCore:
+    """One model, its cache pools, a scheduler and a runner.
+
+    Args:
+        config: the validated engine configuration.
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        dtype = getattr(torch, config.dtype) if config.dtype else None
+        self.model = load_model(config.model, device=config.device, dtype=dtype)
+        model_dtype = self.model.lm_head.weight.dtype
+        blocks = BlockPool(
+            block_layout(self.model.config, config.block_size, model_dtype),
+            config.block_size,
+            config.pool_blocks,
+            config.device,
+        )
+        slots = StateSlotPool(slot_layout(self.model.config, model_dtype), config.max_num_seqs, config.device)
+        self.cache = CacheManager(blocks, slots)
+        self.scheduler = Scheduler(
+            self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
+        )
+        self.runner = ModelRunner(self.model, self.cache)
+        self._ids = itertools.count()
+
+    def add_request(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Request:
+        """Validate and queue a request.
+
+        Raises:
+            ValueError: an out-of-vocabulary id, an empty prompt or one that can never fit.
+        """
+        vocab = self.model.config.vocab_size
+        for position, token in enumerate(prompt_ids):
+            if not isinstance(token, int) or not 0 <= token < vocab:
+                raise ValueError(
+                    f"prompt_ids: id {token!r} at position {position} is outside the vocabulary [0, {vocab})"
+                )
+        request = Request(
+            request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
+            prompt_ids=list(prompt_ids),
+            params=params,
+            stop_ids=frozenset(self.model.config.eos_token_ids),
+        )
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    def step(self) -> list[Request]:
+        """Run one step; returns the requests that finished in it."""
+        output = self.scheduler.schedule()
+        if not output.chunks:
+            return []
+        sampled = self.runner.execute(output, self.scheduler.requests)
+        return self.scheduler.update(output, sampled)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def check_integrity(self) -> None:
+        """Pools consistent, and with no request in flight, nothing held."""
+        self.cache.check_integrity()
+        if not self.has_unfinished:
+            assert self.cache.blocks.num_free == self.cache.blocks.num_blocks, "blocks leaked"
+            assert self.cache.slots.num_free == self.cache.slots.num_slots, "state slots leaked"

@@ -1,0 +1,144 @@
+"""``LLM``: the offline Python API over one engine (generate a list of prompts to completion)."""
+
+from dataclasses import dataclass, field
+
+from services.engine.sampling import SamplingParams
+from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerNotFoundError
+
+from .engine_config import EngineConfig
+from .engine_core import EngineCore
+from .request import FinishReason, Request, RequestOutput
+
+Prompt = str | list[int] | dict
+
+
+@dataclass
+class _Stream:
+    """Text decoded so far for one request, for stop strings and the final ``text``."""
+
+    detokenizer: IncrementalDetokenizer | None
+    text: str = ""
+    stopped_by_string: bool = False
+    consumed: int = field(default=0)
+
+
+class LLM:
+    """Generate with a Baton engine in-process.
+
+    Args:
+        model: checkpoint folder.
+        device: ``cpu`` or ``cuda``.
+        batch_invariant: bitwise-reproducible numerics whatever the batch.
+        **engine_options: other ``EngineConfig`` fields (``max_num_seqs``, ``max_num_batched_tokens``,
+            ``block_size``, ``num_blocks``, ``max_model_len``, ``dtype``).
+    """
+
+    def __init__(self, model: str, device: str = "cpu", batch_invariant: bool = False, **engine_options):
+        self.config = EngineConfig(
+            model=str(model), device=device, batch_invariant=batch_invariant, **engine_options
+        )
+        self.engine = EngineCore(self.config)
+        try:
+            self.tokenizer: Tokenizer | None = Tokenizer.from_pretrained(model)
+        except TokenizerNotFoundError:
+            self.tokenizer = None
+
+    def generate(
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion.
+
+        Args:
+            prompts: text (needs the checkpoint's tokenizer), a list of token ids, or a dict with
+                ``prompt`` or ``prompt_ids``; or a list of these.
+            params: one ``SamplingParams`` for all, or one per prompt (default: ``SamplingParams()``).
+
+        Returns:
+            One ``RequestOutput`` per prompt, in order.
+
+        Raises:
+            ValueError: a malformed prompt or parameter, naming it; nothing is queued then.
+        """
+        batch = [prompts] if isinstance(prompts, (str, dict)) or _is_ids(prompts) else list(prompts)
+        per_prompt = params if isinstance(params, list) else [params or SamplingParams()] * len(batch)
+        if len(per_prompt) != len(batch):
+            raise ValueError(f"params: {len(per_prompt)} given for {len(batch)} prompts")
+        encoded = [self._encode(prompt, index) for index, prompt in enumerate(batch)]
+        requests = []
+        try:
+            for ids, sampling in zip(encoded, per_prompt, strict=True):
+                requests.append(self.engine.add_request(ids, sampling))
+        except ValueError:
+            for request in requests:
+                self.engine.abort(request.request_id)
+            raise
+        streams = {r.request_id: _Stream(self._detokenizer()) for r in requests}
+        while self.engine.has_unfinished:
+            self.engine.step()
+            self._apply_stop_strings(requests, streams)
+        return [self._output(request, streams[request.request_id]) for request in requests]
+
+    def _encode(self, prompt: Prompt, index: int) -> list[int]:
+        if isinstance(prompt, dict):
+            if "prompt_ids" in prompt:
+                prompt = prompt["prompt_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError(f"prompts[{index}]: needs 'prompt' or 'prompt_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"prompts[{index}]: text needs a tokenizer, and {self.config.model} has none"
+                )
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        if not _is_ids(prompt):
+            raise ValueError(f"prompts[{index}]: expected text or a list of token ids")
+        return list(prompt)
+
+    def _detokenizer(self) -> IncrementalDetokenizer | None:
+        return IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True) if self.tokenizer else None
+
+    def _apply_stop_strings(self, requests: list[Request], streams: dict[str, _Stream]) -> None:
+        for request in requests:
+            stream = streams[request.request_id]
+            if stream.detokenizer is None or stream.stopped_by_string:
+                continue
+            for token in request.output_ids[stream.consumed :]:
+                stream.text += stream.detokenizer.push(token)
+            stream.consumed = len(request.output_ids)
+            stops = request.params.stop
+            if not stops:
+                continue
+            hits = [(stream.text.find(stop), stop) for stop in stops if stop in stream.text]
+            if hits:
+                position, stop = min(hits)
+                end = position + (len(stop) if request.params.include_stop_str_in_output else 0)
+                stream.text = stream.text[:end]
+                stream.stopped_by_string = True
+                if request.finish_reason is None:
+                    self.engine.abort(request.request_id)
+                request.finish_reason = FinishReason.STOP
+
+    def _output(self, request: Request, stream: _Stream) -> RequestOutput:
+        if stream.detokenizer is not None and not stream.stopped_by_string:
+            stream.text += stream.detokenizer.flush()
+        wants_logprobs = request.params.logprobs is not None
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_ids=request.prompt_ids,
+            token_ids=list(request.output_ids),
+            text=stream.text,
+            logprobs=list(request.logprobs) if wants_logprobs else None,
+            top_logprobs=list(request.top_logprobs) if wants_logprobs and request.params.logprobs else None,
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+        )
+
+
+def _is_ids(value) -> bool:
+    """A non-empty list of ints (one tokenized prompt; an empty list is an empty batch)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(token, int) and not isinstance(token, bool) for token in value)
+    )

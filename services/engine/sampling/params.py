@@ -1,0 +1,99 @@
+"""Per-request sampling parameters (field names and defaults as in vLLM's `SamplingParams`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Temperatures below this are treated as greedy, as in vLLM: dividing logits by a tiny temperature
+# overflows float32 and the resulting distribution is an argmax anyway.
+GREEDY_TEMPERATURE_EPS = 1e-5
+MAX_LOGPROBS = 20
+_SEED_LIMIT = 2**63
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next tokens of one request, and when to stop.
+
+    Attributes:
+        max_tokens: most tokens to generate (>= 1).
+        temperature: logits are divided by it; 0 (or anything below `GREEDY_TEMPERATURE_EPS`)
+            means greedy, in which case top_k, top_p and min_p are ignored.
+        top_k: keep only the k most likely tokens (ties at the k-th value are all kept); 0 = off.
+        top_p: keep the smallest set of most likely tokens whose probability sums to >= top_p.
+        min_p: drop tokens whose probability is below ``min_p * max_prob``; 0 = off.
+        seed: makes sampling reproducible: the token at position p depends only on the request's
+            logits row, these params, the seed and p. None = fresh randomness at every step.
+        stop: strings that end generation when they appear in the output text.
+        stop_token_ids: token ids that end generation (in addition to EOS unless `ignore_eos`).
+        ignore_eos: keep generating past the EOS token.
+        logprobs: None = no logprobs; 0 = logprob of the sampled token; n > 0 = also the n most
+            likely tokens. Logprobs are of the raw model distribution (before temperature etc.).
+        include_stop_str_in_output: keep the matched stop string at the end of the output text.
+
+    Lists given for `stop` and `stop_token_ids` are stored as tuples, so params are hashable.
+    Invalid values raise ValueError with a message that starts with the field name.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            raise ValueError(f"stop: must be a sequence of strings, not one string, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens!r}")
+        if not _is_real(self.temperature) or not self.temperature >= 0:
+            raise ValueError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if not math.isfinite(self.temperature):
+            raise ValueError(f"temperature: must be finite, got {self.temperature!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k: must be >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p: must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < _SEED_LIMIT):
+            raise ValueError(f"seed: must be an integer in [0, 2**63) or None, got {self.seed!r}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop: stop strings must be non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            if not _is_int(t) or t < 0:
+                raise ValueError(f"stop_token_ids: must be non-negative integers, got {t!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos: must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(f"logprobs: must be between 0 and {MAX_LOGPROBS} or None, got {self.logprobs!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError(
+                f"include_stop_str_in_output: must be a bool, got {self.include_stop_str_in_output!r}"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        """True when the next token is the argmax of the logits (no randomness)."""
+        return self.temperature < GREEDY_TEMPERATURE_EPS

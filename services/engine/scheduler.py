@@ -1,0 +1,202 @@
+"""Continuous batching with chunked prefill, preemption by recompute, and stop handling.
+
+Each ``schedule()`` fills one step's token budget: running requests first (a decode is one token,
+an unfinished prefill its next chunk), then waiting requests in arrival order. A request that cannot
+get blocks preempts the most recently admitted running request, which frees everything and waits to
+recompute its tokens; nothing is lost. ``update()`` applies the sampled tokens and finishes requests.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+from .cache_manager import CacheManager
+from .request import FinishReason, Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Tokens of one request to run this step, and where its cache lives."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    past: int
+    block_table: tuple[int, ...]
+    slot: int
+    samples: bool  # the chunk ends at the request's last known token: sample the next one
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's work: the chunks, in batch order, and the requests preempted to make room."""
+
+    chunks: tuple[ScheduledChunk, ...]
+    preempted: tuple[str, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(chunk.token_ids) for chunk in self.chunks)
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """The model's choice for one request after a step."""
+
+    token_id: int
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
+
+
+class Scheduler:
+    """Owns the waiting queue and the running set.
+
+    Args:
+        cache: per-request block and slot accounting.
+        max_num_seqs: running requests at most.
+        max_num_batched_tokens: tokens per step at most.
+        max_model_len: prompt + generated tokens a request may reach.
+    """
+
+    def __init__(
+        self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+    ):
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+
+    def add(self, request: Request) -> None:
+        """Queue a request.
+
+        Raises:
+            ValueError: duplicate id, empty prompt, or a request that can never fit the cache.
+        """
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already in flight")
+        if not request.prompt_ids:
+            raise ValueError("prompt: must contain at least one token")
+        longest = min(request.num_tokens + request.params.max_tokens - 1, self.max_model_len)
+        if request.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt: {request.num_tokens} tokens leave no room under max_model_len "
+                f"({self.max_model_len})"
+            )
+        if longest > self.cache.total_tokens():
+            raise ValueError(
+                f"prompt + max_tokens: {longest} tokens exceed the whole cache "
+                f"({self.cache.total_tokens()} tokens); shorten the request or grow the cache"
+            )
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Cancel a request wherever it is; its cache is freed at once. Unknown ids are ignored."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self._finish(request, FinishReason.ABORT)
+        return request
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        scheduled: list[Request] = []
+        for request in list(self.running):
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            count = min(request.num_pending, budget)
+            while not self.cache.can_grow(request, count):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            self.cache.grow(request, count)
+            chunks.append(self._chunk(request, count))
+            scheduled.append(request)
+            budget -= count
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            count = min(request.num_pending, budget)
+            if not self.cache.can_grow(request, count):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.cache.grow(request, count)
+            chunks.append(self._chunk(request, count))
+            budget -= count
+        return SchedulerOutput(tuple(chunks), tuple(preempted))
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, SampledToken]) -> list[Request]:
+        """Advance the scheduled requests past their chunks and apply sampled tokens.
+
+        Returns:
+            The requests that finished in this step.
+        """
+        finished = []
+        for chunk in output.chunks:
+            request = self.requests.get(chunk.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed = chunk.past + len(chunk.token_ids)
+            if not chunk.samples:
+                continue
+            token = sampled[chunk.request_id]
+            request.output_ids.append(token.token_id)
+            if token.logprob is not None:
+                request.logprobs.append(token.logprob)
+            if token.top_logprobs is not None:
+                request.top_logprobs.append(token.top_logprobs)
+            reason = self._stop_reason(request, token.token_id)
+            if reason is not None:
+                self._finish(request, reason)
+                finished.append(request)
+        return finished
+
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        params = request.params
+        if token in params.stop_token_ids or (token in request.stop_ids and not params.ignore_eos):
+            return FinishReason.STOP
+        if len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _chunk(self, request: Request, count: int) -> ScheduledChunk:
+        start = request.num_computed
+        return ScheduledChunk(
+            request_id=request.request_id,
+            token_ids=tuple(request.all_ids[start : start + count]),
+            past=start,
+            block_table=tuple(request.block_table),
+            slot=request.slot,
+            samples=start + count == request.num_tokens,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.cache.release(request)
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.cache.release(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self.requests.pop(request.request_id, None)
