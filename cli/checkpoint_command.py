@@ -1,12 +1,11 @@
 """``baton checkpoint init``: write a random checkpoint folder with a tokenizer."""
 
 import argparse
-import json
 from pathlib import Path
 
-from services.engine.checkpoint.presets import PRESETS, TINY, preset_config
-from services.engine.checkpoint.random_init import LAYOUTS, write_random_checkpoint
-from services.engine.tokenizer import Tokenizer, write_tiny_tokenizer
+from services.engine.checkpoint.init_folder import init_checkpoint
+from services.engine.checkpoint.presets import PRESETS, TINY
+from services.engine.checkpoint.random_init import LAYOUTS
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -29,15 +28,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_init(args: argparse.Namespace) -> int:
-    config = preset_config(args.family, args.preset)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_tiny_tokenizer(args.out, args.family, config["vocab_size"])
-    tokenizer = Tokenizer.from_pretrained(args.out)
-    pad_token = json.loads((args.out / "tokenizer_config.json").read_text()).get("pad_token")
-    config["bos_token_id"] = tokenizer.bos_token_id
-    config["eos_token_id"] = tokenizer.eos_token_ids
-    config["pad_token_id"] = tokenizer.token_to_id(pad_token) if pad_token else None
-    model_config = write_random_checkpoint(args.out, config, seed=args.seed, layout=args.layout)
-    what = f"{model_config.family} checkpoint ({args.preset}, seed {args.seed}, {args.layout} layout)"
+    config = init_checkpoint(args.out, args.family, args.preset, args.seed, args.layout)
+    what = f"{config.family} checkpoint ({args.preset}, seed {args.seed}, {args.layout} layout)"
     print(f"wrote {what} to {args.out}")
     return 0

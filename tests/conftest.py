@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.engine.checkpoint.presets import preset_config
-from services.engine.checkpoint.random_init import write_random_checkpoint
+from services.engine.checkpoint.init_folder import init_checkpoint
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 
@@ -19,16 +18,14 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
-    """``tiny_checkpoint(family, layout="hub", **config_overrides) -> Path``, cached per arguments."""
+    """``tiny_checkpoint(family, layout="hub", **config_overrides) -> Path`` (with a tokenizer), cached."""
     made: dict[tuple, Path] = {}
 
     def make(family: str, layout: str = "hub", seed: int = 0, **overrides) -> Path:
         key = (family, layout, seed, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
         if key not in made:
             out = tmp_path_factory.mktemp(f"{family}-{layout}")
-            config = preset_config(family, "tiny")
-            config.update(overrides)
-            write_random_checkpoint(out, config, seed=seed, layout=layout)
+            init_checkpoint(out, family, "tiny", seed=seed, layout=layout, overrides=overrides)
             made[key] = out
         return made[key]
 
