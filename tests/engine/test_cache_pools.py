@@ -32,7 +32,7 @@ def test_block_layout_holds_every_mla_layer(k3):
     }
     assert all(f.offset % ALIGNMENT == 0 for f in layout.fields)
     spans = sorted((f.offset, f.offset + f.nbytes) for f in layout.fields)
-    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False))
     per_token = (k3.kv_lora_rank + k3.qk_rope_head_dim + k3.indexer.head_dim) * 2 * len(mla_layers)
     assert layout.nbytes >= 16 * per_token
 

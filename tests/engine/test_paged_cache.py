@@ -36,7 +36,10 @@ def test_paged_steps_equal_contiguous_steps(family, tiny_checkpoint):
             paged = PagedModelCache(
                 blocks,
                 slots,
-                [SequenceCacheRef(tuple(tables[i]), seq_slots[i], p) for i, p in zip(live, past)],
+                [
+                    SequenceCacheRef(tuple(tables[i]), seq_slots[i], p)
+                    for i, p in zip(live, past, strict=True)
+                ],
             )
             contiguous = _Subset(reference, live)
             got = model.forward_batch(batch, paged)
