@@ -1,6 +1,6 @@
 """Mixture-of-experts references: the sigmoid group-limited router and the expert combine.
 
-Routing (DeepSeek-V3 / Kimi "noaux_tc"): scores are ``sigmoid(logits)``; a per-expert correction bias
+Routing (DeepSeek-V3 / Kimi "noaux_tc"): scores are ``sigmoid(logits)`` (computed by the caller); a per-expert correction bias
 is added only to *choose* experts. Experts are split into ``n_group`` groups, each group is scored by
 the sum of its two best biased scores, the ``topk_group`` best groups are kept, and the ``top_k``
 best biased experts inside them are chosen. Their *unbiased* scores, optionally renormalised, times
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 
 def route_tokens(
-    router_logits: torch.Tensor,
+    scores: torch.Tensor,
     correction_bias: torch.Tensor,
     top_k: int,
     n_group: int,
@@ -23,7 +23,7 @@ def route_tokens(
     """Pick experts for each token.
 
     Args:
-        router_logits: ``[N, E]`` float32.
+        scores: ``[N, E]`` float32 router probabilities, ``sigmoid(router logits)``.
         correction_bias: ``[E]`` float32 selection bias.
         top_k, n_group, topk_group: routing budget (see module docstring).
         norm_topk_prob: renormalise the chosen scores to sum to one.
@@ -32,18 +32,23 @@ def route_tokens(
     Returns:
         ``(weights [N, top_k] float32, expert_ids [N, top_k] int64)``.
     """
-    tokens, experts = router_logits.shape
-    scores = router_logits.to(torch.float32).sigmoid()
+    tokens, experts = scores.shape
+    scores = scores.to(torch.float32)
     biased = scores + correction_bias.to(torch.float32)
     grouped = biased.view(tokens, n_group, experts // n_group)
-    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    best_two = grouped.topk(2, dim=-1).values
+    group_scores = best_two[..., 0] + best_two[..., 1]
     kept_groups = group_scores.topk(topk_group, dim=-1).indices
     group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept_groups, True)
     expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(tokens, experts)
     expert_ids = biased.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1).indices
     weights = scores.gather(1, expert_ids)
     if norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        # Column by column, in a fixed order: the total must not depend on the batch.
+        total = weights[:, 0]
+        for column in range(1, top_k):
+            total = total + weights[:, column]
+        weights = weights / (total[:, None] + 1e-20)
     return weights * routed_scaling_factor, expert_ids
 
 

@@ -50,7 +50,7 @@ def test_router_matches_transformers(case):
     with torch.no_grad():
         logits, hf_weights, hf_ids = router(x)
     bias = router.e_score_correction_bias
-    weights, ids = route_tokens(logits, bias, top_k, n_group, topk_group, norm, scaling)
+    weights, ids = route_tokens(logits.sigmoid(), bias, top_k, n_group, topk_group, norm, scaling)
 
     assert weights.shape == ids.shape == (26, top_k) and ids.dtype == torch.int64
     weights, ids = sort_by_expert(weights, ids)
@@ -64,20 +64,16 @@ def test_router_matches_transformers(case):
         assert (groups_used.sum(-1) <= topk_group).all()
 
 
-def _logit(p: torch.Tensor) -> torch.Tensor:
-    return torch.log(p) - torch.log1p(-p)
-
-
 def test_group_limit_excludes_the_best_expert():
     """Expert 0 has the best score, but its group (best two summed) loses to groups 1 and 2."""
     probs = torch.tensor([[0.99, 0.01, 0.62, 0.60, 0.58, 0.56, 0.30, 0.31]])
     args = dict(top_k=2, n_group=4, topk_group=2, norm_topk_prob=False, routed_scaling_factor=1.0)
-    weights, ids = route_tokens(_logit(probs), torch.zeros(8), **args)
+    weights, ids = route_tokens(probs, torch.zeros(8), **args)
     weights, ids = sort_by_expert(weights, ids)
     assert ids.tolist() == [[2, 3]]
     assert_rel(weights, probs[:, [2, 3]], 1e-6, "weights")
     # without group limiting the best expert would have been picked
-    _, flat_ids = route_tokens(_logit(probs), torch.zeros(8), **{**args, "n_group": 1, "topk_group": 1})
+    _, flat_ids = route_tokens(probs, torch.zeros(8), **{**args, "n_group": 1, "topk_group": 1})
     assert 0 in flat_ids.tolist()[0]
 
 
@@ -85,11 +81,11 @@ def test_bias_chooses_but_does_not_weigh():
     """The correction bias flips the choice, while the weights stay the unbiased sigmoid scores."""
     probs = torch.tensor([[0.9, 0.8, 0.2, 0.1]])
     bias = torch.tensor([0.0, 0.0, 1.0, 0.0])
-    weights, ids = route_tokens(_logit(probs), bias, 2, 1, 1, False, 2.0)
+    weights, ids = route_tokens(probs, bias, 2, 1, 1, False, 2.0)
     weights, ids = sort_by_expert(weights, ids)
     assert ids.tolist() == [[0, 2]]
     assert_rel(weights, 2.0 * probs[:, [0, 2]], 1e-6, "weights")
-    weights, _ = route_tokens(_logit(probs), bias, 2, 1, 1, True, 2.0)
+    weights, _ = route_tokens(probs, bias, 2, 1, 1, True, 2.0)
     assert_rel(weights.sort(-1).values, 2.0 * torch.tensor([[0.2, 0.9]]) / 1.1, 1e-6, "normalised weights")
 
 
@@ -185,5 +181,5 @@ def test_route_then_combine_matches_transformers_moe_path():
         x = torch.randn(11, HIDDEN)
         logits, hf_weights, hf_ids = router(x)
         expected = module(x, hf_ids, hf_weights)
-    weights, ids = route_tokens(logits, router.e_score_correction_bias, *case[1:])
+    weights, ids = route_tokens(logits.sigmoid(), router.e_score_correction_bias, *case[1:])
     assert_rel(moe_experts(x, ids, weights, w_gate_up, w_down), expected, 1e-6, "moe output")

@@ -7,8 +7,7 @@ prefill runs the chunked KDA and expanded MLA. Float32, relative max error <= 1e
 import pytest
 import torch
 
-import services.engine.model.kda as kda_module
-import services.engine.model.mla as mla_module
+import services.engine.model.numerics as numerics_module
 from services.engine.checkpoint.loader import load_model
 from services.engine.model.state import ContiguousCache, KdaLayerState, MlaLayerState
 from tests.conftest import FAMILIES, relative_error
@@ -33,9 +32,13 @@ def test_incremental_equals_full(family, split, tiny_checkpoint, monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(kda_module, "kda_recurrent", counting("recurrent", kda_module.kda_recurrent))
     monkeypatch.setattr(
-        mla_module, "mla_attention_absorbed", counting("absorbed", mla_module.mla_attention_absorbed)
+        numerics_module, "kda_recurrent", counting("recurrent", numerics_module.kda_recurrent)
+    )
+    monkeypatch.setattr(
+        numerics_module,
+        "mla_attention_absorbed",
+        counting("absorbed", numerics_module.mla_attention_absorbed),
     )
     sizes = SPLITS[split]
     ids = torch.randint(

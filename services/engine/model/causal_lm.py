@@ -5,10 +5,12 @@ from torch import nn
 
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
 from .forward_batch import ForwardBatch, ModelCache
+from .invariant_numerics import InvariantNumerics
 from .kda import KimiDeltaAttention
 from .mla import MultiLatentAttention
 from .moe import DenseMLP, MoE
 from .norm import RMSNorm
+from .numerics import Numerics
 from .rotary import RotaryTables
 from .state import ContiguousCache
 
@@ -35,14 +37,16 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = DenseMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, cos, sin, batch: ForwardBatch, cache: ModelCache, layer: int) -> torch.Tensor:
-        normed = self.input_layernorm(x)
+    def forward(
+        self, x, cos, sin, batch: ForwardBatch, cache: ModelCache, layer: int, nx: Numerics
+    ) -> torch.Tensor:
+        normed = self.input_layernorm(x, nx)
         if self.is_kda:
-            attn = self.self_attn(normed, batch, cache, layer)
+            attn = self.self_attn(normed, batch, cache, layer, nx)
         else:
-            attn = self.self_attn(normed, cos, sin, batch, cache, layer)
+            attn = self.self_attn(normed, cos, sin, batch, cache, layer, nx)
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x, nx), nx)
 
 
 class DecoderStack(nn.Module):
@@ -70,6 +74,11 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTables(config.rope, config.qk_rope_head_dim) if config.rope else None
+        self.numerics: Numerics = Numerics()
+
+    def set_batch_invariant(self, enabled: bool) -> None:
+        """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4)."""
+        self.numerics = InvariantNumerics() if enabled else Numerics()
 
     def forward_batch(
         self, batch: ForwardBatch, cache: ModelCache, logit_rows: torch.Tensor | None = None
@@ -88,15 +97,16 @@ class CausalLM(nn.Module):
             ValueError: an id outside the vocabulary (names the first bad id and its index).
         """
         self._check_ids(batch.input_ids)
+        nx = self.numerics
         hidden = self.model.embed_tokens(batch.input_ids)
         cos = sin = None
         if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
+            cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype, nx)
         for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos, sin, batch, cache, index)
+            hidden = layer(hidden, cos, sin, batch, cache, index, nx)
         if logit_rows is not None:
             hidden = hidden[logit_rows]
-        return self.lm_head(self.model.norm(hidden))
+        return nx.linear(self.model.norm(hidden, nx), self.lm_head.weight)
 
     def forward(self, input_ids: torch.Tensor, cache: ContiguousCache | None = None) -> torch.Tensor:
         """Logits for ``B`` sequences' new tokens, continuing ``cache`` (updated in place) when given.

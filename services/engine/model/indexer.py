@@ -3,11 +3,12 @@
 import torch
 from torch import nn
 
-from kernels.dsa.naive import indexer_scores, indexer_topk
+from kernels.dsa.naive import indexer_topk
 from kernels.rotary.naive import apply_rope_half
 
 from .config import IndexerConfig
 from .norm import LayerNorm
+from .numerics import Numerics
 
 
 class LightningIndexer(nn.Module):
@@ -30,9 +31,11 @@ class LightningIndexer(nn.Module):
         self.k_norm = LayerNorm(spec.head_dim, eps=1e-6)
         self.weights_proj = nn.Linear(hidden_size, spec.n_heads, bias=False)
 
-    def index_keys(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    def index_keys(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, nx: Numerics
+    ) -> torch.Tensor:
         """Keys to cache for new tokens: ``[N, Di]`` from ``x [N, D]`` (tables ``[N, Dr / 2]``)."""
-        keys = self.k_norm(self.wk(x))
+        keys = self.k_norm(nx.linear(x, self.wk.weight), nx)
         return self._rotate(keys, cos, sin)
 
     def select(
@@ -43,6 +46,7 @@ class LightningIndexer(nn.Module):
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
         visible: torch.Tensor,
+        nx: Numerics,
     ) -> torch.Tensor:
         """Boolean ``[T, S]`` mask of the keys each of one sequence's new queries may attend to.
 
@@ -52,15 +56,16 @@ class LightningIndexer(nn.Module):
             keys: ``[S, Di]`` index keys of all the sequence's tokens, new ones included.
             cos, sin: ``[T, Dr / 2]`` tables of the new tokens, or None for NoPE.
             visible: ``[T, S]`` causal mask.
+            nx: numerics.
         """
         seq_len = x.shape[0]
-        q = self.wq_b(query_input).view(seq_len, self.spec.n_heads, self.spec.head_dim)
+        q = nx.linear(query_input, self.wq_b.weight).view(seq_len, self.spec.n_heads, self.spec.head_dim)
         q = self._rotate(
             q, None if cos is None else cos.unsqueeze(1), None if sin is None else sin.unsqueeze(1)
         )
-        weights = nn.functional.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
-        scores = indexer_scores(q[None], keys[None], weights[None], self.spec.head_dim**-0.5)
-        return indexer_topk(scores, visible[None], self.spec.topk)[0]
+        weights = nx.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
+        scores = nx.indexer_scores(q, keys, weights, self.spec.head_dim**-0.5)
+        return indexer_topk(scores[None], visible[None], self.spec.topk)[0]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         if cos is None or self.rope_dim == 0:

@@ -3,13 +3,13 @@
 import torch
 from torch import nn
 
-from kernels.mla.naive import mla_attention_absorbed, mla_attention_expanded
 from kernels.rotary.naive import apply_rope_interleaved
 
 from .config import ModelConfig
 from .forward_batch import ForwardBatch, ModelCache
 from .indexer import LightningIndexer
 from .norm import RMSNorm
+from .numerics import Numerics
 
 
 class MultiLatentAttention(nn.Module):
@@ -49,6 +49,7 @@ class MultiLatentAttention(nn.Module):
         batch: ForwardBatch,
         cache: ModelCache,
         layer: int,
+        nx: Numerics,
     ) -> torch.Tensor:
         """Write the new tokens' latents to the cache and attend each sequence's new tokens to its cache.
 
@@ -57,6 +58,7 @@ class MultiLatentAttention(nn.Module):
             cos, sin: ``[N, Dr / 2]`` rotary tables at the tokens' positions, or None (NoPE).
             batch: which rows belong to which sequence, and their past lengths.
             cache: per-sequence cache; this layer's index is ``layer``.
+            nx: numerics.
 
         Returns:
             ``[N, D]``.
@@ -65,45 +67,44 @@ class MultiLatentAttention(nn.Module):
         tokens = x.shape[0]
         if c.q_lora_rank is None:
             query_input = x
-            q = self.q_proj(x)
+            q = nx.linear(x, self.q_proj.weight)
         else:
-            query_input = self.q_a_layernorm(self.q_a_proj(x))
-            q = self.q_b_proj(query_input)
+            query_input = self.q_a_layernorm(nx.linear(x, self.q_a_proj.weight), nx)
+            q = nx.linear(query_input, self.q_b_proj.weight)
         q = q.view(tokens, c.num_attention_heads, c.qk_head_dim)
         q_nope, q_rope = q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim :]
-        compressed = self.kv_a_proj_with_mqa(x)
-        latent = self.kv_a_layernorm(compressed[..., : c.kv_lora_rank])
+        compressed = nx.linear(x, self.kv_a_proj_with_mqa.weight)
+        latent = self.kv_a_layernorm(compressed[..., : c.kv_lora_rank], nx)
         k_rope = compressed[..., c.kv_lora_rank :]
         if cos is not None:
             q_rope = apply_rope_interleaved(q_rope, cos.unsqueeze(1), sin.unsqueeze(1))
             k_rope = apply_rope_interleaved(k_rope, cos, sin)
-        index_keys = self.indexer.index_keys(x, cos, sin) if self.indexer is not None else None
+        index_keys = self.indexer.index_keys(x, cos, sin, nx) if self.indexer is not None else None
 
         out = x.new_empty(tokens, c.num_attention_heads, c.v_head_dim)
         for seq, piece in enumerate(batch.sequences):
             rows = piece.rows
-            cache.write_mla(
-                layer, seq, latent[rows], k_rope[rows], None if index_keys is None else index_keys[rows]
-            )
+            new_index = None if index_keys is None else index_keys[rows]
+            cache.write_mla(layer, seq, latent[rows], k_rope[rows], new_index)
             cached_latent, cached_rope, cached_index = cache.read_mla(layer, seq)
             query_pos = torch.arange(piece.past, piece.total, device=x.device)
             allowed = torch.arange(piece.total, device=x.device)[None, :] <= query_pos[:, None]
             if self.indexer is not None:
                 allowed = self.indexer.select(
-                    x[rows], query_input[rows], cached_index, _rows(cos, rows), _rows(sin, rows), allowed
+                    x[rows], query_input[rows], cached_index, _rows(cos, rows), _rows(sin, rows), allowed, nx
                 )
             decoding = piece.length == 1 and piece.past > 0
-            attend = mla_attention_absorbed if decoding else mla_attention_expanded
-            out[rows] = attend(
-                q_nope[rows][None],
-                q_rope[rows][None],
-                cached_latent[None],
-                cached_rope[None],
+            out[rows] = nx.mla_attention(
+                q_nope[rows],
+                q_rope[rows],
+                cached_latent,
+                cached_rope,
                 self.kv_b_proj.weight,
                 c.attention_scale,
-                allowed[None],
-            )[0]
-        return self.o_proj(out.reshape(tokens, -1))
+                allowed,
+                decoding,
+            )
+        return nx.linear(out.reshape(tokens, -1), self.o_proj.weight)
 
 
 def _rows(table: torch.Tensor | None, rows: slice) -> torch.Tensor | None:

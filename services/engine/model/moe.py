@@ -3,9 +3,10 @@
 import torch
 from torch import nn
 
-from kernels.moe.naive import moe_experts, route_tokens
+from kernels.moe.naive import route_tokens
 
 from .config import MoeConfig
+from .numerics import Numerics
 
 
 class DenseMLP(nn.Module):
@@ -17,8 +18,9 @@ class DenseMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
+        hidden = nx.silu(nx.linear(x, self.gate_proj.weight)) * nx.linear(x, self.up_proj.weight)
+        return nx.linear(hidden, self.down_proj.weight)
 
 
 class Router(nn.Module):
@@ -30,12 +32,11 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.zeros(spec.num_experts, hidden_size, dtype=torch.float32))
         self.e_score_correction_bias = nn.Parameter(torch.zeros(spec.num_experts, dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, nx: Numerics) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [N, D]`` -> ``(weights [N, k] float32, expert_ids [N, k])``."""
         s = self.spec
-        logits = nn.functional.linear(x.float(), self.weight.float())
         return route_tokens(
-            logits,
+            nx.router_scores(x, self.weight),
             self.e_score_correction_bias,
             s.num_experts_per_tok,
             s.n_group,
@@ -69,12 +70,10 @@ class MoE(nn.Module):
             else None
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        weights, expert_ids = self.gate(flat)
-        out = moe_experts(
-            flat, expert_ids, weights, self.experts.gate_up_proj, self.experts.down_proj
-        ).view_as(x)
+    def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
+        """``x [N, D]`` -> ``[N, D]``: routed experts (combined in expert-id order) plus shared experts."""
+        weights, expert_ids = self.gate(x, nx)
+        out = nx.moe_experts(x, expert_ids, weights, self.experts.gate_up_proj, self.experts.down_proj)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+            out = out + self.shared_experts(x, nx)
         return out

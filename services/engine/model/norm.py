@@ -1,9 +1,9 @@
-"""Normalisation modules holding their weights; the math lives in ``kernels.norm.naive``."""
+"""Normalisation modules holding their weights; the math comes from the forward's ``Numerics``."""
 
 import torch
 from torch import nn
 
-from kernels.norm.naive import gated_rms_norm, layer_norm, rms_norm
+from .numerics import Numerics
 
 
 class RMSNorm(nn.Module):
@@ -14,8 +14,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
+        return nx.rms_norm(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -26,8 +26,8 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return gated_rms_norm(x, gate, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, nx: Numerics) -> torch.Tensor:
+        return nx.gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class LayerNorm(nn.Module):
@@ -39,5 +39,5 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps)
+    def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
+        return nx.layer_norm(x, self.weight, self.bias, self.eps)

@@ -2,9 +2,10 @@
 
 import torch
 
-from kernels.rotary.naive import rope_cos_sin, rope_inverse_frequencies
+from kernels.rotary.naive import rope_inverse_frequencies
 
 from .config import RopeConfig
+from .numerics import Numerics
 
 
 class RotaryTables:
@@ -20,5 +21,7 @@ class RotaryTables:
         with torch.device("cpu"):
             self.inv_freq, self.attention_factor = rope_inverse_frequencies(dim, rope.theta, rope.scaling)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(positions, self.inv_freq.to(positions.device), self.attention_factor, dtype)
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype, nx: Numerics
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return nx.rope_cos_sin(positions, self.inv_freq.to(positions.device), self.attention_factor, dtype)

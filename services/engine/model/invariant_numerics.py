@@ -1,0 +1,128 @@
+"""Batch-invariant numerics: a token's bits never depend on what else is in the batch.
+
+Every matrix product goes through ``fixed_linear`` (fixed 16-row tiles), every reduction is a
+``tree_sum``, every transcendental a ``fixed_*`` op. Prefill and decode share one form per layer:
+MLA always runs absorbed, each query over exactly the keys it may see, compacted in position order
+(so a DSA selection and a causal prefix look the same to the reduction); KDA runs the CF-BI
+fixed-chunk rows (``kernels.kda.fixed_chunk``); the short conv adds its taps in a fixed order.
+"""
+
+import torch
+
+from kernels.invariant import (
+    fixed_elementwise,
+    fixed_exp,
+    fixed_linear,
+    fixed_sigmoid,
+    fixed_silu,
+    fixed_softplus,
+    invariant_gated_rms_norm,
+    invariant_l2_normalize,
+    invariant_layer_norm,
+    invariant_rms_norm,
+    invariant_softmax,
+    invariant_weighted_sum,
+    tree_sum,
+)
+from kernels.kda.fixed_chunk import FixedChunkState, kda_fixed_chunk
+
+from .numerics import Numerics
+
+QUERY_BLOCK = 16  # queries per attention slab: bounds memory, cannot change a row's bits
+
+
+class InvariantNumerics(Numerics):
+    """Same interface as ``Numerics``; see the module docstring for the guarantees."""
+
+    batch_invariant = True
+
+    def linear(self, x, weight):
+        return fixed_linear(x, weight).to(x.dtype)
+
+    def rms_norm(self, x, weight, eps):
+        return invariant_rms_norm(x, weight, eps)
+
+    def gated_rms_norm(self, x, gate, weight, eps):
+        return invariant_gated_rms_norm(x, gate, weight, eps)
+
+    def l2_normalize(self, x):
+        return invariant_l2_normalize(x)
+
+    def layer_norm(self, x, weight, bias, eps):
+        return invariant_layer_norm(x, weight, bias, eps)
+
+    def silu(self, x):
+        return fixed_silu(x).to(x.dtype)
+
+    def sigmoid(self, x):
+        return fixed_sigmoid(x).to(x.dtype)
+
+    def forget_gate(self, logits, dt_bias, a_log):
+        heads, k_dim = logits.shape[-2:]
+        x = logits.to(torch.float32) + dt_bias.to(torch.float32).view(heads, k_dim)
+        return -fixed_exp(a_log.to(torch.float32).reshape(heads, 1)) * fixed_softplus(x)
+
+    def rope_cos_sin(self, positions, inv_freq, attention_factor, dtype):
+        angles = positions[..., None].to(torch.float32) * inv_freq.to(torch.float32)
+        cos = fixed_elementwise(torch.cos, angles) * attention_factor
+        sin = fixed_elementwise(torch.sin, angles) * attention_factor
+        return cos.to(dtype), sin.to(dtype)
+
+    def causal_conv1d(self, x, weight, state):
+        taps = weight.shape[-1]
+        xt = x.transpose(0, 1).to(weight.dtype)  # [D, T]
+        if state is None:
+            state = xt.new_zeros(xt.shape[0], taps - 1)
+        padded = torch.cat([state.to(weight.dtype), xt], dim=-1)
+        length = x.shape[0]
+        total = weight[:, 0:1] * padded[:, 0:length]
+        for tap in range(1, taps):
+            total = total + weight[:, tap : tap + 1] * padded[:, tap : tap + length]
+        y = fixed_silu(total).to(x.dtype).transpose(0, 1)
+        return y, padded[:, padded.shape[-1] - (taps - 1) :].contiguous()
+
+    def kda(self, q, k, v, g, beta, scale, previous):
+        if previous is None:
+            previous = FixedChunkState.zeros(q.shape[1], q.shape[2], v.shape[2], q.device)
+        o, state = kda_fixed_chunk(q, k, v, g, beta, scale, previous)
+        return o.to(v.dtype), state
+
+    def mla_attention(self, q_nope, q_rope, latent, k_rope, w_kv_b, scale, allowed, decoding):
+        heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
+        per_head = w_kv_b.reshape(heads, -1, w_kv_b.shape[-1])
+        w_uk, w_uv = per_head[:, :nope_dim], per_head[:, nope_dim:]
+        q_latent = torch.stack([fixed_linear(q_nope[:, h], w_uk[h].transpose(0, 1)) for h in range(heads)], 1)
+        counts = allowed.sum(-1)
+        width = int(counts.max())
+        # Each query's visible keys in position order, then masked padding at the end.
+        order = torch.sort(allowed.to(torch.int8), dim=-1, descending=True, stable=True).indices[:, :width]
+        valid = torch.arange(width, device=allowed.device)[None, :] < counts[:, None]
+        lat, rope = latent.to(torch.float32), k_rope.to(torch.float32)
+        out_latent = []
+        for start in range(0, q_nope.shape[0], QUERY_BLOCK):
+            rows = slice(start, start + QUERY_BLOCK)
+            keys_lat, keys_rope = lat[order[rows]], rope[order[rows]]  # [t, w, *]
+            scores = tree_sum(q_latent[rows, :, None, :] * keys_lat[:, None], -1) + tree_sum(
+                q_rope[rows].float()[:, :, None, :] * keys_rope[:, None], -1
+            )
+            probs = invariant_softmax(scores * scale, valid[rows, None, :])
+            out_latent.append(invariant_weighted_sum(probs, keys_lat[:, None]))
+        out_latent = torch.cat(out_latent)
+        out = torch.stack([fixed_linear(out_latent[:, h], w_uv[h]) for h in range(heads)], 1)
+        return out.to(q_nope.dtype)
+
+    def indexer_scores(self, q, keys, weights, scale):
+        dots = tree_sum(q.float()[:, :, None, :] * keys.float()[None, None], -1)  # [T, Hi, S]
+        return tree_sum(weights.float()[:, :, None] * torch.relu(dots * scale), 1)
+
+    def router_scores(self, x, weight):
+        return fixed_sigmoid(fixed_linear(x.float(), weight.float()))
+
+    def moe_experts(self, x, expert_ids, weights, w_gate_up, w_down):
+        out = torch.zeros_like(x)
+        for expert in torch.unique(expert_ids).tolist():
+            token_idx, slot = torch.where(expert_ids == expert)
+            gate, up = self.linear(x[token_idx], w_gate_up[expert]).chunk(2, dim=-1)
+            y = self.linear(self.silu(gate) * up, w_down[expert]) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
