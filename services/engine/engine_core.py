@@ -4,6 +4,7 @@ import itertools
 
 import torch
 
+from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.state_pool import StateSlotPool
@@ -28,14 +29,18 @@ class EngineCore:
         self.config = config
         dtype = getattr(torch, config.dtype) if config.dtype else None
         self.model = load_model(config.model, device=config.device, dtype=dtype)
+        self.model.set_batch_invariant(config.batch_invariant)
         model_dtype = self.model.lm_head.weight.dtype
+        open_rows = FIXED_CHUNK if config.batch_invariant else 0
         blocks = BlockPool(
             block_layout(self.model.config, config.block_size, model_dtype),
             config.block_size,
             config.pool_blocks,
             config.device,
         )
-        slots = StateSlotPool(slot_layout(self.model.config, model_dtype), config.max_num_seqs, config.device)
+        slots = StateSlotPool(
+            slot_layout(self.model.config, model_dtype, open_rows), config.max_num_seqs, config.device
+        )
         self.cache = CacheManager(blocks, slots)
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len

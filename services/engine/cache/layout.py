@@ -24,6 +24,10 @@ K_ROPE = "k_rope"
 INDEX_KEY = "index_key"
 RECURRENT = "recurrent"
 CONV = "conv"
+OPEN_K = "open_k"
+OPEN_G = "open_g"
+OPEN_DELTA = "open_delta"
+OPEN_COUNT = "open_count"
 
 
 @dataclass(frozen=True)
@@ -80,13 +84,23 @@ def block_layout(config: ModelConfig, block_size: int, dtype: torch.dtype) -> La
     return _pack(entries)
 
 
-def slot_layout(config: ModelConfig, dtype: torch.dtype) -> Layout:
-    """Layout of one request's KDA state: float32 recurrent state and the short-conv tail."""
+def slot_layout(config: ModelConfig, dtype: torch.dtype, open_chunk_rows: int = 0) -> Layout:
+    """Layout of one request's KDA state: float32 recurrent state and the short-conv tail.
+
+    With ``open_chunk_rows = C`` (batch-invariant CF-BI mode) the recurrent state is the one at the
+    last aligned chunk boundary, and the slot also keeps the open chunk's rows (keys, cumulative
+    decays, corrections) and how many there are.
+    """
     entries = []
     if config.kda is not None:
         heads, dim, kernel = config.kda.num_heads, config.kda.head_dim, config.kda.conv_kernel_size
         for layer, kind in enumerate(config.layer_types):
-            if kind == LAYER_KDA:
-                entries.append((layer, RECURRENT, torch.float32, (heads, dim, dim)))
-                entries.append((layer, CONV, dtype, (3 * heads * dim, kernel - 1)))
+            if kind != LAYER_KDA:
+                continue
+            entries.append((layer, RECURRENT, torch.float32, (heads, dim, dim)))
+            entries.append((layer, CONV, dtype, (3 * heads * dim, kernel - 1)))
+            if open_chunk_rows:
+                for name in (OPEN_K, OPEN_G, OPEN_DELTA):
+                    entries.append((layer, name, torch.float32, (open_chunk_rows, heads, dim)))
+                entries.append((layer, OPEN_COUNT, torch.int32, (1,)))
     return _pack(entries)

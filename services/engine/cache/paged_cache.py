@@ -4,10 +4,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.kda.fixed_chunk import FixedChunkState
 from services.engine.model.state import KdaLayerState
 
 from .block_pool import BlockPool
-from .layout import CONV, INDEX_KEY, K_ROPE, LATENT, RECURRENT
+from .layout import CONV, INDEX_KEY, K_ROPE, LATENT, OPEN_COUNT, OPEN_DELTA, OPEN_G, OPEN_K, RECURRENT
 from .state_pool import StateSlotPool
 
 
@@ -66,16 +67,36 @@ class PagedModelCache:
         has_index = any(f.layer == layer and f.kind == INDEX_KEY for f in self.blocks.layout.fields)
         return gather(LATENT), gather(K_ROPE), gather(INDEX_KEY) if has_index else None
 
+    def _has_open_rows(self, layer: int) -> bool:
+        return any(f.layer == layer and f.kind == OPEN_COUNT for f in self.slots.layout.fields)
+
     def read_kda(self, layer, seq):
         ref = self.sequences[seq]
         if ref.past == 0:
             return None
-        return KdaLayerState(
-            conv=self.slots.view(layer, CONV)[ref.slot], recurrent=self.slots.view(layer, RECURRENT)[ref.slot]
-        )
+        view = self.slots.view
+        recurrent = view(layer, RECURRENT)[ref.slot]
+        if self._has_open_rows(layer):
+            recurrent = FixedChunkState(
+                s0=recurrent.clone(),
+                open_k=view(layer, OPEN_K)[ref.slot].clone(),
+                open_g=view(layer, OPEN_G)[ref.slot].clone(),
+                open_delta=view(layer, OPEN_DELTA)[ref.slot].clone(),
+                count=int(view(layer, OPEN_COUNT)[ref.slot][0]),
+            )
+        return KdaLayerState(conv=view(layer, CONV)[ref.slot], recurrent=recurrent)
 
     def write_kda(self, layer, seq, state):
         slot = self.sequences[seq].slot
-        conv = self.slots.view(layer, CONV)
+        view = self.slots.view
+        conv = view(layer, CONV)
         conv[slot] = state.conv.to(conv.dtype)
-        self.slots.view(layer, RECURRENT)[slot] = state.recurrent
+        if isinstance(state.recurrent, FixedChunkState):
+            chunk = state.recurrent
+            view(layer, RECURRENT)[slot] = chunk.s0
+            view(layer, OPEN_K)[slot] = chunk.open_k
+            view(layer, OPEN_G)[slot] = chunk.open_g
+            view(layer, OPEN_DELTA)[slot] = chunk.open_delta
+            view(layer, OPEN_COUNT)[slot] = chunk.count
+        else:
+            view(layer, RECURRENT)[slot] = state.recurrent

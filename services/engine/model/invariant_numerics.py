@@ -106,7 +106,7 @@ class InvariantNumerics(Numerics):
                 q_rope[rows].float()[:, :, None, :] * keys_rope[:, None], -1
             )
             probs = invariant_softmax(scores * scale, valid[rows, None, :])
-            out_latent.append(invariant_weighted_sum(probs, keys_lat[:, None]))
+            out_latent.append(invariant_weighted_sum(probs, keys_lat))
         out_latent = torch.cat(out_latent)
         out = torch.stack([fixed_linear(out_latent[:, h], w_uv[h]) for h in range(heads)], 1)
         return out.to(q_nope.dtype)
