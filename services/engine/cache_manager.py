@@ -1,25 +1,65 @@
-"""Per-request cache accounting: a request's block table and KDA slot, over the two pools.
+"""Per-request cache accounting over the pools, with prefix reuse for a hybrid model.
 
-The scheduler sees memory only through ``can_grow`` / ``grow`` / ``release`` (check, then commit).
+The scheduler sees memory only through check-then-commit pairs: ``find_prefix`` / ``can_admit`` /
+``admit`` for a waiting request, ``can_grow`` / ``grow`` for a running one, ``release`` at the end.
+After each step ``record_progress`` registers newly completed blocks in the prefix cache and takes
+KDA state snapshots at every ``snapshot_stride``-th block boundary (and ``record_end`` at the end of
+a request), so a later request can reuse MLA blocks *and* restore the KDA state where they end.
 """
 
+from dataclasses import dataclass
+
+from services.engine.cache.block_hash import extend_chain
 from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
 
 from .request import Request
 
 
+@dataclass(frozen=True)
+class PrefixHit:
+    """Cached blocks a waiting request can start from, and the snapshot that restores its KDA state."""
+
+    block_ids: tuple[int, ...] = ()
+    snapshot_hash: bytes | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+
 class CacheManager:
-    """Grows and releases requests' blocks and slots.
+    """Grows, reuses and releases requests' blocks and slots.
 
     Args:
         blocks: packed MLA block pool.
-        slots: KDA state-slot pool.
+        slots: KDA state-slot pool (one per running request).
+        snapshots: KDA snapshot store, or None to disable prefix caching.
+        snapshot_stride: take a snapshot every this many blocks.
     """
 
-    def __init__(self, blocks: BlockPool, slots: StateSlotPool):
+    def __init__(
+        self,
+        blocks: BlockPool,
+        slots: StateSlotPool,
+        snapshots: SnapshotStore | None = None,
+        snapshot_stride: int = 1,
+    ):
         self.blocks = blocks
         self.slots = slots
+        self.snapshots = snapshots
+        self.snapshot_stride = snapshot_stride
+        self.has_state = bool(slots.layout.fields)
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.snapshots is not None
+
+    @property
+    def snapshot_tokens(self) -> int:
+        """Token spacing of snapshot boundaries."""
+        return self.blocks.block_size * self.snapshot_stride
 
     def blocks_needed(self, request: Request, new_tokens: int) -> int:
         """Extra blocks the request needs to cache ``new_tokens`` more tokens."""
@@ -27,25 +67,82 @@ class CacheManager:
         return max(0, -(-total // self.blocks.block_size) - len(request.block_table))
 
     def can_grow(self, request: Request, new_tokens: int) -> bool:
-        needs_slot = request.slot is None
-        return self.blocks.can_allocate(self.blocks_needed(request, new_tokens)) and (
-            not needs_slot or self.slots.can_allocate()
-        )
+        return self.blocks.can_allocate(self.blocks_needed(request, new_tokens))
 
     def grow(self, request: Request, new_tokens: int) -> None:
-        """Give the request room for ``new_tokens`` more tokens (and a slot). ``can_grow`` first."""
-        if request.slot is None:
-            request.slot = self.slots.allocate()
+        """Give the request room for ``new_tokens`` more tokens. ``can_grow`` first."""
         request.block_table.extend(self.blocks.allocate(self.blocks_needed(request, new_tokens)))
 
+    def find_prefix(self, request: Request) -> PrefixHit:
+        """The longest reusable cached prefix of a waiting request (no side effects).
+
+        At least one token is left to compute (its logits are needed). With KDA layers the match is
+        cut back to the last block boundary that has a state snapshot.
+        """
+        if not self.prefix_caching or request.num_computed:
+            return PrefixHit()
+        size = self.blocks.block_size
+        hashes = self._hashes(request)[: (request.num_tokens - 1) // size]
+        found = []
+        for block_hash in hashes:
+            block = self.blocks.lookup(block_hash)
+            if block is None:
+                break
+            found.append(block)
+        if not self.has_state:
+            return PrefixHit(tuple(found))
+        for count in range(len(found), 0, -1):
+            if self.snapshots.lookup(hashes[count - 1]) is not None:
+                return PrefixHit(tuple(found[:count]), hashes[count - 1])
+        return PrefixHit()
+
+    def can_admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> bool:
+        """Whether ``admit`` can start the request from ``hit`` and cache ``new_tokens`` more tokens."""
+        size = self.blocks.block_size
+        needed = -(-(hit.num_blocks * size + new_tokens) // size) - hit.num_blocks
+        kept_cached = sum(1 for block in hit.block_ids if self.blocks.ref_counts[block] == 0)
+        return self.slots.can_allocate() and self.blocks.can_allocate(needed, reserved=kept_cached)
+
+    def admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> None:
+        """Start a waiting request from ``hit``: share its blocks, restore its KDA state, make room."""
+        self.blocks.acquire(list(hit.block_ids))
+        request.block_table = list(hit.block_ids)
+        request.num_computed = request.num_cached_tokens = hit.num_blocks * self.blocks.block_size
+        request.num_registered = hit.num_blocks
+        request.slot = self.slots.allocate()
+        if hit.snapshot_hash is not None:
+            self.snapshots.restore(hit.snapshot_hash, self.slots.storage[request.slot])
+        self.grow(request, new_tokens)
+
+    def record_progress(self, request: Request) -> None:
+        """Register the request's newly completed blocks; snapshot its state on a stride boundary."""
+        if not self.prefix_caching:
+            return
+        hashes = self._hashes(request)
+        full = request.num_computed // self.blocks.block_size
+        for index in range(request.num_registered, full):
+            self.blocks.register(request.block_table[index], hashes[index])
+        request.num_registered = full
+        if self.has_state and full and request.num_computed % self.snapshot_tokens == 0:
+            self.snapshots.save(hashes[full - 1], self.slots.storage[request.slot])
+
+    def record_end(self, request: Request) -> None:
+        """At the end of a request, snapshot its state if it stops exactly on a block boundary."""
+        size = self.blocks.block_size
+        if self.prefix_caching and self.has_state and request.slot is not None and request.num_computed:
+            if request.num_computed % size == 0:
+                full = request.num_computed // size
+                self.snapshots.save(self._hashes(request)[full - 1], self.slots.storage[request.slot])
+
     def release(self, request: Request) -> None:
-        """Return everything the request holds; its cached tokens are forgotten."""
+        """Return everything the request holds; registered blocks stay cached for later matches."""
         self.blocks.free(request.block_table)
         request.block_table = []
         if request.slot is not None:
             self.slots.free(request.slot)
             request.slot = None
         request.num_computed = 0
+        request.num_registered = 0
 
     def total_tokens(self) -> int:
         """Tokens the block pool can hold in all."""
@@ -54,3 +151,11 @@ class CacheManager:
     def check_integrity(self) -> None:
         self.blocks.check_integrity()
         self.slots.check_integrity()
+        if self.snapshots is not None:
+            self.snapshots.check_integrity()
+
+    def _hashes(self, request: Request) -> list[bytes]:
+        request.block_hashes = extend_chain(
+            request.block_hashes, request.all_ids, self.blocks.block_size, request.cache_root
+        )
+        return request.block_hashes

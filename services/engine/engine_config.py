@@ -20,6 +20,9 @@ class EngineConfig:
         max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
         max_model_len: longest prompt + generation a request may reach.
         batch_invariant: bitwise-reproducible numerics whatever the batch (DESIGN.md section 4).
+        enable_prefix_caching: reuse cached blocks (and KDA snapshots) across requests.
+        snapshot_stride: take a KDA state snapshot every this many blocks.
+        num_snapshots: KDA snapshots kept for the prefix cache; None means ``max_num_seqs``.
     """
 
     model: str
@@ -31,18 +34,29 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
     batch_invariant: bool = False
+    enable_prefix_caching: bool = True
+    snapshot_stride: int = 1
+    num_snapshots: int | None = None
 
     def __post_init__(self):
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(f"device: {self.device!r} is not supported (cpu, cuda, cuda:N)")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype: {self.dtype!r} is not supported (float32, bfloat16, float16)")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in (
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "snapshot_stride",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
-            raise ValueError(f"num_blocks: must be a positive integer, got {self.num_blocks!r}")
+        for name in ("num_blocks", "num_snapshots"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
 
     @property
     def blocks_per_sequence(self) -> int:

@@ -1,12 +1,16 @@
 """The engine loop: admit requests, schedule a step, run it, apply the results."""
 
+import hashlib
 import itertools
+from pathlib import Path
 
 import torch
 
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
+from services.engine.cache.block_hash import chain_root
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
+from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
 from services.engine.sampling import SamplingParams
@@ -41,7 +45,13 @@ class EngineCore:
         slots = StateSlotPool(
             slot_layout(self.model.config, model_dtype, open_rows), config.max_num_seqs, config.device
         )
-        self.cache = CacheManager(blocks, slots)
+        snapshots = None
+        if config.enable_prefix_caching:
+            snapshots = SnapshotStore(
+                slots.layout, config.num_snapshots or config.max_num_seqs, config.device
+            )
+        self.cache = CacheManager(blocks, slots, snapshots, config.snapshot_stride)
+        self.model_fingerprint = _fingerprint(config.model)
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
         )
@@ -49,9 +59,14 @@ class EngineCore:
         self._ids = itertools.count()
 
     def add_request(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        tenant: str = "",
+        adapter: str = "",
     ) -> Request:
-        """Validate and queue a request.
+        """Validate and queue a request. ``tenant`` and ``adapter`` salt its prefix-cache hashes.
 
         Raises:
             ValueError: an out-of-vocabulary id, an empty prompt or one that can never fit.
@@ -67,6 +82,7 @@ class EngineCore:
             prompt_ids=list(prompt_ids),
             params=params,
             stop_ids=frozenset(self.model.config.eos_token_ids),
+            cache_root=chain_root(self.model_fingerprint, adapter, tenant),
         )
         self.scheduler.add(request)
         return request
@@ -92,3 +108,9 @@ class EngineCore:
         if not self.has_unfinished:
             assert self.cache.blocks.num_free == self.cache.blocks.num_blocks, "blocks leaked"
             assert self.cache.slots.num_free == self.cache.slots.num_slots, "state slots leaked"
+
+
+def _fingerprint(model_dir: str) -> str:
+    """Identifies the model in prefix-cache hashes: its resolved folder and config.json contents."""
+    folder = Path(model_dir).resolve()
+    return hashlib.sha256(str(folder).encode() + (folder / "config.json").read_bytes()).hexdigest()

@@ -44,7 +44,10 @@ class LLM:
             self.tokenizer = None
 
     def generate(
-        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+        self,
+        prompts: Prompt | list[Prompt],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        tenant: str = "",
     ) -> list[RequestOutput]:
         """Run every prompt to completion.
 
@@ -52,6 +55,7 @@ class LLM:
             prompts: text (needs the checkpoint's tokenizer), a list of token ids, or a dict with
                 ``prompt`` or ``prompt_ids``; or a list of these.
             params: one ``SamplingParams`` for all, or one per prompt (default: ``SamplingParams()``).
+            tenant: prefix-cache isolation: requests share cached prefixes only within a tenant.
 
         Returns:
             One ``RequestOutput`` per prompt, in order.
@@ -67,7 +71,7 @@ class LLM:
         requests = []
         try:
             for ids, sampling in zip(encoded, per_prompt, strict=True):
-                requests.append(self.engine.add_request(ids, sampling))
+                requests.append(self.engine.add_request(ids, sampling, tenant=tenant))
         except ValueError:
             for request in requests:
                 self.engine.abort(request.request_id)
@@ -132,6 +136,7 @@ class LLM:
             logprobs=list(request.logprobs) if wants_logprobs else None,
             top_logprobs=list(request.top_logprobs) if wants_logprobs and request.params.logprobs else None,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
+            num_cached_tokens=request.num_cached_tokens,
         )
 
 

@@ -39,6 +39,10 @@ class Request:
     slot: int | None = None
     num_computed: int = 0
     num_preemptions: int = 0
+    cache_root: bytes = b""  # prefix-cache chain salt: model, adapter, tenant
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered: int = 0  # leading blocks registered in the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
 
     @property
     def all_ids(self) -> list[int]:

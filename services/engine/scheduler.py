@@ -113,7 +113,7 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            count = min(request.num_pending, budget)
+            count = self._chunk_size(request, request.num_computed, budget)
             while not self.cache.can_grow(request, count):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -128,13 +128,15 @@ class Scheduler:
             budget -= count
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            count = min(request.num_pending, budget)
-            if not self.cache.can_grow(request, count):
+            hit = self.cache.find_prefix(request)
+            start = hit.num_blocks * self.cache.blocks.block_size
+            count = self._chunk_size(request, start, budget)
+            if not self.cache.can_admit(request, hit, count):
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self.cache.grow(request, count)
+            self.cache.admit(request, hit, count)
             chunks.append(self._chunk(request, count))
             budget -= count
         return SchedulerOutput(tuple(chunks), tuple(preempted))
@@ -151,6 +153,7 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             request.num_computed = chunk.past + len(chunk.token_ids)
+            self.cache.record_progress(request)
             if not chunk.samples:
                 continue
             token = sampled[chunk.request_id]
@@ -172,6 +175,18 @@ class Scheduler:
         if len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
+
+    def _chunk_size(self, request: Request, start: int, budget: int) -> int:
+        """Tokens to run from ``start``: the budget's share, cut to end on a snapshot boundary when a
+        multi-token chunk crosses one, so the prefix cache can keep the KDA state there. (A prompt
+        whose end is not on a boundary thus runs its short tail in one more step.)"""
+        count = min(request.num_tokens - start, budget)
+        if count > 1 and self.cache.prefix_caching and self.cache.has_state:
+            spacing = self.cache.snapshot_tokens
+            boundary = (start + count) // spacing * spacing
+            if start < boundary < start + count:
+                count = boundary - start
+        return count
 
     def _chunk(self, request: Request, count: int) -> ScheduledChunk:
         start = request.num_computed
@@ -196,6 +211,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        self.cache.record_end(request)
         self.cache.release(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

@@ -1,6 +1,17 @@
-"""Packed-block memory and its allocator (reference-counted, integrity-checked)."""
+"""Packed-block memory and its allocator: reference counts, a hash registry, LRU eviction.
 
-from collections import deque
+Every block is in exactly one of three states::
+
+    free       ref 0, no hash           in ``free_ids``
+    cached     ref 0, hash registered   in ``evictable`` (LRU order: oldest first)
+    used       ref > 0 (hash optional)
+
+``allocate`` takes free blocks first, then evicts the least recently used cached ones. ``free``
+turns a block whose last reference goes away into *cached* when it carries a hash (its contents can
+serve a later prefix match), else into *free*.
+"""
+
+from collections import OrderedDict, deque
 
 import torch
 
@@ -9,9 +20,6 @@ from .layout import Layout
 
 class BlockPool:
     """``num_blocks`` blocks of ``layout.nbytes`` bytes, handed out by id.
-
-    Invariant (``check_integrity``): every block is either free (reference count 0, in the free
-    list once) or used (count > 0, not in the free list).
 
     Args:
         layout: the block's field layout.
@@ -29,31 +37,64 @@ class BlockPool:
         self.storage = torch.zeros(num_blocks, layout.nbytes, dtype=torch.uint8, device=device)
         self.ref_counts = [0] * num_blocks
         self.free_ids: deque[int] = deque(range(num_blocks))
+        self.evictable: OrderedDict[int, None] = OrderedDict()
+        self.hash_of: dict[int, bytes] = {}
+        self.block_of: dict[bytes, int] = {}
 
     @property
     def num_free(self) -> int:
-        return len(self.free_ids)
+        """Blocks an allocation can take now (free plus evictable cached blocks)."""
+        return len(self.free_ids) + len(self.evictable)
 
-    def can_allocate(self, count: int) -> bool:
-        return count <= len(self.free_ids)
+    def can_allocate(self, count: int, reserved: int = 0) -> bool:
+        """True when ``count`` blocks can be taken while ``reserved`` cached blocks are kept."""
+        return count <= self.num_free - reserved
 
     def allocate(self, count: int) -> list[int]:
-        """Take ``count`` free blocks (reference count 1). Check ``can_allocate`` first."""
+        """Take ``count`` blocks (reference count 1), evicting cached ones if needed."""
         if not self.can_allocate(count):
-            raise RuntimeError(f"block pool exhausted: {count} requested, {self.num_free} free")
-        ids = [self.free_ids.popleft() for _ in range(count)]
-        for block in ids:
+            raise RuntimeError(f"block pool exhausted: {count} requested, {self.num_free} available")
+        ids = []
+        for _ in range(count):
+            if self.free_ids:
+                block = self.free_ids.popleft()
+            else:
+                block, _ = self.evictable.popitem(last=False)
+                del self.block_of[self.hash_of.pop(block)]
             self.ref_counts[block] = 1
+            ids.append(block)
         return ids
 
     def free(self, block_ids: list[int]) -> None:
-        """Drop one reference to each block; blocks reaching zero return to the free list."""
+        """Drop one reference to each block (see the module docstring for where it goes)."""
         for block in block_ids:
             if self.ref_counts[block] <= 0:
                 raise RuntimeError(f"block {block} freed while not in use")
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                self.free_ids.append(block)
+                if block in self.hash_of:
+                    self.evictable[block] = None
+                else:
+                    self.free_ids.append(block)
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        """The block registered under ``block_hash``, if any (no side effects)."""
+        return self.block_of.get(block_hash)
+
+    def acquire(self, block_ids: list[int]) -> None:
+        """Take one more reference to each block (cached blocks leave the eviction list)."""
+        for block in block_ids:
+            if self.ref_counts[block] == 0:
+                del self.evictable[block]
+            self.ref_counts[block] += 1
+
+    def register(self, block: int, block_hash: bytes) -> None:
+        """Record that a used block holds the tokens ``block_hash`` names. A hash already registered
+        elsewhere keeps its first block; this block then stays unregistered (a duplicate)."""
+        if block_hash in self.block_of or block in self.hash_of:
+            return
+        self.block_of[block_hash] = block
+        self.hash_of[block] = block_hash
 
     def view(self, layer: int, kind: str) -> torch.Tensor:
         """``[num_blocks, *field.shape]`` view of one field across all blocks (no copy)."""
@@ -65,12 +106,19 @@ class BlockPool:
         return self.layout.nbytes // self.block_size
 
     def check_integrity(self) -> None:
-        """Raise AssertionError unless free + used == total and the free list matches the counts."""
+        """Raise AssertionError unless free + cached + used == total and the registry is consistent."""
         free = set(self.free_ids)
         assert len(free) == len(self.free_ids), "a block is in the free list twice"
-        used = [b for b, count in enumerate(self.ref_counts) if count > 0]
         assert all(count >= 0 for count in self.ref_counts), "negative reference count"
-        assert not free.intersection(used), "a used block is in the free list"
-        assert len(free) + len(used) == self.num_blocks, (
-            f"free {len(free)} + used {len(used)} != total {self.num_blocks}"
+        used = {b for b, count in enumerate(self.ref_counts) if count > 0}
+        cached = set(self.evictable)
+        assert not free & used, "a used block is in the free list"
+        assert not cached & used, "a used block is in the eviction list"
+        assert not free & cached, "a block is both free and cached"
+        assert len(free) + len(cached) + len(used) == self.num_blocks, (
+            f"free {len(free)} + cached {len(cached)} + used {len(used)} != total {self.num_blocks}"
         )
+        assert all(b in self.hash_of for b in cached), "a cached block has no hash"
+        assert not free & set(self.hash_of), "a free block still has a hash"
+        assert all(self.block_of[h] == b for b, h in self.hash_of.items()), "hash registry out of sync"
+        assert len(self.block_of) == len(self.hash_of), "hash registry out of sync"

@@ -1,0 +1,359 @@
+"""Capacity planning: what one model costs in memory, and how many contexts fit beside it.
+
+Three ledgers (DESIGN.md section 3 keeps KV and KDA state budgets apart, so they are counted apart):
+
+1. Persistent state: the weights (exact), KV bytes per token (packed MLA blocks) and KDA state bytes
+   per request (one state slot).
+2. Workspace: an *estimate* of one step's activations (see ``workspace_terms``).
+3. Transfer: what prefill writes into decode's memory for one request, ``ceil(L / B)`` packed blocks
+   plus one KDA slot.
+
+``fit`` then divides what is left of a memory budget after weights and workspace by one request's
+KV blocks plus its KDA slot::
+
+    | weights | workspace | n x (KV blocks of L tokens) | n x KDA slot | free (< one request) |
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kernels.kda.fixed_chunk import CHUNK as CF_BI_CHUNK
+from services.engine.cache.layout import (
+    ALIGNMENT,
+    INDEX_KEY,
+    K_ROPE,
+    LATENT,
+    Field,
+    Layout,
+    block_layout,
+    slot_layout,
+)
+from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
+from services.engine.model.config import LAYER_KDA, LAYER_MLA, MLP_DENSE, ModelConfig
+
+KV_FORMATS = ("auto", "fp8")
+FP8_SCALE_TILE = 128  # one float32 scale per 128 latent channels (FlashMLA's FP8 KV row)
+
+
+@dataclass(frozen=True)
+class CapacityLedger:
+    """Persistent and per-step memory of one model under one cache configuration (bytes are exact
+    integers except ``workspace``, which is an estimate).
+
+    Attributes:
+        family, dtype: model family and parameter / activation dtype name.
+        block_size, kv_format, batch_invariant: the cache configuration the figures are for.
+        max_num_batched_tokens, max_num_seqs: the step budget the workspace is estimated for.
+        num_parameters: parameters of the served model (tied embeddings counted once).
+        weight_bytes: sum of ``numel * itemsize`` over parameters in their load dtypes.
+        float32_weight_bytes: the part of ``weight_bytes`` kept in float32 (router, biases).
+        mla_layers, kda_layers: how many layers of each kind.
+        kv_block_bytes: one packed block (``block_size`` tokens of every MLA layer), 0 without MLA.
+        kv_by_kind: ``(kind, bytes per token summed over MLA layers)``, unpadded.
+        kda_slot_bytes: one request's KDA state slot, 0 without KDA layers.
+        kda_by_kind: ``(kind, bytes per request summed over KDA layers)``, unpadded.
+        workspace: ``(term, bytes)`` of the step estimate (``workspace_terms``).
+    """
+
+    family: str
+    dtype: str
+    block_size: int
+    kv_format: str
+    batch_invariant: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    num_parameters: int
+    weight_bytes: int
+    float32_weight_bytes: int
+    mla_layers: int
+    kda_layers: int
+    kv_block_bytes: int
+    kv_by_kind: tuple[tuple[str, int], ...]
+    kda_slot_bytes: int
+    kda_by_kind: tuple[tuple[str, int], ...]
+    workspace: tuple[tuple[str, int], ...]
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Block bytes / block size (an integer whenever the block has no alignment padding)."""
+        return self.kv_block_bytes / self.block_size
+
+    @property
+    def workspace_bytes(self) -> int:
+        return sum(size for _, size in self.workspace)
+
+    def kv_blocks(self, context_len: int) -> int:
+        """Blocks holding ``context_len`` tokens (0 for a model without MLA layers)."""
+        return -(-context_len // self.block_size) if self.kv_block_bytes else 0
+
+    def transfer_bytes(self, context_len: int) -> int:
+        """Bytes prefill writes into decode's memory for one request: its blocks plus its KDA slot."""
+        return self.kv_blocks(context_len) * self.kv_block_bytes + self.kda_slot_bytes
+
+
+@dataclass(frozen=True)
+class ContextFit:
+    """How many requests of ``context_len`` tokens fit in ``memory_bytes``.
+
+    ``requests`` is 0 and ``limiting`` is ``"weights"`` (or ``"workspace"``) when those alone leave
+    no room. Otherwise ``limiting`` is the state kind taking the larger share of each request's bytes
+    (``"kv"`` or ``"kda_state"``): shrinking it admits the most extra requests. ``kv_blocks`` and
+    ``kda_slots`` are the pool sizes to configure for ``requests`` concurrent contexts.
+    """
+
+    context_len: int
+    memory_bytes: int
+    weight_bytes: int
+    workspace_bytes: int
+    kv_blocks_per_request: int
+    kv_bytes_per_request: int
+    kda_bytes_per_request: int
+    requests: int
+    kv_blocks: int
+    kv_bytes: int
+    kda_slots: int
+    kda_bytes: int
+    free_bytes: int
+    limiting: str
+
+    @property
+    def transfer_bytes(self) -> int:
+        return self.kv_bytes_per_request + self.kda_bytes_per_request
+
+    def fraction(self, part: str) -> float:
+        """Share of ``memory_bytes`` taken by ``weight``, ``workspace``, ``kv``, ``kda`` or ``free``
+        (``free`` is negative when weights and workspace overflow the memory)."""
+        return getattr(self, f"{part}_bytes") / self.memory_bytes
+
+
+def capacity_ledger(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    block_size: int,
+    kv_format: str,
+    batch_invariant: bool,
+    max_num_batched_tokens: int,
+    max_num_seqs: int = 256,
+) -> CapacityLedger:
+    """Build the ledger of ``config`` served in ``dtype``; reads no weights.
+
+    Args:
+        config: the validated model config.
+        dtype: parameter, activation and (``kv_format="auto"``) KV dtype.
+        block_size: tokens per packed block.
+        kv_format: ``"auto"`` stores KV in ``dtype`` (``block_layout``); ``"fp8"`` in ``fp8_block_layout``.
+        batch_invariant: slots also keep the CF-BI open-chunk rows (``C = 16``).
+        max_num_batched_tokens: tokens in one step, for the workspace estimate.
+        max_num_seqs: requests in one step; bounds the logits rows of the workspace.
+
+    Raises:
+        ValueError: a non-positive size or an unknown ``kv_format``, naming the argument.
+    """
+    for name, value in (
+        ("block_size", block_size),
+        ("max_num_batched_tokens", max_num_batched_tokens),
+        ("max_num_seqs", max_num_seqs),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format: {kv_format!r} is not supported (choose from {', '.join(KV_FORMATS)})")
+    num_parameters, weight_bytes, float32_bytes = weight_footprint(config, dtype)
+    mla_layers = config.layer_types.count(LAYER_MLA)
+    kda_layers = config.layer_types.count(LAYER_KDA)
+    block = (
+        fp8_block_layout(config, block_size)
+        if kv_format == "fp8"
+        else block_layout(config, block_size, dtype)
+    )
+    slot = slot_layout(config, dtype, CF_BI_CHUNK if batch_invariant else 0)
+    return CapacityLedger(
+        family=config.family,
+        dtype=str(dtype).removeprefix("torch."),
+        block_size=block_size,
+        kv_format=kv_format,
+        batch_invariant=batch_invariant,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        num_parameters=num_parameters,
+        weight_bytes=weight_bytes,
+        float32_weight_bytes=float32_bytes,
+        mla_layers=mla_layers,
+        kda_layers=kda_layers,
+        # Empty layouts still report one aligned unit; a model without the layer kind stores nothing.
+        kv_block_bytes=block.nbytes if mla_layers else 0,
+        kv_by_kind=_by_kind(block, per=block_size) if mla_layers else (),
+        kda_slot_bytes=slot.nbytes if kda_layers else 0,
+        kda_by_kind=_by_kind(slot, per=1) if kda_layers else (),
+        workspace=workspace_terms(config, dtype, max_num_batched_tokens, max_num_seqs),
+    )
+
+
+def fit(ledger: CapacityLedger, memory_bytes: int, context_len: int) -> ContextFit:
+    """Concurrent requests of ``context_len`` tokens that fit in ``memory_bytes`` beside the weights
+    and workspace, each holding ``ceil(context_len / block_size)`` whole blocks and one KDA slot.
+
+    Raises:
+        ValueError: ``memory_bytes`` or ``context_len`` below 1, naming it.
+    """
+    if memory_bytes < 1:
+        raise ValueError(f"memory_bytes: must be positive, got {memory_bytes}")
+    if context_len < 1:
+        raise ValueError(f"context_len: must be >= 1, got {context_len}")
+    blocks = ledger.kv_blocks(context_len)
+    kv, kda = blocks * ledger.kv_block_bytes, ledger.kda_slot_bytes
+    room = memory_bytes - ledger.weight_bytes - ledger.workspace_bytes
+    if room <= 0:
+        requests = 0
+        limiting = "weights" if ledger.weight_bytes >= memory_bytes else "workspace"
+    else:
+        requests = room // (kv + kda)
+        limiting = "kv" if kv >= kda else "kda_state"
+    return ContextFit(
+        context_len=context_len,
+        memory_bytes=memory_bytes,
+        weight_bytes=ledger.weight_bytes,
+        workspace_bytes=ledger.workspace_bytes,
+        kv_blocks_per_request=blocks,
+        kv_bytes_per_request=kv,
+        kda_bytes_per_request=kda,
+        requests=requests,
+        kv_blocks=requests * blocks,
+        kv_bytes=requests * kv,
+        kda_slots=requests if kda else 0,
+        kda_bytes=requests * kda,
+        free_bytes=room - requests * (kv + kda),
+        limiting=limiting,
+    )
+
+
+def weight_footprint(config: ModelConfig, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(parameters, bytes, float32 bytes)`` of ``CausalLM(config)`` loaded in ``dtype``, counted on
+    the meta device (``FLOAT32_PARAMETERS`` stay float32, as the loader keeps them)."""
+    with torch.device("meta"):
+        model = CausalLM(config)
+    count = total = in_float32 = 0
+    for name, param in model.named_parameters():  # shared (tied) parameters are listed once
+        count += param.numel()
+        if name.endswith(FLOAT32_PARAMETERS):
+            in_float32 += param.numel() * 4
+        else:
+            total += param.numel() * dtype.itemsize
+    return count, total + in_float32, in_float32
+
+
+def fp8_block_layout(config: ModelConfig, block_size: int) -> Layout:
+    """Layout of one block with FP8 KV: the storage format the engine will use once FP8 KV is
+    implemented (nothing in ``services/engine/cache`` stores FP8 yet), as DeepSeek-V3.2 serves it.
+
+    Per token and MLA layer, as raw bytes (``uint8`` fields, same 64-byte field alignment)::
+
+        latent    Dc fp8 values + one float32 scale per 128 channels   Dc + 4 * ceil(Dc / 128)
+        k_rope    Dr bf16 values (rope stays unquantised)              2 * Dr
+        index_key Di fp8 values + one float32 scale                    Di + 4
+
+    For Dc = 512, Dr = 64, Di = 128 that is 656 bytes of latent + rope (FlashMLA's FP8 row) and 132
+    bytes of index key.
+    """
+    rows = [
+        (LATENT, config.kv_lora_rank + 4 * math.ceil(config.kv_lora_rank / FP8_SCALE_TILE)),
+        (K_ROPE, 2 * config.qk_rope_head_dim),
+    ]
+    if config.indexer is not None:
+        rows.append((INDEX_KEY, config.indexer.head_dim + 4))
+    fields, offset = [], 0
+    for layer, kind in enumerate(config.layer_types):
+        if kind != LAYER_MLA:
+            continue
+        for name, row_bytes in rows:
+            fields.append(Field(layer, name, torch.uint8, (block_size, row_bytes), offset))
+            offset += -(-block_size * row_bytes // ALIGNMENT) * ALIGNMENT
+    return Layout(tuple(fields), max(offset, ALIGNMENT))
+
+
+def workspace_terms(
+    config: ModelConfig, dtype: torch.dtype, max_num_batched_tokens: int, max_num_seqs: int
+) -> tuple[tuple[str, int], ...]:
+    """An ESTIMATE of one step's peak activations, as ``(term, bytes)``; ``T = max_num_batched_tokens``,
+    ``b = dtype.itemsize``, ``D = hidden_size``.
+
+    - ``hidden states``: ``3 T D b`` (the residual stream, the normed sublayer input, its output).
+    - ``largest projection``: ``T W b`` for the widest projection output any layer makes: MLA query
+      ``H (dn + dr)``, compressed KV ``Dc + dr``, expanded K/V ``H (dn + dv)``, indexer query
+      ``Hi Di``, KDA fused q/k/v ``3 Hk dk``, dense or shared-expert gate + up ``2 I``.
+    - ``MoE routed experts``: ``T k (2 D + 3 I) b`` for the ``T k`` routed token copies (gathered
+      input, gate + up output, SiLU product, expert output), plus float32 router scores ``T E 4``.
+    - ``logits``: ``R V (b + 4)`` for ``R = min(max_num_seqs, T)`` sampled rows (model dtype, then
+      the sampler's float32 copy).
+
+    Not counted: attention score tiles (fused kernels tile them; DSA reads only ``topk`` keys), the
+    allocator's fragmentation, CUDA context and graphs, communication buffers. Keep a margin.
+    """
+    tokens, width, itemsize = max_num_batched_tokens, config.hidden_size, dtype.itemsize
+    heads = config.num_attention_heads
+    widths = {
+        "MLA query": heads * config.qk_head_dim,
+        "MLA compressed KV": config.kv_lora_rank + config.qk_rope_head_dim,
+        "MLA expanded K/V": heads * (config.qk_nope_head_dim + config.v_head_dim),
+    }
+    if config.indexer is not None:
+        widths["indexer query"] = config.indexer.n_heads * config.indexer.head_dim
+    if config.kda is not None:
+        widths["KDA q/k/v"] = 3 * config.kda.num_heads * config.kda.head_dim
+    if MLP_DENSE in config.mlp_types:
+        widths["dense MLP gate+up"] = 2 * config.intermediate_size
+    if config.moe is not None and config.moe.num_shared_experts:
+        widths["shared experts gate+up"] = 2 * config.moe.intermediate_size * config.moe.num_shared_experts
+    widest = max(widths, key=widths.get)
+    terms = [
+        ("hidden states", 3 * tokens * width * itemsize),
+        (f"largest projection ({widest})", tokens * widths[widest] * itemsize),
+    ]
+    if config.moe is not None:
+        moe = config.moe
+        routed = tokens * moe.num_experts_per_tok * (2 * width + 3 * moe.intermediate_size) * itemsize
+        terms.append(("MoE routed experts", routed + tokens * moe.num_experts * 4))
+    rows = min(max_num_seqs, tokens)
+    terms.append((f"logits ({rows} rows)", rows * config.vocab_size * (itemsize + 4)))
+    return tuple(terms)
+
+
+def _by_kind(layout: Layout, per: int) -> tuple[tuple[str, int], ...]:
+    totals: dict[str, int] = {}
+    for field in layout.fields:
+        totals[field.kind] = totals.get(field.kind, 0) + field.nbytes // per
+    return tuple(totals.items())
+
+
+def format_bytes(size: float) -> str:
+    """``656 B``, ``3.50 KiB``, ``12.5 MiB``, ``131 GiB``: about three significant figures from KiB up."""
+    if abs(size) < 1024:
+        return f"{size:g} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if abs(size) < 1024 or unit == "TiB":
+            break
+    decimals = 2 if abs(size) < 10 else 1 if abs(size) < 100 else 0
+    return f"{size:.{decimals}f} {unit}"
+
+
+def ledger_dict(ledger: CapacityLedger) -> dict:
+    """The ledger as plain JSON-ready values (pairs as objects, derived totals added)."""
+    out = asdict(ledger)
+    for key in ("kv_by_kind", "kda_by_kind", "workspace"):
+        out[key] = dict(getattr(ledger, key))
+    per_token = ledger.kv_bytes_per_token
+    out["kv_bytes_per_token"] = int(per_token) if per_token.is_integer() else per_token
+    out["workspace_bytes"] = ledger.workspace_bytes
+    out["workspace_is_estimate"] = True
+    return out
+
+
+def fit_dict(result: ContextFit) -> dict:
+    """The fit as plain JSON-ready values, with the transfer bytes and each part's memory fraction."""
+    out = asdict(result)
+    out["transfer_bytes"] = result.transfer_bytes
+    out["fractions"] = {part: result.fraction(part) for part in ("weight", "workspace", "kv", "kda", "free")}
+    return out
