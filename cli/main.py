@@ -4,9 +4,9 @@ import argparse
 import logging
 import sys
 
-from . import checkpoint_command, generate_command, logits_command
+from . import capacity_command, checkpoint_command, generate_command, logits_command
 
-SUBCOMMANDS = (checkpoint_command, logits_command, generate_command)
+SUBCOMMANDS = (checkpoint_command, logits_command, generate_command, capacity_command)
 
 
 class UsageError(Exception):

@@ -1,10 +1,11 @@
 """Mixture-of-experts references: the sigmoid group-limited router and the expert combine.
 
-Routing (DeepSeek-V3 / Kimi "noaux_tc"): scores are ``sigmoid(logits)`` (computed by the caller); a per-expert correction bias
-is added only to *choose* experts. Experts are split into ``n_group`` groups, each group is scored by
-the sum of its two best biased scores, the ``topk_group`` best groups are kept, and the ``top_k``
-best biased experts inside them are chosen. Their *unbiased* scores, optionally renormalised, times
-``routed_scaling_factor`` are the combine weights.
+Routing (DeepSeek-V3 / Kimi "noaux_tc"): scores are ``sigmoid(logits)`` (computed by the caller);
+a per-expert correction bias is added only to *choose* experts. Experts are split into
+``n_group`` groups, each group is scored by the sum of its two best biased scores, the
+``topk_group`` best groups are kept, and the ``top_k`` best biased experts inside them are chosen.
+Their *unbiased* scores, optionally renormalised, times ``routed_scaling_factor`` are the combine
+weights.
 """
 
 import torch
