@@ -1,69 +1,141 @@
-"""``baton generate``: greedy generation on one checkpoint, streaming text as it is decoded."""
+"""``baton generate``: run prompts through the in-process engine (``services.engine.LLM``).
+
+One prompt (``--prompt`` / ``--prompt-ids``) prints its text and token ids; a JSONL file of prompts
+(``--prompts IN.jsonl --out OUT.jsonl``) writes one result line per input line, in input order.
+"""
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-import torch
+from services.engine import LLM, SamplingParams
 
-from services.engine.checkpoint.loader import load_model
-from services.engine.model.config_loader import load_model_config
-from services.engine.model.state import ContiguousCache
-from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-
-from .arguments import DTYPES, check_vocabulary, parse_token_ids
+from .arguments import DTYPES, parse_token_ids
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("generate", help="greedy generation from a prompt (single process)")
+    parser = commands.add_parser("generate", help="generate with the engine, from one prompt or a JSONL file")
     parser.add_argument("--model", required=True, type=Path, help="checkpoint folder")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs the folder's tokenizer)")
     prompt.add_argument("--prompt-ids", help="comma-separated prompt token ids")
+    prompt.add_argument(
+        "--prompts", type=Path, help='JSONL: {"id": ..., "prompt_ids": [...]} or {"id": ..., "prompt": "..."}'
+    )
+    parser.add_argument("--out", type=Path, help="JSONL results (required with --prompts)")
     parser.add_argument(
         "--chat", action="store_true", help="wrap --prompt as a user message in the chat template"
     )
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
     parser.add_argument(
-        "--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype (default float32)"
+        "--max-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)"
     )
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    parser.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    parser.add_argument("--logprobs", action="store_true", help="include the logprob of each generated token")
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
+    parser.add_argument("--batch-invariant", action="store_true", help="bitwise-reproducible numerics")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once (default 64)")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="tokens per step (default 2048)"
+    )
+    parser.add_argument("--max-model-len", type=int, default=4096, help="longest request (default 4096)")
+    parser.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
+    parser.add_argument(
+        "--dtype", default=None, choices=sorted(DTYPES), help="compute dtype (default: checkpoint's)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens: must be >= 1, got {args.max_tokens}")
-    config = load_model_config(args.model)
-    tokenizer = Tokenizer.from_pretrained(args.model) if args.prompt is not None else None
-    if tokenizer is None:
-        prompt_ids = parse_token_ids(args.prompt_ids, "--prompt-ids")
-    elif args.chat:
-        prompt_ids = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
-    else:
-        prompt_ids = tokenizer.encode(args.prompt, add_special_tokens=True)
-    check_vocabulary(prompt_ids, config.vocab_size, "--prompt-ids" if tokenizer is None else "--prompt")
-    model = load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True) if tokenizer else None
-    stop_ids = set(config.eos_token_ids)
-    cache = ContiguousCache(1)
-    generated: list[int] = []
-    next_input = torch.tensor([prompt_ids], device=args.device)
-    with torch.no_grad():
-        for _ in range(args.max_tokens):
-            token = int(model(next_input, cache)[0, -1].argmax())
-            generated.append(token)
-            if token in stop_ids:
-                break
-            if detokenizer:
-                sys.stdout.write(detokenizer.push(token))
-                sys.stdout.flush()
-            next_input = torch.tensor([[token]], device=args.device)
-    if detokenizer:
-        sys.stdout.write(detokenizer.flush() + "\n")
-    reason = "stop" if generated[-1] in stop_ids else "length"
-    print(
-        f"[{len(prompt_ids)} prompt tokens, {len(generated)} generated, finish={reason}] ids: "
-        f"{','.join(map(str, generated))}"
+    if args.prompts is not None and args.out is None:
+        raise ValueError("--out: required with --prompts")
+    ids, prompts = _read_prompts(args)
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            logprobs=0 if args.logprobs else None,
+            ignore_eos=args.ignore_eos,
+        )
+    except ValueError as error:  # "max_tokens: ..." -> "--max-tokens: ..."
+        field, _, message = str(error).partition(":")
+        raise ValueError(f"--{field.replace('_', '-')}:{message}") from None
+    llm = LLM(
+        str(args.model),
+        device=args.device,
+        dtype=args.dtype,
+        batch_invariant=args.batch_invariant,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
     )
+    if args.chat:
+        if llm.tokenizer is None or args.prompt is None:
+            raise ValueError("--chat: needs --prompt and a checkpoint with a tokenizer")
+        prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])]
+    outputs = llm.generate(prompts, params)
+    if args.prompts is None:
+        output = outputs[0]
+        print(output.text)
+        print(
+            f"[{len(output.prompt_ids)} prompt tokens, {len(output.token_ids)} generated, "
+            f"finish={output.finish_reason}] ids: {','.join(map(str, output.token_ids))}"
+        )
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as sink:
+        for request_id, output in zip(ids, outputs, strict=True):
+            record = {
+                "id": request_id,
+                "token_ids": output.token_ids,
+                "text": output.text,
+                "finish_reason": output.finish_reason,
+                "num_cached_tokens": output.num_cached_tokens,
+            }
+            if output.logprobs is not None:
+                record["logprobs"] = output.logprobs  # float32 values; repr round-trips them exactly
+            sink.write(json.dumps(record) + "\n")
+    print(f"wrote {len(outputs)} results to {args.out}", file=sys.stderr)
     return 0
+
+
+def _read_prompts(args: argparse.Namespace) -> tuple[list, list]:
+    if args.prompt is not None:
+        return [None], [args.prompt]
+    if args.prompt_ids is not None:
+        return [None], [parse_token_ids(args.prompt_ids, "--prompt-ids")]
+    if not args.prompts.is_file():
+        raise FileNotFoundError(f"--prompts: {args.prompts} not found")
+    ids, prompts = [], []
+    for number, line in enumerate(args.prompts.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"--prompts: {args.prompts.name} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict) or ("prompt" in record) == ("prompt_ids" in record):
+            raise ValueError(f"{where}: needs exactly one of 'prompt' or 'prompt_ids'")
+        prompt = record.get("prompt", record.get("prompt_ids"))
+        if "prompt_ids" in record and not (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            raise ValueError(f"{where}: prompt_ids must be a non-empty list of integers")
+        if "prompt" in record and not isinstance(prompt, str):
+            raise ValueError(f"{where}: prompt must be a string")
+        ids.append(record.get("id", number))
+        prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"--prompts: {args.prompts} holds no prompts")
+    return ids, prompts

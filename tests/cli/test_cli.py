@@ -163,3 +163,60 @@ def test_generate_errors(k3_dir):
     assert result.returncode == 2 and "--max-tokens: must be >= 1" in result.stderr
     result = baton("generate", "--model", str(k3_dir), "--prompt-ids", "1,99999")
     assert result.returncode == 2 and "--prompt-ids: id 99999" in result.stderr
+
+
+def test_generate_jsonl_round_trips_logprobs_exactly(k3_dir, tmp_path):
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": "a", "prompt_ids": [3, 4, 5]}\n\n{"id": 2, "prompt": "Hello there"}\n')
+    out = tmp_path / "out.jsonl"
+    result = baton(
+        "generate",
+        "--model",
+        str(k3_dir),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-tokens",
+        "5",
+        "--logprobs",
+        "--ignore-eos",
+        "--batch-invariant",
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["a", 2]
+    from services.engine import LLM, SamplingParams
+
+    llm = LLM(str(k3_dir), batch_invariant=True)
+    want = llm.generate(
+        [[3, 4, 5]], SamplingParams(max_tokens=5, temperature=0, logprobs=0, ignore_eos=True)
+    )[0]
+    assert records[0]["token_ids"] == want.token_ids
+    assert records[0]["logprobs"] == want.logprobs  # exact float equality after the JSON round trip
+    assert all(len(r["token_ids"]) == 5 and r["finish_reason"] == "length" for r in records)
+
+
+JSONL_ERRORS = {
+    "bad-json": ('{"id": 1, "prompt_ids": [1,\n', "line 1: not valid JSON"),
+    "both-fields": ('{"prompt": "x", "prompt_ids": [1]}\n', "line 1: needs exactly one of"),
+    "ids-not-ints": ('{"prompt_ids": [1, "2"]}\n', "line 1: prompt_ids must be a non-empty list of integers"),
+    "empty-file": ("\n", "holds no prompts"),
+    "out-of-vocab": ('{"prompt_ids": [1, 99999]}\n', "prompt_ids: id 99999 at position 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(JSONL_ERRORS), ids=list(JSONL_ERRORS))
+def test_generate_jsonl_errors(case, k3_dir, tmp_path):
+    content, message = JSONL_ERRORS[case]
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text(content)
+    result = baton(
+        "generate", "--model", str(k3_dir), "--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl")
+    )
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generate_jsonl_needs_out(k3_dir, tmp_path):
+    result = baton("generate", "--model", str(k3_dir), "--prompts", str(tmp_path / "in.jsonl"))
+    assert result.returncode == 2 and "--out: required with --prompts" in result.stderr

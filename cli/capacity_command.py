@@ -1,0 +1,252 @@
+"""``baton capacity``: the memory ledgers of a checkpoint and how many contexts fit in a budget.
+
+Reads only ``config.json`` (never the weights). When the weights and workspace alone exceed
+``--memory-gib`` the answer is still an answer: the command prints that nothing fits (``"nothing_fits":
+true`` with ``--json``) and exits 0, so scripts sweeping budgets need not special-case it. Bad input
+exits 2 with ``baton capacity: error: ...``.
+"""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from services.engine.capacity import (
+    KV_FORMATS,
+    CapacityLedger,
+    ContextFit,
+    capacity_ledger,
+    fit,
+    fit_dict,
+    format_bytes,
+    ledger_dict,
+)
+from services.engine.model.config_loader import load_model_config
+
+from .arguments import DTYPES
+
+DEFAULT_CONTEXT_LENS = (4096, 32768, 131072)
+GIB = 1 << 30
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "capacity", help="weights, KV and KDA-state ledgers, and how many contexts fit in a memory budget"
+    )
+    parser.add_argument(
+        "--model", required=True, type=Path, help="checkpoint folder (only config.json is read)"
+    )
+    parser.add_argument("--memory-gib", required=True, type=float, help="device memory budget in GiB")
+    parser.add_argument(
+        "--context-len",
+        action="append",
+        metavar="L",
+        help="context length in tokens; repeat or give a comma list (default 4096,32768,131072)",
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), help="weights/activations dtype (default: checkpoint's)"
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per packed block (default 16)")
+    parser.add_argument(
+        "--kv-format",
+        default="auto",
+        choices=KV_FORMATS,
+        help="KV storage: auto (model dtype) or fp8 (FP8 latent and index key with scales)",
+    )
+    parser.add_argument(
+        "--batch-invariant", action="store_true", help="count the CF-BI open-chunk rows in each KDA slot"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="tokens per step, for the workspace (default 8192)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=256,
+        help="sequences per step, for the logits workspace (default 256)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object (bytes as integers)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.memory_gib) or args.memory_gib <= 0:
+        raise ValueError(f"--memory-gib: must be a positive number, got {args.memory_gib:g}")
+    for flag in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+    context_lens = parse_context_lens(args.context_len)
+    config = load_model_config(args.model)  # the only file read
+    dtype = DTYPES[args.dtype or config.torch_dtype]
+    ledger = capacity_ledger(
+        config,
+        dtype,
+        args.block_size,
+        args.kv_format,
+        args.batch_invariant,
+        args.max_num_batched_tokens,
+        args.max_num_seqs,
+    )
+    memory = round(args.memory_gib * GIB)
+    fits = [fit(ledger, memory, length) for length in context_lens]
+    if args.json:
+        print(json.dumps(_json_report(args, ledger, memory, fits), indent=2))
+    else:
+        print("\n".join(_human_report(args, config.layer_types, ledger, memory, fits)))
+    return 0
+
+
+def parse_context_lens(values: list[str] | None) -> list[int]:
+    """``["4096,32768", "128"]`` -> ``[4096, 32768, 128]``; the defaults when None.
+
+    Raises:
+        ValueError: an empty entry, a non-integer or a length below 1, naming ``--context-len``.
+    """
+    if not values:
+        return list(DEFAULT_CONTEXT_LENS)
+    lengths = []
+    for text in values:
+        for part in text.split(","):
+            try:
+                length = int(part.strip())
+            except ValueError:
+                raise ValueError(f"--context-len: expected integers like 4096,32768, got {text!r}") from None
+            if length < 1:
+                raise ValueError(f"--context-len: must be >= 1 token, got {length}")
+            lengths.append(length)
+    return lengths
+
+
+def _nothing_fits(ledger: CapacityLedger, memory: int) -> str | None:
+    """The line saying nothing fits, or None when at least the weights and workspace do."""
+    weights, workspace = ledger.weight_bytes, ledger.workspace_bytes
+    if weights + workspace < memory:
+        return None
+    budget = f"exceed --memory-gib ({format_bytes(memory)})"
+    if weights >= memory:
+        return f"nothing fits: the weights alone ({format_bytes(weights)}) {budget}"
+    return f"nothing fits: weights ({format_bytes(weights)}) + workspace ({format_bytes(workspace)}) {budget}"
+
+
+def _json_report(args, ledger: CapacityLedger, memory: int, fits: list[ContextFit]) -> dict:
+    message = _nothing_fits(ledger, memory)
+    return {
+        "model": str(args.model),
+        "memory_bytes": memory,
+        "ledger": ledger_dict(ledger),
+        "fits": [fit_dict(result) for result in fits],
+        "nothing_fits": message is not None,
+        "message": message,
+    }
+
+
+def _human_report(
+    args, layer_types, ledger: CapacityLedger, memory: int, fits: list[ContextFit]
+) -> list[str]:
+    b = format_bytes
+    lines = [
+        f"{ledger.family} at {args.model}: {len(layer_types)} layers ({ledger.kda_layers} KDA,"
+        f" {ledger.mla_layers} MLA), {ledger.dtype}, block {ledger.block_size} tokens,"
+        f" KV format {ledger.kv_format}{', batch-invariant' if ledger.batch_invariant else ''},"
+        f" --memory-gib {args.memory_gib:g} ({b(memory)})",
+        "",
+        "Persistent state",
+    ]
+    kv_parts = " + ".join(f"{kind} {b(size)}" for kind, size in ledger.kv_by_kind) or "no MLA layers"
+    kda_parts = " + ".join(f"{kind} {b(size)}" for kind, size in ledger.kda_by_kind) or "no KDA layers"
+    lines += _table(
+        [
+            (
+                "weights",
+                b(ledger.weight_bytes),
+                f"{ledger.num_parameters:,} parameters, float32 part {b(ledger.float32_weight_bytes)}",
+            ),
+            ("KV per token", b(ledger.kv_bytes_per_token), f"{ledger.mla_layers} MLA layer(s): {kv_parts}"),
+            ("KV per block", b(ledger.kv_block_bytes), f"{ledger.block_size} tokens, 64-byte aligned fields"),
+            (
+                "KDA state per request",
+                b(ledger.kda_slot_bytes),
+                f"{ledger.kda_layers} KDA layer(s): {kda_parts}",
+            ),
+        ],
+        align="<><",
+    )
+    lines += [
+        "",
+        f"Workspace per step (ESTIMATE: {ledger.max_num_batched_tokens} tokens, up to"
+        f" {ledger.max_num_seqs} sequences; attention tiles and allocator slack not counted)",
+    ]
+    lines += _table(
+        [(term, b(size)) for term, size in ledger.workspace] + [("total", b(ledger.workspace_bytes))]
+    )
+    lines += ["", "Transfer per request (prefill -> decode: packed blocks + one KDA slot)"]
+    rows = [("context", "blocks", "KV", "KDA slot", "total")]
+    for r in fits:
+        rows.append(
+            (
+                f"{r.context_len:,}",
+                f"{r.kv_blocks_per_request:,}",
+                b(r.kv_bytes_per_request),
+                b(r.kda_bytes_per_request),
+                b(r.transfer_bytes),
+            )
+        )
+    lines += _table(rows, align=">>>>>", header=True)
+    lines += [
+        "",
+        f"Fit in {b(memory)} (weights {b(ledger.weight_bytes)} {_pct(ledger.weight_bytes, memory)},"
+        f" workspace {b(ledger.workspace_bytes)} {_pct(ledger.workspace_bytes, memory)})",
+    ]
+    message = _nothing_fits(ledger, memory)
+    if message:
+        return [*lines, f"  {message}"]
+    rows = [
+        (
+            "context",
+            "requests",
+            "KV blocks",
+            "KV",
+            "KV %",
+            "KDA slots",
+            "KDA state",
+            "KDA %",
+            "free",
+            "limiting",
+        )
+    ]
+    for r in fits:
+        rows.append(
+            (
+                f"{r.context_len:,}",
+                f"{r.requests:,}",
+                f"{r.kv_blocks:,}",
+                b(r.kv_bytes),
+                _pct(r.kv_bytes, memory),
+                f"{r.kda_slots:,}",
+                b(r.kda_bytes),
+                _pct(r.kda_bytes, memory),
+                b(r.free_bytes),
+                r.limiting,
+            )
+        )
+    return lines + _table(rows, align=">>>>>>>>><", header=True)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%"
+
+
+def _table(rows: list[tuple[str, ...]], align: str | None = None, header: bool = False) -> list[str]:
+    """Two-space indented columns; ``align`` has one ``<`` or ``>`` per column (first left by default)."""
+    align = align or "<" + ">" * (len(rows[0]) - 1)
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    out = []
+    for index, row in enumerate(rows):
+        cells = [f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)]
+        out.append(("  " + "   ".join(cells)).rstrip())
+        if header and index == 0:
+            out.append("  " + "   ".join("-" * w for w in widths))
+    return out
