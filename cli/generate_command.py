@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from services.engine import LLM, SamplingParams
+from services.engine.model.config_loader import load_model_config
 
-from .arguments import DTYPES, parse_token_ids
+from .arguments import DTYPES, check_vocabulary, parse_token_ids
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -111,7 +112,9 @@ def _read_prompts(args: argparse.Namespace) -> tuple[list, list]:
     if args.prompt is not None:
         return [None], [args.prompt]
     if args.prompt_ids is not None:
-        return [None], [parse_token_ids(args.prompt_ids, "--prompt-ids")]
+        ids = parse_token_ids(args.prompt_ids, "--prompt-ids")
+        check_vocabulary(ids, load_model_config(args.model).vocab_size, "--prompt-ids")
+        return [None], [ids]
     if not args.prompts.is_file():
         raise FileNotFoundError(f"--prompts: {args.prompts} not found")
     ids, prompts = [], []

@@ -23,7 +23,6 @@ from kernels.kda.fixed_chunk import CHUNK as CF_BI_CHUNK
 from services.engine.cache.layout import (
     ALIGNMENT,
     INDEX_KEY,
-    K_ROPE,
     LATENT,
     Field,
     Layout,
@@ -248,19 +247,20 @@ def fp8_block_layout(config: ModelConfig, block_size: int) -> Layout:
     """Layout of one block with FP8 KV: the storage format the engine will use once FP8 KV is
     implemented (nothing in ``services/engine/cache`` stores FP8 yet), as DeepSeek-V3.2 serves it.
 
-    Per token and MLA layer, as raw bytes (``uint8`` fields, same 64-byte field alignment)::
+    Per token and MLA layer, as rows of raw bytes (``uint8`` fields, same 64-byte field alignment)::
 
-        latent    Dc fp8 values + one float32 scale per 128 channels   Dc + 4 * ceil(Dc / 128)
-        k_rope    Dr bf16 values (rope stays unquantised)              2 * Dr
-        index_key Di fp8 values + one float32 scale                    Di + 4
+        latent     | Dc x fp8 | ceil(Dc / 128) x float32 scale | Dr x bf16 rope |   Dc + 4 ceil(Dc/128) + 2 Dr
+        index_key  | Di x fp8 | 1 x float32 scale |                                Di + 4
 
-    For Dc = 512, Dr = 64, Di = 128 that is 656 bytes of latent + rope (FlashMLA's FP8 row) and 132
-    bytes of index key.
+    For Dc = 512, Dr = 64, Di = 128: 656 bytes (FlashMLA's FP8 row, rope packed in, unquantised) and
+    132 bytes per token and MLA layer.
     """
-    rows = [
-        (LATENT, config.kv_lora_rank + 4 * math.ceil(config.kv_lora_rank / FP8_SCALE_TILE)),
-        (K_ROPE, 2 * config.qk_rope_head_dim),
-    ]
+    latent_row = (
+        config.kv_lora_rank
+        + 4 * math.ceil(config.kv_lora_rank / FP8_SCALE_TILE)
+        + 2 * config.qk_rope_head_dim
+    )
+    rows = [(LATENT, latent_row)]
     if config.indexer is not None:
         rows.append((INDEX_KEY, config.indexer.head_dim + 4))
     fields, offset = [], 0

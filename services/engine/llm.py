@@ -98,6 +98,11 @@ class LLM:
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         if not _is_ids(prompt):
             raise ValueError(f"prompts[{index}]: expected text or a list of token ids")
+        vocab = self.engine.model.config.vocab_size
+        for position, token in enumerate(prompt):
+            if not 0 <= token < vocab:
+                where = f"prompts[{index}].prompt_ids: id {token} at position {position}"
+                raise ValueError(f"{where} is outside the vocabulary [0, {vocab})")
         return list(prompt)
 
     def _detokenizer(self) -> IncrementalDetokenizer | None:

@@ -109,7 +109,7 @@ def test_text_prompts_stop_strings_and_stop_tokens(engines):
 
 def test_bad_requests_are_rejected_without_leaking(engines):
     llm = engines("k3", max_model_len=64)
-    with pytest.raises(ValueError, match=r"prompt_ids: id 5000 at position 1"):
+    with pytest.raises(ValueError, match=r"prompts\[0\].prompt_ids: id 5000 at position 1"):
         llm.generate([[1, 5000]])
     with pytest.raises(ValueError, match="max_model_len"):
         llm.generate([list(range(64))])
