@@ -42,12 +42,14 @@ class FixedChunkState:
         def z(*shape):
             return torch.zeros(*shape, dtype=torch.float32, device=device)
 
-        return FixedChunkState(z(heads, k_dim, v_dim), z(CHUNK, heads, k_dim), z(CHUNK, heads, k_dim),
-                               z(CHUNK, heads, v_dim), 0)
+        return FixedChunkState(
+            z(heads, k_dim, v_dim), z(CHUNK, heads, k_dim), z(CHUNK, heads, k_dim), z(CHUNK, heads, v_dim), 0
+        )
 
     def clone(self) -> "FixedChunkState":
-        return FixedChunkState(self.s0.clone(), self.open_k.clone(), self.open_g.clone(),
-                               self.open_delta.clone(), self.count)
+        return FixedChunkState(
+            self.s0.clone(), self.open_k.clone(), self.open_g.clone(), self.open_delta.clone(), self.count
+        )
 
     def recurrent(self) -> torch.Tensor:
         """The plain recurrent state after the last row (for comparison with ``kda_recurrent``)."""
