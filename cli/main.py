@@ -4,9 +4,9 @@ import argparse
 import logging
 import sys
 
-from . import capacity_command, checkpoint_command, generate_command, logits_command
+from . import bench_command, capacity_command, checkpoint_command, generate_command, logits_command
 
-SUBCOMMANDS = (checkpoint_command, logits_command, generate_command, capacity_command)
+SUBCOMMANDS = (checkpoint_command, logits_command, generate_command, capacity_command, bench_command)
 
 
 class UsageError(Exception):

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random checkpoints, written once per test session."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,8 @@ import torch
 from services.engine.checkpoint.init_folder import init_checkpoint
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
+# Engine tests run on this device; the GPU run sets BATON_TEST_DEVICE=cuda.
+TEST_DEVICE = os.environ.get("BATON_TEST_DEVICE", "cpu")
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -12,7 +12,7 @@ import torch
 
 from services.engine import LLM, SamplingParams
 from services.engine.model.invariant_numerics import InvariantNumerics
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, TEST_DEVICE
 
 TARGET = list(range(30, 30 + 37))
 NEIGHBOURS = [list(range(200, 200 + n)) for n in (1, 19, 64, 5)]
@@ -39,6 +39,7 @@ def make_llm(tiny_checkpoint):
         if key not in made:
             made[key] = LLM(
                 str(tiny_checkpoint(family)),
+                device=TEST_DEVICE,
                 batch_invariant=invariant,
                 dtype=dtype,
                 max_num_batched_tokens=budget,
@@ -82,7 +83,7 @@ def test_prefill_equals_decode(family, make_llm):
     served = llm.generate([TARGET], GREEDY)[0]
     sequence = TARGET + served.token_ids[:-1]
     with torch.no_grad():
-        logits = llm.engine.model(torch.tensor([sequence]))[0]
+        logits = llm.engine.model(torch.tensor([sequence], device=TEST_DEVICE))[0]
     first = len(TARGET) - 1
     prefilled = [
         float(torch.log_softmax(logits[first + i].float(), dim=-1)[token])

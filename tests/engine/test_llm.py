@@ -5,7 +5,7 @@ import torch
 
 from services.engine import LLM, SamplingParams
 from services.engine.checkpoint.loader import load_model
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, TEST_DEVICE
 
 PROMPTS = [list(range(5, 5 + n)) for n in (23, 7, 1, 40)]
 
@@ -29,7 +29,7 @@ def engines(tiny_checkpoint):
     def make(family, **options):
         key = (family, tuple(sorted(options.items())))
         if key not in cache:
-            cache[key] = LLM(str(tiny_checkpoint(family)), dtype="float32", **options)
+            cache[key] = LLM(str(tiny_checkpoint(family)), dtype="float32", device=TEST_DEVICE, **options)
         return cache[key]
 
     return make
@@ -123,7 +123,7 @@ def test_bad_requests_are_rejected_without_leaking(engines):
 
 
 def test_request_larger_than_the_cache_is_a_clear_error(tiny_checkpoint):
-    llm = LLM(str(tiny_checkpoint("k3")), dtype="float32", num_blocks=2, block_size=4)
+    llm = LLM(str(tiny_checkpoint("k3")), dtype="float32", device=TEST_DEVICE, num_blocks=2, block_size=4)
     with pytest.raises(ValueError, match="exceed the whole cache"):
         llm.generate([list(range(6))], SamplingParams(max_tokens=8))
     llm.engine.check_integrity()

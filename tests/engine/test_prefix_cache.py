@@ -10,6 +10,7 @@ from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout
 from services.engine.checkpoint.presets import preset_config
 from services.engine.model.config_loader import load_model_config
+from tests.conftest import TEST_DEVICE
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, logprobs=0, ignore_eos=True)
 PROMPT = list(range(40, 40 + 50))  # 3 full blocks of 16 before the last token
@@ -53,7 +54,9 @@ def test_pool_evicts_cached_blocks_in_lru_order():
 @pytest.fixture(scope="module")
 def make_llm(tiny_checkpoint):
     def make(family="k3", **options):
-        return LLM(str(tiny_checkpoint(family)), dtype="float32", block_size=16, **options)
+        return LLM(
+            str(tiny_checkpoint(family)), dtype="float32", device=TEST_DEVICE, block_size=16, **options
+        )
 
     return make
 

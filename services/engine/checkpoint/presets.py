@@ -76,7 +76,41 @@ TINY = {
     },
 }
 
-PRESETS = {"tiny": TINY}
+# "small": wide enough that a GPU benchmark measures kernels rather than launch overhead
+# (about 0.47 B parameters), still quick to write as random weights.
+_SMALL_OVERRIDES = {
+    "vocab_size": 32768,
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "moe_intermediate_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "kv_lora_rank": 256,
+    "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 32,
+    "v_head_dim": 64,
+    "n_group": 4,
+    "topk_group": 2,
+    "num_experts_per_tok": 4,
+    "torch_dtype": "bfloat16",
+}
+_SMALL_LINEAR_ATTN = {
+    "head_dim": 64,
+    "num_heads": 16,
+    "short_conv_kernel_size": 4,
+    "kda_layers": [1, 2, 3, 5, 6, 7],
+    "full_attn_layers": [4, 8],
+}
+SMALL = {
+    family: {**config, **_SMALL_OVERRIDES}
+    | ({"linear_attn_config": _SMALL_LINEAR_ATTN} if "linear_attn_config" in config else {})
+    | ({"num_experts": 32} if "num_experts" in config else {"n_routed_experts": 32})
+    | ({"index_n_heads": 16, "index_head_dim": 64, "index_topk": 512} if "index_n_heads" in config else {})
+    for family, config in TINY.items()
+}
+
+PRESETS = {"tiny": TINY, "small": SMALL}
 
 
 def preset_config(family: str, preset: str) -> dict[str, Any]:

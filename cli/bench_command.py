@@ -1,0 +1,65 @@
+"""``baton bench``: benchmarks that print side-by-side ratios (``engine`` for now)."""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from services.engine.benchmark.engine_bench import format_table, run_engine_bench
+from services.engine.checkpoint.init_folder import init_checkpoint
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("bench", help="benchmarks (ratios against a baseline, in one run)")
+    kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    engine = kinds.add_parser("engine", help="engine prefill/decode tokens/s vs naive full recompute")
+    engine.add_argument(
+        "--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)"
+    )
+    engine.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
+    engine.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    engine.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    engine.add_argument("--batches", default="1,4", help="comma-separated batch sizes (default 1,4)")
+    engine.add_argument(
+        "--contexts", default="128,512", help="comma-separated prompt lengths (default 128,512)"
+    )
+    engine.add_argument(
+        "--decode-tokens", type=int, default=16, help="decoded tokens per request (default 16)"
+    )
+    engine.add_argument("--modes", default="default,invariant", help="default,invariant (default both)")
+    engine.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    engine.set_defaults(run=run_engine)
+
+
+def _positive_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag}: expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    batches = _positive_list(args.batches, "--batches")
+    contexts = _positive_list(args.contexts, "--contexts")
+    modes = args.modes.split(",")
+    if any(mode not in ("default", "invariant") for mode in modes):
+        raise ValueError(f"--modes: expected default and/or invariant, got {args.modes!r}")
+    if args.decode_tokens < 1:
+        raise ValueError(f"--decode-tokens: must be >= 1, got {args.decode_tokens}")
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = Path(scratch) / "model"
+            init_checkpoint(model_dir, args.family, args.preset, seed=0)
+        rows = run_engine_bench(str(model_dir), args.device, batches, contexts, args.decode_tokens, modes)
+    print(
+        f"engine benchmark: {args.family if args.model is None else args.model} ({args.preset}), "
+        f"device {args.device}, {args.decode_tokens} decoded tokens per request"
+    )
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([row.as_dict() for row in rows], indent=2) + "\n")
+    return 0
