@@ -7,6 +7,10 @@ whatever the count (16 ... 4096 rows tried) and whatever the row's position, for
 7168. ``fixed_linear`` therefore pads the rows to that multiple; its invariance is empirical and
 is what ``tests/kernels/test_invariant_ops.py`` checks. ``tree_linear`` is invariant by
 construction (``tree_sum`` over products) and slow: the reference for ``fixed_linear``.
+
+cuBLAS also picks kernels (split-K among them) by the row count, so on CUDA one call over all the
+padded rows is not enough: ``fixed_linear`` issues one call per ``TILE_ROWS``-row tile there, every
+call the same shape. (A Triton kernel with a fixed tiling is the fast way; this is the correct one.)
 """
 
 import torch
@@ -42,7 +46,11 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     padded = torch.zeros(-(-n // TILE_ROWS) * TILE_ROWS, k, dtype=torch.float32, device=x.device)
     padded[:n] = rows
     w = weight.to(torch.float32).contiguous()
-    return F.linear(padded, w)[:n].reshape(*x.shape[:-1], w.shape[0])
+    if padded.is_cuda:
+        out = torch.cat([F.linear(tile, w) for tile in padded.split(TILE_ROWS)])
+    else:
+        out = F.linear(padded, w)
+    return out[:n].reshape(*x.shape[:-1], w.shape[0])
 
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
