@@ -8,9 +8,11 @@ whatever the count (16 ... 4096 rows tried) and whatever the row's position, for
 is what ``tests/kernels/test_invariant_ops.py`` checks. ``tree_linear`` is invariant by
 construction (``tree_sum`` over products) and slow: the reference for ``fixed_linear``.
 
-cuBLAS also picks kernels (split-K among them) by the row count, so on CUDA one call over all the
-padded rows is not enough: ``fixed_linear`` issues one call per ``TILE_ROWS``-row tile there, every
-call the same shape. (A Triton kernel with a fixed tiling is the fast way; this is the correct one.)
+One call over all the padded rows is not enough elsewhere: cuBLAS picks kernels (split-K among them)
+by the row count, and another CPU's BLAS (the H200 host's, torch 2.11) gave a row different bits at
+K = 1024 for different multiples of 16. So ``fixed_linear`` issues one call per ``TILE_ROWS``-row
+tile, every call the same shape, on every device. (A Triton kernel with a fixed tiling is the fast
+way on GPU; this is the correct one.)
 """
 
 import torch
@@ -36,9 +38,9 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Invariant (empirical, see module docstring): a row's bits depend only on that row and
     ``weight``, not on N, its position, or the other rows. The rows are copied into a fresh zeroed
     contiguous ``[ceil(N / TILE_ROWS) * TILE_ROWS, K]`` buffer so strides and alignment never vary,
-    and all rows go through one sgemm call (measured as invariant as a loop over 16-row tiles and
-    about 10x faster at 2048 x 2048). The same bits were measured with 1 and 2 threads; bits may
-    differ between machines or BLAS builds, so on a new machine rerun the tests before trusting it.
+    and every GEMM call has exactly ``TILE_ROWS`` rows (see the module docstring for why one call over
+    all rows is not enough). The same bits were measured with 1 and 2 threads; bits may differ between
+    machines or BLAS builds, so on a new machine rerun the tests before trusting it.
     """
     k = x.shape[-1]
     rows = x.reshape(-1, k)
@@ -46,10 +48,7 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     padded = torch.zeros(-(-n // TILE_ROWS) * TILE_ROWS, k, dtype=torch.float32, device=x.device)
     padded[:n] = rows
     w = weight.to(torch.float32).contiguous()
-    if padded.is_cuda:
-        out = torch.cat([F.linear(tile, w) for tile in padded.split(TILE_ROWS)])
-    else:
-        out = F.linear(padded, w)
+    out = torch.cat([F.linear(tile, w) for tile in padded.split(TILE_ROWS)])
     return out[:n].reshape(*x.shape[:-1], w.shape[0])
 
 
