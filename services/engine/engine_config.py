@@ -23,6 +23,7 @@ class EngineConfig:
         enable_prefix_caching: reuse cached blocks (and KDA snapshots) across requests.
         snapshot_stride: take a KDA state snapshot every this many blocks.
         num_snapshots: KDA snapshots kept for the prefix cache; None means ``max_num_seqs``.
+        kv_format: ``auto`` (model dtype) or ``fp8`` (packed FP8 latents and index keys) block storage.
     """
 
     model: str
@@ -37,8 +38,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     snapshot_stride: int = 1
     num_snapshots: int | None = None
+    kv_format: str = "auto"
 
     def __post_init__(self):
+        if self.kv_format not in ("auto", "fp8"):
+            raise ValueError(f"kv_format: {self.kv_format!r} is not supported (auto, fp8)")
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(f"device: {self.device!r} is not supported (cpu, cuda, cuda:N)")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):

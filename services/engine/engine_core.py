@@ -37,7 +37,7 @@ class EngineCore:
         model_dtype = self.model.lm_head.weight.dtype
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         blocks = BlockPool(
-            block_layout(self.model.config, config.block_size, model_dtype),
+            block_layout(self.model.config, config.block_size, model_dtype, config.kv_format),
             config.block_size,
             config.pool_blocks,
             config.device,

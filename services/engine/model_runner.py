@@ -24,6 +24,7 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.device = cache.blocks.storage.device
+        self.dtype = model.lm_head.weight.dtype
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, SampledToken]:
@@ -35,16 +36,11 @@ class ModelRunner:
         chunks = output.chunks
         batch = ForwardBatch.build([list(c.token_ids) for c in chunks], [c.past for c in chunks], self.device)
         refs = [SequenceCacheRef(c.block_table, c.slot, c.past) for c in chunks]
+        paged = PagedModelCache(self.cache.blocks, self.cache.slots, refs, self.model.config, self.dtype)
         sampling = [i for i, chunk in enumerate(chunks) if chunk.samples]
+        logits = self.model.forward_batch(batch, paged, batch.last_rows()[sampling])
         if not sampling:
-            self.model.forward_batch(
-                batch, PagedModelCache(self.cache.blocks, self.cache.slots, refs), batch.last_rows()[:0]
-            )
             return {}
-        rows = batch.last_rows()[sampling]
-        logits = self.model.forward_batch(
-            batch, PagedModelCache(self.cache.blocks, self.cache.slots, refs), rows
-        )
         picked = [requests[chunks[i].request_id] for i in sampling]
         result = sample(logits, [r.params for r in picked], [len(r.output_ids) for r in picked])
         return {

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.paged_cache import PagedModelCache, SequenceCacheRef
@@ -40,6 +41,8 @@ def test_paged_steps_equal_contiguous_steps(family, tiny_checkpoint):
                     SequenceCacheRef(tuple(tables[i]), seq_slots[i], p)
                     for i, p in zip(live, past, strict=True)
                 ],
+                model.config,
+                torch.float32,
             )
             contiguous = _Subset(reference, live)
             got = model.forward_batch(batch, paged)
@@ -76,7 +79,28 @@ def test_full_prompt_logits_match_single_pass(tiny_checkpoint):
     ref = SequenceCacheRef(tuple(blocks.allocate(5)), slots.allocate(), 0)
     with torch.no_grad():
         paged = model.forward_batch(
-            ForwardBatch.build(ids.tolist(), [0]), PagedModelCache(blocks, slots, [ref])
+            ForwardBatch.build(ids.tolist(), [0]),
+            PagedModelCache(blocks, slots, [ref], model.config, torch.float32),
         )
         full = model(ids)[0]
     assert relative_error(paged, full) == 0.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp8_blocks_are_smaller_used_and_close(family, tiny_checkpoint):
+    """FP8 storage really runs (logprobs move) and stays close; numbers from ``measure_kv_format``."""
+    model = load_model(tiny_checkpoint(family), dtype=torch.float32)
+    fp8 = block_layout(model.config, BLOCK, torch.float32, "fp8")
+    assert {f.kind for f in fp8.fields} <= {"latent_fp8", "index_key_fp8"}
+    generator = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 1024, (n,), generator=generator).tolist() for n in (150, 70)]
+    report = measure_kv_format(model, prompts, chunk=48, block=16)
+    print(f"{family}: {report}")
+    assert report.bytes_per_token_fp8 < report.bytes_per_token_auto
+    assert report.logprob_abs_diff_max > 0  # the quantised path ran
+    if model.config.indexer is None:
+        assert report.indexer_overlap is None
+        assert report.logprob_abs_diff_mean < 0.05 and report.argmax_agreement >= 0.9
+    else:
+        assert 0.5 < report.indexer_overlap <= 1.0
+        assert report.logprob_abs_diff_mean < 2.0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.fp8.naive import index_key_fp8_bytes, latent_fp8_bytes
 from services.engine.model.config import LAYER_KDA, LAYER_MLA, ModelConfig
 
 ALIGNMENT = 64
@@ -22,6 +23,9 @@ ALIGNMENT = 64
 LATENT = "latent"
 K_ROPE = "k_rope"
 INDEX_KEY = "index_key"
+LATENT_FP8 = "latent_fp8"  # latent + rope packed: e4m3 latent, fp32 group scales, bf16 rope
+INDEX_KEY_FP8 = "index_key_fp8"  # e4m3 key + one fp32 scale
+KV_FORMATS = ("auto", "fp8")
 RECURRENT = "recurrent"
 CONV = "conv"
 OPEN_K = "open_k"
@@ -55,6 +59,9 @@ class Layout:
     fields: tuple[Field, ...]
     nbytes: int
 
+    def has(self, layer: int, kind: str) -> bool:
+        return any(f.layer == layer and f.kind == kind for f in self.fields)
+
     def field(self, layer: int, kind: str) -> Field:
         for candidate in self.fields:
             if candidate.layer == layer and candidate.kind == kind:
@@ -71,11 +78,25 @@ def _pack(entries: list[tuple[int, str, torch.dtype, tuple[int, ...]]]) -> Layou
     return Layout(tuple(fields), max(offset, ALIGNMENT))
 
 
-def block_layout(config: ModelConfig, block_size: int, dtype: torch.dtype) -> Layout:
-    """Layout of one block of ``block_size`` tokens for every MLA layer (model-dtype storage)."""
+def block_layout(config: ModelConfig, block_size: int, dtype: torch.dtype, kv_format: str = "auto") -> Layout:
+    """Layout of one block of ``block_size`` tokens for every MLA layer.
+
+    ``kv_format`` ``auto`` stores the model dtype; ``fp8`` stores each token's latent and rope part
+    packed in FlashMLA's FP8 layout (656 bytes for Dc = 512, Dr = 64) and its index key as e4m3 plus
+    a float32 scale (132 bytes for Di = 128); see ``kernels.fp8.naive``.
+    """
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format: {kv_format!r} is not supported ({', '.join(KV_FORMATS)})")
     entries = []
     for layer, kind in enumerate(config.layer_types):
         if kind != LAYER_MLA:
+            continue
+        if kv_format == "fp8":
+            row = latent_fp8_bytes(config.kv_lora_rank, config.qk_rope_head_dim)
+            entries.append((layer, LATENT_FP8, torch.uint8, (block_size, row)))
+            if config.indexer is not None:
+                row = index_key_fp8_bytes(config.indexer.head_dim)
+                entries.append((layer, INDEX_KEY_FP8, torch.uint8, (block_size, row)))
             continue
         entries.append((layer, LATENT, dtype, (block_size, config.kv_lora_rank)))
         entries.append((layer, K_ROPE, dtype, (block_size, config.qk_rope_head_dim)))

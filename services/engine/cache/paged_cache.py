@@ -4,11 +4,25 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.fp8.naive import pack_index_key_fp8, pack_latent_fp8, unpack_index_key_fp8, unpack_latent_fp8
 from kernels.kda.fixed_chunk import FixedChunkState
+from services.engine.model.config import ModelConfig
 from services.engine.model.state import KdaLayerState
 
 from .block_pool import BlockPool
-from .layout import CONV, INDEX_KEY, K_ROPE, LATENT, OPEN_COUNT, OPEN_DELTA, OPEN_G, OPEN_K, RECURRENT
+from .layout import (
+    CONV,
+    INDEX_KEY,
+    INDEX_KEY_FP8,
+    K_ROPE,
+    LATENT,
+    LATENT_FP8,
+    OPEN_COUNT,
+    OPEN_DELTA,
+    OPEN_G,
+    OPEN_K,
+    RECURRENT,
+)
 from .state_pool import StateSlotPool
 
 
@@ -28,9 +42,20 @@ class PagedModelCache:
         blocks: the packed MLA block pool.
         slots: the KDA state-slot pool.
         sequences: per-sequence block tables (covering every position written this step) and slots.
+        model_config: the model's sizes (to unpack FP8 blocks).
+        dtype: the model's compute dtype.
     """
 
-    def __init__(self, blocks: BlockPool, slots: StateSlotPool, sequences: list[SequenceCacheRef]):
+    def __init__(
+        self,
+        blocks: BlockPool,
+        slots: StateSlotPool,
+        sequences: list[SequenceCacheRef],
+        model_config: ModelConfig,
+        dtype: torch.dtype,
+    ):
+        self.model_config = model_config
+        self.dtype = dtype  # what FP8 blocks are dequantised to
         self.blocks = blocks
         self.slots = slots
         self.sequences = sequences
@@ -47,7 +72,14 @@ class PagedModelCache:
         block_ids, offsets = self._positions(seq, ref.past, latent.shape[0])
         device = self.blocks.storage.device
         block_ids, offsets = block_ids.to(device), offsets.to(device)
-        for kind, values in ((LATENT, latent), (K_ROPE, k_rope), (INDEX_KEY, index_keys)):
+        layout = self.blocks.layout
+        if layout.has(layer, LATENT_FP8):
+            rows = {LATENT_FP8: pack_latent_fp8(latent, k_rope)}
+            if index_keys is not None:
+                rows[INDEX_KEY_FP8] = pack_index_key_fp8(index_keys)
+        else:
+            rows = {LATENT: latent, K_ROPE: k_rope, INDEX_KEY: index_keys}
+        for kind, values in rows.items():
             if values is not None:
                 view = self.blocks.view(layer, kind)
                 view[block_ids, offsets] = values.to(view.dtype)
@@ -64,11 +96,20 @@ class PagedModelCache:
             view = self.blocks.view(layer, kind)
             return view[table].reshape(-1, view.shape[-1])[:total]
 
-        has_index = any(f.layer == layer and f.kind == INDEX_KEY for f in self.blocks.layout.fields)
+        layout, config = self.blocks.layout, self.model_config
+        if layout.has(layer, LATENT_FP8):
+            latent, k_rope = unpack_latent_fp8(
+                gather(LATENT_FP8), config.kv_lora_rank, config.qk_rope_head_dim, self.dtype
+            )
+            index_keys = None
+            if layout.has(layer, INDEX_KEY_FP8):
+                index_keys = unpack_index_key_fp8(gather(INDEX_KEY_FP8), config.indexer.head_dim, self.dtype)
+            return latent, k_rope, index_keys
+        has_index = layout.has(layer, INDEX_KEY)
         return gather(LATENT), gather(K_ROPE), gather(INDEX_KEY) if has_index else None
 
     def _has_open_rows(self, layer: int) -> bool:
-        return any(f.layer == layer and f.kind == OPEN_COUNT for f in self.slots.layout.fields)
+        return self.slots.layout.has(layer, OPEN_COUNT)
 
     def read_kda(self, layer, seq):
         ref = self.sequences[seq]
