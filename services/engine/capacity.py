@@ -14,26 +14,19 @@ KV blocks plus its KDA slot::
     | weights | workspace | n x (KV blocks of L tokens) | n x KDA slot | free (< one request) |
 """
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 
 from kernels.kda.fixed_chunk import CHUNK as CF_BI_CHUNK
 from services.engine.cache.layout import (
-    ALIGNMENT,
-    INDEX_KEY,
-    LATENT,
-    Field,
+    KV_FORMATS,
     Layout,
     block_layout,
     slot_layout,
 )
 from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
 from services.engine.model.config import LAYER_KDA, LAYER_MLA, MLP_DENSE, ModelConfig
-
-KV_FORMATS = ("auto", "fp8")
-FP8_SCALE_TILE = 128  # one float32 scale per 128 latent channels (FlashMLA's FP8 KV row)
 
 
 @dataclass(frozen=True)
@@ -142,7 +135,8 @@ def capacity_ledger(
         config: the validated model config.
         dtype: parameter, activation and (``kv_format="auto"``) KV dtype.
         block_size: tokens per packed block.
-        kv_format: ``"auto"`` stores KV in ``dtype`` (``block_layout``); ``"fp8"`` in ``fp8_block_layout``.
+        kv_format: ``"auto"`` stores KV in ``dtype``; ``"fp8"`` packs latents and index keys in FP8
+            (``block_layout``: 656 + 132 bytes per token and MLA layer at DeepSeek-V3.2's sizes).
         batch_invariant: slots also keep the CF-BI open-chunk rows (``C = 16``).
         max_num_batched_tokens: tokens in one step, for the workspace estimate.
         max_num_seqs: requests in one step; bounds the logits rows of the workspace.
@@ -162,11 +156,7 @@ def capacity_ledger(
     num_parameters, weight_bytes, float32_bytes = weight_footprint(config, dtype)
     mla_layers = config.layer_types.count(LAYER_MLA)
     kda_layers = config.layer_types.count(LAYER_KDA)
-    block = (
-        fp8_block_layout(config, block_size)
-        if kv_format == "fp8"
-        else block_layout(config, block_size, dtype)
-    )
+    block = block_layout(config, block_size, dtype, kv_format)
     slot = slot_layout(config, dtype, CF_BI_CHUNK if batch_invariant else 0)
     return CapacityLedger(
         family=config.family,
@@ -241,36 +231,6 @@ def weight_footprint(config: ModelConfig, dtype: torch.dtype) -> tuple[int, int,
         else:
             total += param.numel() * dtype.itemsize
     return count, total + in_float32, in_float32
-
-
-def fp8_block_layout(config: ModelConfig, block_size: int) -> Layout:
-    """Layout of one block with FP8 KV: the storage format the engine will use once FP8 KV is
-    implemented (nothing in ``services/engine/cache`` stores FP8 yet), as DeepSeek-V3.2 serves it.
-
-    Per token and MLA layer, as rows of raw bytes (``uint8`` fields, same 64-byte field alignment)::
-
-        latent     | Dc x fp8 | ceil(Dc / 128) x float32 scale | Dr x bf16 rope |   Dc + 4 ceil(Dc/128) + 2 Dr
-        index_key  | Di x fp8 | 1 x float32 scale |                                Di + 4
-
-    For Dc = 512, Dr = 64, Di = 128: 656 bytes (FlashMLA's FP8 row, rope packed in, unquantised) and
-    132 bytes per token and MLA layer.
-    """
-    latent_row = (
-        config.kv_lora_rank
-        + 4 * math.ceil(config.kv_lora_rank / FP8_SCALE_TILE)
-        + 2 * config.qk_rope_head_dim
-    )
-    rows = [(LATENT, latent_row)]
-    if config.indexer is not None:
-        rows.append((INDEX_KEY, config.indexer.head_dim + 4))
-    fields, offset = [], 0
-    for layer, kind in enumerate(config.layer_types):
-        if kind != LAYER_MLA:
-            continue
-        for name, row_bytes in rows:
-            fields.append(Field(layer, name, torch.uint8, (block_size, row_bytes), offset))
-            offset += -(-block_size * row_bytes // ALIGNMENT) * ALIGNMENT
-    return Layout(tuple(fields), max(offset, ALIGNMENT))
 
 
 def workspace_terms(

@@ -168,7 +168,7 @@ def test_fp8_kv_per_token_of_full_size_deepseek_v32():
     # Latent: 512 fp8 + 4 float32 scales + 64 bf16 rope = 656 B; index key: 128 fp8 + 1 scale = 132 B.
     assert got.kv_bytes_per_token == 61 * (656 + 132)
     assert got.kv_block_bytes == 64 * 61 * (656 + 132)
-    assert dict(got.kv_by_kind) == {"latent": 61 * 656, "index_key": 61 * 132}
+    assert dict(got.kv_by_kind) == {"latent_fp8": 61 * 656, "index_key_fp8": 61 * 132}
     bf16 = capacity_ledger(config, torch.bfloat16, 64, "auto", False, 8192)
     assert bf16.kv_bytes_per_token == 61 * (512 + 64 + 128) * 2
     assert 671e9 < got.num_parameters < 673e9  # 671B published (no MTP layer) plus the indexers
@@ -178,7 +178,7 @@ def test_fp8_kv_per_token_of_full_size_deepseek_v32():
 def test_fp8_kv_per_token_of_tiny_k3():
     # Latent row: Dc = 32 -> 32 + 4 * ceil(32 / 128) + 2 * 8 (bf16 rope) = 52; index key 16 + 4 = 20.
     got = ledger("k3", kv_format="fp8")
-    assert got.kv_by_kind == (("latent", 52), ("index_key", 20))
+    assert got.kv_by_kind == (("latent_fp8", 52), ("index_key_fp8", 20))
     assert got.kv_bytes_per_token == 52 + 20
 
 
