@@ -38,7 +38,6 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     slot: int | None = None
     num_computed: int = 0
-    num_preemptions: int = 0
     cache_root: bytes = b""  # prefix-cache chain salt: model, adapter, tenant
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered: int = 0  # leading blocks registered in the prefix cache

@@ -203,7 +203,6 @@ class Scheduler:
         self.running.remove(request)
         self.cache.release(request)
         request.status = RequestStatus.WAITING
-        request.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
