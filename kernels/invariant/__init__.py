@@ -7,8 +7,8 @@ change order with shape and threads. The ``batch_invariant`` mode builds on thes
 * ``reduce``: ``tree_sum``, a fixed pairwise order, invariant to trailing zero padding.
 * ``elementwise``: ``fixed_elementwise`` and ``fixed_exp/log/sigmoid/silu/softplus``, fixed-size
   blocks so every element takes the same SIMD path.
-* ``linear``: ``fixed_linear`` (rows padded to ``TILE_ROWS``, empirical) and ``tree_linear``
-  (by construction).
+* ``linear``: ``fixed_linear`` (rows padded to ``TILE_ROWS``, empirical, with a probe
+  ``fixed_linear_is_invariant``) and ``tree_linear`` (by construction).
 * ``norm``: RMSNorm, gated RMSNorm, L2 normalisation, LayerNorm on top of the above.
 * ``attention``: masked softmax and the weighted sum of values, invariant to masked key padding.
 """
@@ -23,7 +23,7 @@ from kernels.invariant.elementwise import (
     fixed_silu,
     fixed_softplus,
 )
-from kernels.invariant.linear import TILE_ROWS, fixed_linear, tree_linear
+from kernels.invariant.linear import TILE_ROWS, fixed_linear, fixed_linear_is_invariant, tree_linear
 from kernels.invariant.norm import (
     invariant_gated_rms_norm,
     invariant_l2_normalize,
@@ -38,6 +38,7 @@ __all__ = [
     "fixed_elementwise",
     "fixed_exp",
     "fixed_linear",
+    "fixed_linear_is_invariant",
     "fixed_log",
     "fixed_sigmoid",
     "fixed_silu",

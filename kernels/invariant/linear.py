@@ -78,3 +78,23 @@ def tree_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             prod = rows[r : r + row_chunk, None, :] * w[None, c : c + col_chunk, :]
             out[r : r + row_chunk, c : c + col_chunk] = tree_sum(prod, -1)
     return out.reshape(*x.shape[:-1], m)
+
+
+def fixed_linear_is_invariant(weight: torch.Tensor, probe_rows: int = 37) -> bool:
+    """Check, in this process, that ``fixed_linear`` with this weight gives rows batch-invariant bits.
+
+    ``fixed_linear``'s invariance is measured, not guaranteed (module docstring): this probe runs
+    random rows alone and inside batches of several sizes, in shuffled order, and compares bits.
+    Callers fall back to ``tree_linear`` where it fails.
+    """
+    generator = torch.Generator().manual_seed(1234)
+    rows = torch.randn(probe_rows, weight.shape[-1], generator=generator).to(weight.device)
+    alone = torch.cat([fixed_linear(rows[i : i + 1], weight) for i in range(probe_rows)])
+    order = torch.randperm(probe_rows, generator=generator).to(weight.device)
+    for count in (2, 7, 16, 17, probe_rows):
+        picked = order[:count]
+        if not torch.equal(
+            fixed_linear(rows[picked], weight).view(torch.int32), alone[picked].view(torch.int32)
+        ):
+            return False
+    return True

@@ -100,3 +100,30 @@ def test_default_mode_is_not_bitwise_here(make_llm):
     if mixed == alone:
         pytest.skip("library kernels happened to be batch-invariant for this case on this machine")
     assert mixed[0] == alone[0], "greedy tokens should still agree in the default mode"
+
+
+def test_tree_linear_fallback_keeps_invariance(tiny_checkpoint, monkeypatch):
+    """Where the fixed-tile GEMM probe fails (as on the H200 host's CPU), tree_linear takes over."""
+    import services.engine.model.invariant_numerics as invariant_module
+
+    calls = {"tree": 0}
+    tree_linear = invariant_module.tree_linear
+
+    def counting_tree_linear(x, weight):
+        calls["tree"] += 1
+        return tree_linear(x, weight)
+
+    monkeypatch.setattr(invariant_module, "fixed_linear_is_invariant", lambda weight: False)
+    monkeypatch.setattr(invariant_module, "tree_linear", counting_tree_linear)
+    llm = LLM(
+        str(tiny_checkpoint("k3")),
+        batch_invariant=True,
+        dtype="float32",
+        device=TEST_DEVICE,
+        max_num_batched_tokens=16,
+        enable_prefix_caching=False,
+    )
+    params = SamplingParams(max_tokens=3, temperature=0, logprobs=0, ignore_eos=True)
+    alone = run(llm, [TARGET], params)[0]
+    assert calls["tree"] > 0
+    assert run(llm, NEIGHBOURS[:2] + [TARGET], params)[-1] == alone

@@ -7,12 +7,15 @@ MLA always runs absorbed, each query over exactly the keys it may see, compacted
 fixed-chunk rows (``kernels.kda.fixed_chunk``); the short conv adds its taps in a fixed order.
 """
 
+import logging
+
 import torch
 
 from kernels.invariant import (
     fixed_elementwise,
     fixed_exp,
     fixed_linear,
+    fixed_linear_is_invariant,
     fixed_sigmoid,
     fixed_silu,
     fixed_softplus,
@@ -22,22 +25,42 @@ from kernels.invariant import (
     invariant_rms_norm,
     invariant_softmax,
     invariant_weighted_sum,
+    tree_linear,
     tree_sum,
 )
 from kernels.kda.fixed_chunk import FixedChunkState, kda_fixed_chunk
 
 from .numerics import Numerics
 
+log = logging.getLogger(__name__)
+
 QUERY_BLOCK = 16  # queries per attention slab: bounds memory, cannot change a row's bits
 
 
 class InvariantNumerics(Numerics):
-    """Same interface as ``Numerics``; see the module docstring for the guarantees."""
+    """Same interface as ``Numerics``; see the module docstring for the guarantees.
+
+    Matrix products use ``fixed_linear`` where a probe shows this machine's GEMM keeps its rows
+    invariant for that weight shape, else the slower ``tree_linear`` (invariant by construction).
+    """
 
     batch_invariant = True
 
+    def __init__(self):
+        self._fixed_tiles_ok: dict[tuple, bool] = {}
+
+    def _product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        key = (weight.device.type, tuple(weight.shape), weight.dtype)
+        if key not in self._fixed_tiles_ok:
+            self._fixed_tiles_ok[key] = fixed_linear_is_invariant(weight)
+            if not self._fixed_tiles_ok[key]:
+                log.warning(
+                    "fixed-tile GEMM is not batch-invariant here for weight %s; using tree_linear", key
+                )
+        return fixed_linear(x, weight) if self._fixed_tiles_ok[key] else tree_linear(x, weight)
+
     def linear(self, x, weight):
-        return fixed_linear(x, weight).to(x.dtype)
+        return self._product(x, weight).to(x.dtype)
 
     def rms_norm(self, x, weight, eps):
         return invariant_rms_norm(x, weight, eps)
@@ -91,7 +114,9 @@ class InvariantNumerics(Numerics):
         heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
         per_head = w_kv_b.reshape(heads, -1, w_kv_b.shape[-1])
         w_uk, w_uv = per_head[:, :nope_dim], per_head[:, nope_dim:]
-        q_latent = torch.stack([fixed_linear(q_nope[:, h], w_uk[h].transpose(0, 1)) for h in range(heads)], 1)
+        q_latent = torch.stack(
+            [self._product(q_nope[:, h], w_uk[h].transpose(0, 1)) for h in range(heads)], 1
+        )
         counts = allowed.sum(-1)
         width = int(counts.max())
         # Each query's visible keys in position order, then masked padding at the end.
@@ -108,7 +133,7 @@ class InvariantNumerics(Numerics):
             probs = invariant_softmax(scores * scale, valid[rows, None, :])
             out_latent.append(invariant_weighted_sum(probs, keys_lat))
         out_latent = torch.cat(out_latent)
-        out = torch.stack([fixed_linear(out_latent[:, h], w_uv[h]) for h in range(heads)], 1)
+        out = torch.stack([self._product(out_latent[:, h], w_uv[h]) for h in range(heads)], 1)
         return out.to(q_nope.dtype)
 
     def indexer_scores(self, q, keys, weights, scale):
@@ -116,7 +141,7 @@ class InvariantNumerics(Numerics):
         return tree_sum(weights.float()[:, :, None] * torch.relu(dots * scale), 1)
 
     def router_scores(self, x, weight):
-        return fixed_sigmoid(fixed_linear(x.float(), weight.float()))
+        return fixed_sigmoid(self._product(x.float(), weight.float()))
 
     def moe_experts(self, x, expert_ids, weights, w_gate_up, w_down):
         out = torch.zeros_like(x)
