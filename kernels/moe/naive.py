@@ -8,6 +8,8 @@ Their *unbiased* scores, optionally renormalised, times ``routed_scaling_factor`
 weights.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -59,6 +61,8 @@ def moe_experts(
     weights: torch.Tensor,
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear,
+    silu: Callable[[torch.Tensor], torch.Tensor] = F.silu,
 ) -> torch.Tensor:
     """SwiGLU experts, combined in expert-id order.
 
@@ -68,6 +72,8 @@ def moe_experts(
         weights: ``[N, k]`` combine weights (float32).
         w_gate_up: ``[E, 2I, D]`` gate rows then up rows of each expert.
         w_down: ``[E, D, I]``.
+        linear, silu: the matrix product and activation to use (the batch-invariant numerics pass
+            their own; each must return ``x``'s dtype).
 
     Returns:
         ``[N, D]`` in ``x.dtype``: ``sum_j weights[:, j] * down(silu(gate x) * up x)``, accumulated
@@ -76,7 +82,7 @@ def moe_experts(
     out = torch.zeros_like(x)
     for expert in torch.unique(expert_ids).tolist():
         token_idx, slot = torch.where(expert_ids == expert)
-        gate, up = F.linear(x[token_idx], w_gate_up[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w_down[expert]) * weights[token_idx, slot, None]
+        gate, up = linear(x[token_idx], w_gate_up[expert]).chunk(2, dim=-1)
+        y = linear(silu(gate) * up, w_down[expert]) * weights[token_idx, slot, None]
         out.index_add_(0, token_idx, y.to(out.dtype))
     return out

@@ -29,6 +29,7 @@ from kernels.invariant import (
     tree_sum,
 )
 from kernels.kda.fixed_chunk import FixedChunkState, kda_fixed_chunk
+from kernels.moe.naive import moe_experts
 
 from .numerics import Numerics
 
@@ -144,10 +145,4 @@ class InvariantNumerics(Numerics):
         return fixed_sigmoid(self._product(x.float(), weight.float()))
 
     def moe_experts(self, x, expert_ids, weights, w_gate_up, w_down):
-        out = torch.zeros_like(x)
-        for expert in torch.unique(expert_ids).tolist():
-            token_idx, slot = torch.where(expert_ids == expert)
-            gate, up = self.linear(x[token_idx], w_gate_up[expert]).chunk(2, dim=-1)
-            y = self.linear(self.silu(gate) * up, w_down[expert]) * weights[token_idx, slot, None]
-            out.index_add_(0, token_idx, y.to(out.dtype))
-        return out
+        return moe_experts(x, expert_ids, weights, w_gate_up, w_down, linear=self.linear, silu=self.silu)
