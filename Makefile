@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 DEMO_MODEL ?= .cache/checkpoints/k3-tiny
 
-.PHONY: setup test run lint clean
+.PHONY: setup proto test run lint clean
 
 setup: $(STAMP)
 
@@ -18,13 +18,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-test: setup
+PROTOS := $(wildcard proto/baton/v1/*.proto)
+PROTO_STAMP := proto/baton/v1/.generated
+
+# Generated gRPC/protobuf modules are built here, never committed.
+proto: $(PROTO_STAMP)
+
+$(PROTO_STAMP): $(PROTOS) $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. $(PROTOS)
+	touch $(PROTO_STAMP)
+
+test: setup proto
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 $(DEMO_MODEL)/config.json: | setup
 	$(VENV)/bin/baton checkpoint init --family k3 --preset tiny --seed 0 --out $(DEMO_MODEL)
 
-run: setup $(DEMO_MODEL)/config.json
+run: setup proto $(DEMO_MODEL)/config.json
 	$(VENV)/bin/baton generate --model $(DEMO_MODEL) --prompt "Hello, Baton!" --max-tokens 16
 
 lint: setup
@@ -32,4 +42,4 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache proto/baton/v1/*_pb2*.py $(PROTO_STAMP)
