@@ -1,0 +1,30 @@
+"""Moving a request's cache state between processes: packed blocks and KDA state slots.
+
+The receiver (decode) registers its block and slot pools and publishes a ``TransferEndpoint``; the
+sender (prefill) connects to it and ``write``s ``(local row, remote row)`` pairs, tagged with the
+request id, which the receiver sees as a ``Notification`` once the bytes have landed.
+
+- ``endpoint.py``: ``TransferEndpoint`` / ``RegionInfo`` (what a peer sees), ``TransferError``.
+- ``backend.py``: the ``TransferBackend`` interface and its checks, ``TransferStats``, ``Notification``.
+- ``row_plan.py``: validating row pairs and coalescing them into spans (one descriptor per run).
+- ``nixl_backend.py``: the NIXL (UCX) backend, host (``DRAM``) or GPU (``VRAM``) memory.
+- ``registry.py``: ``make_backend(name)``.
+- ``bandwidth.py``: ``measure_bandwidth``, NIXL writes between two processes vs an in-process copy.
+"""
+
+from .backend import BLOCKS, STATE, Notification, TransferBackend, TransferStats
+from .endpoint import RegionInfo, TransferEndpoint, TransferError
+from .registry import known_backends, make_backend
+
+__all__ = [
+    "BLOCKS",
+    "STATE",
+    "Notification",
+    "RegionInfo",
+    "TransferBackend",
+    "TransferEndpoint",
+    "TransferError",
+    "TransferStats",
+    "known_backends",
+    "make_backend",
+]

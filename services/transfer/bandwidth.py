@@ -1,0 +1,113 @@
+"""Transfer bandwidth: NIXL writes into a second process against an in-process ``torch`` copy.
+
+The in-process copy of the same bytes is the limit a host-to-host transfer can approach; the ratio
+says how close NIXL gets (``baton bench transfer`` prints it). Each size is one contiguous row, so
+this measures one descriptor per write, including the per-write request setup a handoff pays.
+"""
+
+import multiprocessing
+import statistics
+import time
+
+import torch
+
+from .endpoint import TransferError
+from .registry import make_backend
+
+_TARGET_BYTES = 256 << 20  # per size, enough repeats to move about this much
+_MIN_ITERS, _MAX_ITERS, _WARMUP = 5, 200, 2
+_RECEIVER_MAX_LIFE_S = 3600.0
+
+
+def measure_bandwidth(sizes_bytes: list[int], backend: str = "nixl", timeout_s: float = 120.0) -> list[dict]:
+    """Time writes of each size from this process into a freshly spawned receiver process.
+
+    Args:
+        sizes_bytes: payload sizes to measure (each > 0).
+        backend: transfer backend name.
+        timeout_s: bound on the receiver's start-up and on each write.
+
+    Returns:
+        one dict per size: ``size_bytes``, ``iterations``, ``transfer_gbps`` and ``memcpy_gbps``
+        (median over iterations, 1e9 bytes/s), ``ratio`` (transfer / memcpy), ``backend``.
+    """
+    if not sizes_bytes or any(size <= 0 for size in sizes_bytes):
+        raise ValueError(f"sizes_bytes: need positive sizes, got {sizes_bytes}")
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    receiver = ctx.Process(target=_receiver_main, args=(child, backend, sizes_bytes, timeout_s), daemon=True)
+    receiver.start()
+    try:
+        if not parent.poll(timeout_s):
+            raise TransferError(f"bandwidth receiver did not start within {timeout_s} s")
+        endpoint = parent.recv()
+        if isinstance(endpoint, Exception):
+            raise endpoint
+        with make_backend(backend) as sender:
+            sources = []
+            for index, size in enumerate(sizes_bytes):
+                source = torch.randint(0, 256, (1, size), dtype=torch.uint8)
+                sender.register(f"bw{index}", source)
+                sources.append(source)
+            peer = sender.connect(endpoint)
+            results = []
+            for index, (size, source) in enumerate(zip(sizes_bytes, sources, strict=True)):
+                iters = max(_MIN_ITERS, min(_MAX_ITERS, _TARGET_BYTES // size))
+                copies = {f"bw{index}": [(0, 0)]}
+                times = [
+                    sender.write(peer, copies, timeout_s=timeout_s).seconds for _ in range(_WARMUP + iters)
+                ]
+                transfer_s = statistics.median(times[_WARMUP:])
+                memcpy_s = _time_copy(source, iters)
+                results.append(
+                    {
+                        "backend": backend,
+                        "size_bytes": size,
+                        "iterations": iters,
+                        "transfer_gbps": size / transfer_s / 1e9,
+                        "memcpy_gbps": size / memcpy_s / 1e9,
+                        "ratio": memcpy_s / transfer_s,
+                    }
+                )
+            return results
+    finally:
+        _stop(parent, receiver)
+
+
+def _time_copy(source: torch.Tensor, iters: int) -> float:
+    """Median seconds of ``dest.copy_(source)`` into a separate buffer."""
+    dest = torch.empty_like(source)
+    times = []
+    for _ in range(_WARMUP + iters):
+        start = time.perf_counter()
+        dest.copy_(source)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[_WARMUP:])
+
+
+def _receiver_main(conn, backend: str, sizes_bytes: list[int], timeout_s: float) -> None:
+    """Spawned receiver: register one row per size, publish the endpoint, wait for "stop"."""
+    try:
+        receiver = make_backend(backend)
+        buffers = [torch.zeros(1, size, dtype=torch.uint8) for size in sizes_bytes]
+        for index, buffer in enumerate(buffers):
+            receiver.register(f"bw{index}", buffer)
+        conn.send(receiver.endpoint())
+    except Exception as exc:
+        conn.send(TransferError(f"bandwidth receiver failed: {exc}"))
+        return
+    # Returns on "stop", or on end-of-file when the parent dies without sending it; bounded anyway.
+    conn.poll(_RECEIVER_MAX_LIFE_S)
+    receiver.close()
+
+
+def _stop(conn, process) -> None:
+    try:
+        conn.send("stop")
+    except (BrokenPipeError, OSError):
+        pass
+    process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+    conn.close()

@@ -1,0 +1,155 @@
+"""The NIXL transfer backend: one-sided WRITEs between registered host or GPU pools (UCX plugin).
+
+One NIXL agent per backend object. Regions are registered with their memory type (``DRAM`` for
+host tensors, ``VRAM`` for CUDA tensors), so the same code serves the CPU tests and the GPU cluster.
+A write is one NIXL transfer request per (local, remote) memory-type pair -- in practice one --
+with one descriptor per coalesced run of rows; the request id rides on it as the NIXL notification,
+which the receiver gets only after the data has landed.
+"""
+
+import logging
+import time
+import uuid
+
+import numpy as np
+from nixl._api import nixl_agent, nixl_agent_config
+
+from .backend import Notification, TransferBackend
+from .endpoint import RegionInfo, TransferEndpoint, TransferError
+from .row_plan import RowSpan
+
+log = logging.getLogger(__name__)
+
+# Busy-poll this many times before sleeping between polls: small writes finish in microseconds.
+_SPIN_POLLS = 2000
+_POLL_SLEEP_S = 1e-4
+
+
+class NixlBackend(TransferBackend):
+    """Transfer backend on a NIXL agent.
+
+    Args:
+        agent_name: unique name of this agent in the cluster (default: ``baton-<random>``).
+        plugin: the NIXL transport plugin to instantiate (``"UCX"``).
+    """
+
+    name = "nixl"
+
+    def __init__(self, agent_name: str | None = None, plugin: str = "UCX"):
+        super().__init__(agent_name or f"baton-{uuid.uuid4().hex[:12]}")
+        # Metadata travels over Baton's gRPC, so NIXL's own listener (a fixed port) stays off.
+        config = nixl_agent_config(enable_listen_thread=False, backends=[plugin])
+        try:
+            self._agent = nixl_agent(self.agent_name, config)
+        except Exception as exc:
+            raise TransferError(f"nixl: creating agent {self.agent_name!r} failed: {exc}") from exc
+        if plugin not in self._agent.backends:
+            raise TransferError(
+                f"nixl: plugin {plugin!r} is not available (found {self._agent.get_plugin_list()})"
+            )
+        self._reg_descs: dict[str, object] = {}
+
+    def _register_region(self, info: RegionInfo) -> None:
+        descs = [(info.base_addr, info.nbytes, info.device_id, "")]
+        self._reg_descs[info.name] = self._agent.register_memory(descs, info.mem_type)
+
+    def _metadata(self) -> bytes:
+        return self._agent.get_agent_metadata()
+
+    def _add_peer(self, endpoint: TransferEndpoint) -> None:
+        loaded = self._agent.add_remote_agent(endpoint.metadata)
+        loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
+        if loaded != endpoint.agent_name:
+            self._agent.remove_remote_agent(loaded)
+            raise TransferError(
+                f"nixl: endpoint names agent {endpoint.agent_name!r} but its metadata is {loaded!r}"
+            )
+
+    def _remove_peer(self, peer: str) -> None:
+        self._agent.remove_remote_agent(peer)
+
+    def _write_spans(
+        self, endpoint: TransferEndpoint, spans: list[RowSpan], message: str | None, deadline: float
+    ) -> None:
+        peer = endpoint.agent_name
+        groups = self._descriptors(endpoint, spans)
+        # The notification must follow *all* the data: ride on the request when there is one,
+        # else send it separately once every request is done.
+        inline = message.encode() if message is not None and len(groups) == 1 else b""
+        handles = []
+        try:
+            for (local_mem, remote_mem), (local, remote) in groups.items():
+                handle = self._agent.initialize_xfer(
+                    "WRITE",
+                    self._agent.get_xfer_descs(local, local_mem),
+                    self._agent.get_xfer_descs(remote, remote_mem),
+                    peer,
+                    inline,
+                )
+                handles.append(handle)
+                if self._agent.transfer(handle) == "ERR":
+                    raise TransferError(f"nixl: posting the write to peer {peer!r} failed")
+            self._wait(handles, peer, deadline)
+        finally:
+            for handle in handles:
+                try:
+                    self._agent.release_xfer_handle(handle)
+                except Exception as exc:  # an aborted in-flight request; NIXL keeps it for later
+                    log.warning("nixl: releasing a transfer to %r failed: %s", peer, exc)
+        if message is not None and not inline:
+            self._agent.send_notif(peer, message.encode())
+
+    def _descriptors(
+        self, endpoint: TransferEndpoint, spans: list[RowSpan]
+    ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+        """``(local mem type, remote mem type) -> (local, remote)`` ``[n, 3]`` uint64 descriptor
+        arrays of ``(address, bytes, device id)``, one row per span."""
+        rows: dict[tuple[str, str], tuple[list, list]] = {}
+        for span in spans:
+            local, remote = self._regions[span.region], endpoint.region(span.region)
+            nbytes = span.count * local.row_bytes
+            local_list, remote_list = rows.setdefault((local.mem_type, remote.mem_type), ([], []))
+            local_list.append((local.base_addr + span.local_row * local.row_bytes, nbytes, local.device_id))
+            remote_list.append(
+                (remote.base_addr + span.remote_row * remote.row_bytes, nbytes, remote.device_id)
+            )
+        return {
+            key: (np.array(local, dtype=np.uint64), np.array(remote, dtype=np.uint64))
+            for key, (local, remote) in rows.items()
+        }
+
+    def _wait(self, handles: list, peer: str, deadline: float) -> None:
+        pending, polls = list(handles), 0
+        while pending:
+            still = []
+            for handle in pending:
+                state = self._agent.check_xfer_state(handle)
+                if state == "ERR":
+                    raise TransferError(f"nixl: the write to peer {peer!r} failed (transfer state ERR)")
+                if state != "DONE":
+                    still.append(handle)
+            pending = still
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                raise TransferError(f"nixl: the write to peer {peer!r} did not complete before its timeout")
+            polls += 1
+            if polls > _SPIN_POLLS:
+                time.sleep(_POLL_SLEEP_S)
+
+    def _poll(self) -> list[Notification]:
+        notifs = self._agent.get_new_notifs()
+        return [
+            Notification(peer.decode() if isinstance(peer, bytes) else peer, message.decode())
+            for peer, messages in notifs.items()
+            for message in messages
+        ]
+
+    def _close(self) -> None:
+        for region, descs in self._reg_descs.items():
+            try:
+                self._agent.deregister_memory(descs)
+            except Exception as exc:
+                log.warning("nixl: deregistering region %r failed: %s", region, exc)
+        self._reg_descs.clear()
+        self._agent = None
