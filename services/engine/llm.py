@@ -70,8 +70,11 @@ class LLM:
         encoded = [self._encode(prompt, index) for index, prompt in enumerate(batch)]
         requests = []
         try:
-            for ids, sampling in zip(encoded, per_prompt, strict=True):
-                requests.append(self.engine.add_request(ids, sampling, tenant=tenant))
+            for index, (ids, sampling) in enumerate(zip(encoded, per_prompt, strict=True)):
+                try:
+                    requests.append(self.engine.add_request(ids, sampling, tenant=tenant))
+                except ValueError as error:
+                    raise ValueError(f"prompts[{index}].{error}") from None
         except ValueError:
             for request in requests:
                 self.engine.abort(request.request_id)
@@ -98,11 +101,6 @@ class LLM:
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         if not _is_ids(prompt):
             raise ValueError(f"prompts[{index}]: expected text or a list of token ids")
-        vocab = self.engine.model.config.vocab_size
-        for position, token in enumerate(prompt):
-            if not 0 <= token < vocab:
-                where = f"prompts[{index}].prompt_ids: id {token} at position {position}"
-                raise ValueError(f"{where} is outside the vocabulary [0, {vocab})")
         return list(prompt)
 
     def _detokenizer(self) -> IncrementalDetokenizer | None:
