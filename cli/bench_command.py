@@ -1,4 +1,5 @@
-"""``baton bench``: ``engine`` (throughput against naive recompute) and ``kv-format`` (FP8 KV error)."""
+"""``baton bench``: ``engine`` (throughput against naive recompute), ``kv-format`` (FP8 KV error) and
+``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy)."""
 
 import argparse
 import json
@@ -12,6 +13,10 @@ from services.engine.benchmark.engine_bench import format_table, run_engine_benc
 from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.loader import load_model
+from services.transfer import known_backends
+from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidth
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -45,6 +50,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     kv.add_argument("--prompts", type=int, default=4, help="random prompts (default 4)")
     kv.add_argument("--length", type=int, default=256, help="tokens per prompt (default 256)")
     kv.set_defaults(run=run_kv_format)
+    transfer = kinds.add_parser(
+        "transfer", help="transfer backends' GB/s between two processes vs an in-memory copy"
+    )
+    transfer.add_argument(
+        "--sizes",
+        default="64K,256K,1M,4M,16M,64M",
+        help="comma-separated block sizes, K/M/G = KiB/MiB/GiB (default 64K,256K,1M,4M,16M,64M)",
+    )
+    transfer.add_argument(
+        "--backends", default="nixl,grpc_bytes", help="comma-separated backends (default nixl,grpc_bytes)"
+    )
+    transfer.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    transfer.set_defaults(run=run_transfer)
 
 
 def _positive_list(text: str, flag: str) -> list[int]:
@@ -98,4 +116,59 @@ def run_kv_format(args: argparse.Namespace) -> int:
     print(f"KV format: FP8 against {args.dtype} blocks, {model.config.family}, {report.tokens} tokens")
     for name, value in asdict(report).items():
         print(f"  {name:<28} {value if value is None or isinstance(value, int) else f'{value:.4f}'}")
+    return 0
+
+
+def _size_list(text: str, flag: str) -> list[int]:
+    """``"64K,1M"`` -> ``[65536, 1048576]`` (binary units)."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().upper().removesuffix("B").removesuffix("I")
+        digits, unit = (part[:-1], part[-1]) if part[-1:] in ("K", "M", "G") else (part, "")
+        if not digits.isdigit() or int(digits) < 1:
+            raise ValueError(f"{flag}: expected comma-separated sizes like 64K,1M,16M, got {text!r}")
+        sizes.append(int(digits) * _SIZE_UNITS[unit])
+    return sizes
+
+
+def _size_name(size: int) -> str:
+    for unit in ("G", "M", "K"):
+        if size % _SIZE_UNITS[unit] == 0:
+            return f"{size // _SIZE_UNITS[unit]} {unit}iB"
+    return f"{size} B"
+
+
+def run_transfer(args: argparse.Namespace) -> int:
+    sizes = _size_list(args.sizes, "--sizes")
+    backends = [name.strip() for name in args.backends.split(",")]
+    unknown = [name for name in backends if name not in known_backends()]
+    if unknown or len(set(backends)) != len(backends):
+        raise ValueError(
+            f"--backends: expected distinct names from {known_backends()}, got {args.backends!r}"
+        )
+    measured = {name: measure_bandwidth(sizes, name) for name in backends}
+    limits = measure_copy_bandwidth(sizes)  # timed alone, after the receivers have stopped
+    rows = []
+    for index, size in enumerate(sizes):
+        copy = limits[index]
+        row = {"size_bytes": size, "copy_gbps": copy}
+        for name in backends:
+            row[f"{name}_gbps"] = measured[name][index]["transfer_gbps"]
+            row[f"{name}_vs_copy"] = row[f"{name}_gbps"] / copy
+        if len(backends) == 2:
+            first, second = backends
+            row[f"{first}_vs_{second}"] = row[f"{first}_gbps"] / row[f"{second}_gbps"]
+        rows.append(row)
+    print("transfer benchmark: one row per write, sender -> a second process on this host, median GB/s")
+    columns = [f"{name} GB/s" for name in backends] + ["copy GB/s"]
+    columns += [f"{name}/copy" for name in backends]
+    columns += [f"{backends[0]}/{backends[1]}"] if len(backends) == 2 else []
+    print(f"{'size':>8} " + " ".join(f"{column:>17}" for column in columns))
+    for row in rows:
+        values = [row[f"{name}_gbps"] for name in backends] + [row["copy_gbps"]]
+        values += [row[f"{name}_vs_copy"] for name in backends]
+        values += [row[f"{backends[0]}_vs_{backends[1]}"]] if len(backends) == 2 else []
+        print(f"{_size_name(row['size_bytes']):>8} " + " ".join(f"{value:>17.3f}" for value in values))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

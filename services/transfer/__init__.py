@@ -8,8 +8,10 @@ request id, which the receiver sees as a ``Notification`` once the bytes have la
 - ``backend.py``: the ``TransferBackend`` interface and its checks, ``TransferStats``, ``Notification``.
 - ``row_plan.py``: validating row pairs and coalescing them into spans (one descriptor per run).
 - ``nixl_backend.py``: the NIXL (UCX) backend, host (``DRAM``) or GPU (``VRAM``) memory.
-- ``registry.py``: ``make_backend(name)``.
-- ``bandwidth.py``: ``measure_bandwidth``, NIXL writes between two processes vs an in-process copy.
+- ``grpc_bytes_backend.py``: plain bytes over a gRPC stream: the explicit fallback and the baseline.
+- ``registry.py``: ``make_backend(name)`` (``nixl``, ``grpc_bytes``).
+- ``bandwidth.py``: ``measure_bandwidth`` (a backend's writes between two processes) and
+  ``measure_copy_bandwidth`` (the in-process copy that is the limit).
 """
 
 from .backend import BLOCKS, STATE, Notification, TransferBackend, TransferStats

@@ -1,8 +1,9 @@
-"""Transfer bandwidth: NIXL writes into a second process against an in-process ``torch`` copy.
+"""Transfer bandwidth: a backend's writes into a second process against an in-process ``torch`` copy.
 
 The in-process copy of the same bytes is the limit a host-to-host transfer can approach; the ratio
-says how close NIXL gets (``baton bench transfer`` prints it). Each size is one contiguous row, so
-this measures one descriptor per write, including the per-write request setup a handoff pays.
+says how close a backend (NIXL, gRPC bytes) gets (``baton bench transfer`` prints it). Each size
+is one contiguous row, so this measures one descriptor per write, including the per-write request
+setup a handoff pays.
 """
 
 import multiprocessing
@@ -72,6 +73,20 @@ def measure_bandwidth(sizes_bytes: list[int], backend: str = "nixl", timeout_s: 
             return results
     finally:
         _stop(parent, receiver)
+
+
+def measure_copy_bandwidth(sizes_bytes: list[int]) -> list[float]:
+    """GB/s of a plain in-process copy per size, timed with no receiver running (the machine's limit).
+
+    Copies timed inside ``measure_bandwidth`` share the cores with the receiver process and its
+    threads; on a 2-core host that made them unreliable, so the benchmark's limit column uses this.
+    """
+    rates = []
+    for size in sizes_bytes:
+        iters = max(_MIN_ITERS, min(_MAX_ITERS, _TARGET_BYTES // size))
+        source = torch.randint(0, 256, (1, size), dtype=torch.uint8)
+        rates.append(size / _time_copy(source, iters) / 1e9)
+    return rates
 
 
 def _time_copy(source: torch.Tensor, iters: int) -> float:

@@ -1,8 +1,9 @@
 """Transfer backends by name (``make_backend("nixl")``).
 
 Each entry imports its backend lazily, so choosing one backend never imports another's library.
-To add a backend (for example ``"grpc_bytes"``, which sends row bytes inside the gRPC call for
-machines without RDMA), subclass ``TransferBackend`` in its own module and add one factory below.
+``"nixl"`` does one-sided RDMA-style writes; ``"grpc_bytes"`` sends row bytes inside a gRPC call
+(machines without RDMA, and the baseline NIXL is measured against). To add a backend, subclass
+``TransferBackend`` in its own module and add one factory below.
 """
 
 from collections.abc import Callable
@@ -16,7 +17,14 @@ def _make_nixl(agent_name: str | None) -> TransferBackend:
     return NixlBackend(agent_name)
 
 
+def _make_grpc_bytes(agent_name: str | None) -> TransferBackend:
+    from .grpc_bytes_backend import GrpcBytesBackend
+
+    return GrpcBytesBackend(agent_name)
+
+
 _FACTORIES: dict[str, Callable[[str | None], TransferBackend]] = {
+    "grpc_bytes": _make_grpc_bytes,
     "nixl": _make_nixl,
 }
 

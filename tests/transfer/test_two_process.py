@@ -1,4 +1,5 @@
-"""NIXL writes from this process (prefill) into a spawned receiver process (decode), byte-exact.
+"""Writes from this process (prefill) into a spawned receiver process (decode), byte-exact, for
+every transfer backend (``nixl`` and ``grpc_bytes`` run the same scenarios).
 
 The receiver's pools are filled with a position-dependent sentinel before each write, so a row
 written to the wrong place, a partial row, or a stray byte anywhere shows in the comparison.
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.transfer import BLOCKS, STATE, Notification, TransferError, make_backend
+from services.transfer import BLOCKS, STATE, Notification, TransferError, known_backends, make_backend
 from services.transfer.bandwidth import measure_bandwidth
 from tests.transfer.receiver_peer import (
     BLOCK_BYTES,
@@ -25,9 +26,14 @@ from tests.transfer.receiver_peer import (
 SENDER = "prefill-test"
 
 
+@pytest.fixture(scope="module", params=known_backends())
+def backend_name(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def receiver():
-    peer = ReceiverPeer(agent_name="decode-test")
+def receiver(backend_name):
+    peer = ReceiverPeer(backend_name, agent_name="decode-test")
     try:
         yield peer
     finally:
@@ -35,12 +41,12 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def sender(receiver):
+def sender(backend_name, receiver):
     blocks, slots = make_pools()
     generator = torch.Generator().manual_seed(0)
     for storage in (blocks.storage, slots.storage):
         storage.copy_(torch.randint(0, 256, storage.shape, dtype=torch.uint8, generator=generator))
-    backend = make_backend("nixl", SENDER)
+    backend = make_backend(backend_name, SENDER)
     backend.register(BLOCKS, blocks.storage)
     backend.register(STATE, slots.storage)
     backend.connect(receiver.call("endpoint"))
@@ -123,9 +129,9 @@ def test_unknown_peer_and_missing_notification(receiver, sender):
 
 
 @pytest.mark.parametrize("dies", ["before-connect", "after-connect"])
-def test_dead_peer_fails_within_timeout(sender, dies):
+def test_dead_peer_fails_within_timeout(backend_name, sender, dies):
     backend, _, _ = sender
-    peer = ReceiverPeer(agent_name=f"decode-dead-{dies}")
+    peer = ReceiverPeer(backend_name, agent_name=f"decode-dead-{dies}")
     try:
         endpoint = peer.call("endpoint")
         if dies == "after-connect":
@@ -144,9 +150,10 @@ def test_dead_peer_fails_within_timeout(sender, dies):
         peer.close()
 
 
-def test_measure_bandwidth_reports_both_paths():
-    results = measure_bandwidth([4096, 1 << 20])
+def test_measure_bandwidth_reports_both_paths(backend_name):
+    results = measure_bandwidth([4096, 1 << 20], backend_name)
     assert [r["size_bytes"] for r in results] == [4096, 1 << 20]
     for result in results:
+        assert result["backend"] == backend_name
         assert result["transfer_gbps"] > 0 and result["memcpy_gbps"] > 0
         assert result["ratio"] == pytest.approx(result["transfer_gbps"] / result["memcpy_gbps"])
