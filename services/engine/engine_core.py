@@ -1,5 +1,6 @@
 """The engine loop: admit requests, schedule a step, run it, apply the results."""
 
+import dataclasses
 import hashlib
 import itertools
 from pathlib import Path
@@ -71,6 +72,13 @@ class EngineCore:
         Raises:
             ValueError: an out-of-vocabulary id, an empty prompt or one that can never fit.
         """
+        request = self._new_request(prompt_ids, params, request_id, tenant, adapter)
+        self.scheduler.add(request)
+        return request
+
+    def _new_request(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None, tenant: str, adapter: str
+    ) -> Request:
         vocab = self.model.config.vocab_size
         for position, token in enumerate(prompt_ids):
             if not isinstance(token, int) or not 0 <= token < vocab:
@@ -84,6 +92,29 @@ class EngineCore:
             stop_ids=frozenset(self.model.config.eos_token_ids),
             cache_root=chain_root(self.model_fingerprint, adapter, tenant),
         )
+        return request
+
+    def reserve(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, tenant: str = ""
+    ) -> Request:
+        """Decode side of a handoff: hold room for the prompt's state (see ``services.engine.handoff``).
+
+        Raises:
+            ValueError: a bad request (as ``add_request``).
+            NoCapacity: nothing free right now.
+        """
+        request = self._new_request(prompt_ids, params, request_id, tenant, "")
+        self.scheduler.reserve(request)
+        return request
+
+    def add_prefill_only(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, tenant: str = ""
+    ) -> Request:
+        """Prefill side of a handoff: compute the prompt and its first token, keep the cache until
+        ``release_held``. ``params`` are the request's own (its seed and logprob settings apply)."""
+        first_only = dataclasses.replace(params, max_tokens=1, stop=(), stop_token_ids=())
+        request = self._new_request(prompt_ids, first_only, request_id, tenant, "")
+        request.hold_cache = True
         self.scheduler.add(request)
         return request
 

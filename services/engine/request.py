@@ -8,7 +8,9 @@ from services.engine.sampling import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    RESERVED = "reserved"  # decode side: room held, prompt state being written by a prefill worker
     RUNNING = "running"
+    HELD = "held"  # prefill side: finished, cache kept until its state has been sent
     FINISHED = "finished"
 
 
@@ -42,6 +44,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered: int = 0  # leading blocks registered in the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    hold_cache: bool = False  # prefill side: keep blocks and slot after finishing, for the handoff
 
     @property
     def all_ids(self) -> list[int]:

@@ -9,7 +9,7 @@ recompute its tokens; nothing is lost. ``update()`` applies the sampled tokens a
 from collections import deque
 from dataclasses import dataclass
 
-from .cache_manager import CacheManager
+from .cache_manager import CacheManager, PrefixHit
 from .request import FinishReason, Request, RequestStatus
 
 
@@ -46,8 +46,12 @@ class SampledToken:
     top_logprobs: list[tuple[int, float]] | None
 
 
+class NoCapacity(RuntimeError):
+    """A handoff reservation cannot be made now (no seat, blocks or state slot free)."""
+
+
 class Scheduler:
-    """Owns the waiting queue and the running set.
+    """Owns the waiting queue and the running set (and, for handoffs, reserved and held requests).
 
     Args:
         cache: per-request block and slot accounting.
@@ -65,6 +69,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.reserved: dict[str, Request] = {}  # decode side: waiting for their prompt's state
+        self.held: dict[str, Request] = {}  # prefill side: finished, cache kept for the handoff
         self.requests: dict[str, Request] = {}
 
     def add(self, request: Request) -> None:
@@ -73,6 +79,49 @@ class Scheduler:
         Raises:
             ValueError: duplicate id, empty prompt, or a request that can never fit the cache.
         """
+        self._validate(request)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def reserve(self, request: Request) -> None:
+        """Decode side of a handoff: hold blocks for the prompt and a slot, for a prefill worker to fill.
+
+        Raises:
+            ValueError: as ``add``.
+            NoCapacity: no seat, blocks or slot free right now (the router may try elsewhere).
+        """
+        self._validate(request)
+        hit = PrefixHit()
+        seats = len(self.running) + len(self.reserved)
+        if seats >= self.max_num_seqs or not self.cache.can_admit(request, hit, request.num_tokens):
+            raise NoCapacity(f"no room to reserve {request.num_tokens} tokens and a state slot")
+        self.cache.admit(request, hit, request.num_tokens)
+        request.status = RequestStatus.RESERVED
+        self.requests[request.request_id] = request
+        self.reserved[request.request_id] = request
+
+    def complete_reserved(self, request_id: str, first: SampledToken) -> Request:
+        """The prompt's state has arrived: the request decodes from ``first``, the prefill's token.
+
+        Raises:
+            KeyError: no such reserved request (aborted meanwhile, or never reserved).
+        """
+        request = self.reserved.pop(request_id)
+        request.num_computed = request.num_tokens
+        self.cache.record_progress(request)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._append_sample(request, first)
+        return request
+
+    def release_held(self, request_id: str) -> None:
+        """Prefill side: the handoff is done (or abandoned); free the kept cache."""
+        request = self.held.pop(request_id)
+        self.cache.record_end(request)
+        self.cache.release(request)
+        request.status = RequestStatus.FINISHED
+
+    def _validate(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id: {request.request_id!r} is already in flight")
         if not request.prompt_ids:
@@ -88,8 +137,6 @@ class Scheduler:
                 f"prompt + max_tokens: {longest} tokens exceed the whole cache "
                 f"({self.cache.total_tokens()} tokens); shorten the request or grow the cache"
             )
-        self.requests[request.request_id] = request
-        self.waiting.append(request)
 
     def abort(self, request_id: str) -> Request | None:
         """Cancel a request wherever it is; its cache is freed at once. Unknown ids are ignored."""
@@ -101,7 +148,7 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.reserved or self.held)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
@@ -154,19 +201,21 @@ class Scheduler:
                 continue  # aborted while the step ran
             request.num_computed = chunk.past + len(chunk.token_ids)
             self.cache.record_progress(request)
-            if not chunk.samples:
-                continue
-            token = sampled[chunk.request_id]
-            request.output_ids.append(token.token_id)
-            if token.logprob is not None:
-                request.logprobs.append(token.logprob)
-            if token.top_logprobs is not None:
-                request.top_logprobs.append(token.top_logprobs)
-            reason = self._stop_reason(request, token.token_id)
-            if reason is not None:
-                self._finish(request, reason)
+            if chunk.samples and self._append_sample(request, sampled[chunk.request_id]):
                 finished.append(request)
         return finished
+
+    def _append_sample(self, request: Request, token: SampledToken) -> bool:
+        """Record a sampled token; finish the request if it stops here. Returns whether it did."""
+        request.output_ids.append(token.token_id)
+        if token.logprob is not None:
+            request.logprobs.append(token.logprob)
+        if token.top_logprobs is not None:
+            request.top_logprobs.append(token.top_logprobs)
+        reason = self._stop_reason(request, token.token_id)
+        if reason is not None:
+            self._finish(request, reason)
+        return reason is not None
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         params = request.params
@@ -210,8 +259,14 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        self.reserved.pop(request.request_id, None)
+        request.finish_reason = reason
+        self.requests.pop(request.request_id, None)
+        if request.hold_cache and reason is not FinishReason.ABORT:
+            request.status = RequestStatus.HELD
+            self.held[request.request_id] = request
+            return
+        self.held.pop(request.request_id, None)
         self.cache.record_end(request)
         self.cache.release(request)
         request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        self.requests.pop(request.request_id, None)
