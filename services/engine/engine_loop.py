@@ -1,0 +1,118 @@
+"""Runs an ``EngineCore`` on its own thread, so servers can talk to it from many threads.
+
+The engine is single-threaded by design (STYLE: state changes only in the call that commits them).
+Every change goes through ``call(fn)``, which runs ``fn(engine)`` on the loop thread between steps;
+the loop steps the engine while it has work and publishes each request's new tokens to whoever
+``watch``es it::
+
+    server threads ── call(reserve / add / abort) ──► [loop thread: commands, then step()] ──► watchers
+"""
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from .engine_core import EngineCore
+from .request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one request gained in one step; ``finish_reason`` is set on its last delta."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+class EngineLoop:
+    """A background thread owning one engine.
+
+    Args:
+        engine: the engine; from now on only the loop thread touches it.
+        idle_wait_s: how long the idle loop sleeps before looking for work again.
+    """
+
+    def __init__(self, engine: EngineCore, idle_wait_s: float = 0.05):
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self._commands: queue.Queue = queue.Queue()
+        self._watchers: dict[str, queue.Queue] = {}
+        self._sent: dict[str, int] = {}  # tokens already published per watched request
+        self._watched: dict[str, Request] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[[EngineCore], Any], timeout_s: float | None = 30.0) -> Any:
+        """Run ``fn(engine)`` on the loop thread and return its result (or raise its exception)."""
+        future: Future = Future()
+        self._commands.put((fn, future))
+        return future.result(timeout=timeout_s)
+
+    def watch(self, request: Request) -> "queue.Queue[RequestDelta]":
+        """Deltas of ``request`` from now on (call from the loop thread, inside ``call``)."""
+        stream: queue.Queue = queue.Queue()
+        self._watchers[request.request_id] = stream
+        self._sent[request.request_id] = 0
+        self._watched[request.request_id] = request
+        return stream
+
+    def close(self) -> None:
+        self._stop.set()
+        self._commands.put(None)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        scheduler = self.engine.scheduler
+        while not self._stop.is_set():
+            self._drain_commands(block=not (scheduler.waiting or scheduler.running))
+            if scheduler.waiting or scheduler.running:
+                self.engine.step()
+            self._publish()
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            item = self._commands.get(timeout=self.idle_wait_s) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while item is not None:
+            fn, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(self.engine))
+                except Exception as error:  # handed to the caller, who maps it to a status
+                    future.set_exception(error)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _publish(self) -> None:
+        for request_id, stream in list(self._watchers.items()):
+            request = self._watched[request_id]
+            sent = self._sent[request_id]
+            finished = request.status is RequestStatus.FINISHED
+            if len(request.output_ids) == sent and not finished:
+                continue
+            stream.put(
+                RequestDelta(
+                    request_id=request_id,
+                    token_ids=tuple(request.output_ids[sent:]),
+                    logprobs=tuple(request.logprobs[sent:]),
+                    top_logprobs=tuple(tuple(t) for t in request.top_logprobs[sent:]),
+                    finish_reason=request.finish_reason.value if finished and request.finish_reason else None,
+                    num_prompt_tokens=len(request.prompt_ids),
+                    num_cached_tokens=request.num_cached_tokens,
+                )
+            )
+            self._sent[request_id] = len(request.output_ids)
+            if finished:
+                del self._watchers[request_id], self._sent[request_id], self._watched[request_id]
