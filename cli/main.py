@@ -4,9 +4,23 @@ import argparse
 import logging
 import sys
 
-from . import bench_command, capacity_command, checkpoint_command, generate_command, logits_command
+from . import (
+    bench_command,
+    capacity_command,
+    checkpoint_command,
+    generate_command,
+    logits_command,
+    worker_command,
+)
 
-SUBCOMMANDS = (checkpoint_command, logits_command, generate_command, capacity_command, bench_command)
+SUBCOMMANDS = (
+    checkpoint_command,
+    logits_command,
+    generate_command,
+    capacity_command,
+    bench_command,
+    worker_command,
+)
 
 
 class UsageError(Exception):

@@ -8,6 +8,7 @@ the loop steps the engine while it has work and publishes each request's new tok
     server threads ── call(reserve / add / abort) ──► [loop thread: commands, then step()] ──► watchers
 """
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -18,10 +19,13 @@ from typing import Any
 from .engine_core import EngineCore
 from .request import Request, RequestStatus
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RequestDelta:
-    """What one request gained in one step; ``finish_reason`` is set on its last delta."""
+    """What one request gained in one step; ``finish_reason`` is set on its last delta (finished, or
+    held for a handoff)."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -29,6 +33,7 @@ class RequestDelta:
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
     finish_reason: str | None
     num_prompt_tokens: int
+    num_generated_tokens: int  # all tokens generated so far, these included
     num_cached_tokens: int
 
 
@@ -74,8 +79,13 @@ class EngineLoop:
         scheduler = self.engine.scheduler
         while not self._stop.is_set():
             self._drain_commands(block=not (scheduler.waiting or scheduler.running))
-            if scheduler.waiting or scheduler.running:
-                self.engine.step()
+            try:
+                if scheduler.waiting or scheduler.running:
+                    self.engine.step()
+            except Exception:  # a failed step must not stop the server: fail its requests instead
+                log.exception("engine step failed; aborting the requests it carried")
+                for request in list(scheduler.waiting) + list(scheduler.running):
+                    self.engine.abort(request.request_id)
             self._publish()
 
     def _drain_commands(self, block: bool) -> None:
@@ -99,7 +109,7 @@ class EngineLoop:
         for request_id, stream in list(self._watchers.items()):
             request = self._watched[request_id]
             sent = self._sent[request_id]
-            finished = request.status is RequestStatus.FINISHED
+            finished = request.status in (RequestStatus.FINISHED, RequestStatus.HELD)
             if len(request.output_ids) == sent and not finished:
                 continue
             stream.put(
@@ -110,6 +120,7 @@ class EngineLoop:
                     top_logprobs=tuple(tuple(t) for t in request.top_logprobs[sent:]),
                     finish_reason=request.finish_reason.value if finished and request.finish_reason else None,
                     num_prompt_tokens=len(request.prompt_ids),
+                    num_generated_tokens=len(request.output_ids),
                     num_cached_tokens=request.num_cached_tokens,
                 )
             )

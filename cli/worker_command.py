@@ -1,0 +1,56 @@
+"""``baton worker``: run one prefill or decode worker process (the launcher starts these)."""
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from services.engine.engine_config import EngineConfig
+from services.worker_server import ROLES, WorkerConfig, WorkerServer
+
+from .arguments import DTYPES
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("worker", help="run one prefill or decode worker (gRPC)")
+    parser.add_argument("--role", required=True, choices=ROLES)
+    parser.add_argument("--model", required=True, type=Path, help="checkpoint folder")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="listen port (default 0: any free port)")
+    parser.add_argument("--name", default="", help="worker name in routes and stats")
+    parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    parser.add_argument("--batch-invariant", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    engine = EngineConfig(
+        model=str(args.model),
+        device=args.device,
+        dtype=args.dtype,
+        batch_invariant=args.batch_invariant,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+    )
+    config = WorkerConfig(
+        role=args.role,
+        engine=engine,
+        name=args.name,
+        host=args.host,
+        port=args.port,
+        transfer_backend=args.transfer_backend,
+    )
+    server = WorkerServer(config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"READY role={args.role} name={server.name} port={server.port}", flush=True)
+    stop.wait()
+    server.stop()
+    return 0

@@ -1,0 +1,59 @@
+"""``PrefillWorker`` gRPC servicer: prefill, hand the state to decode over the transfer backend."""
+
+from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
+from services.engine.engine_loop import EngineLoop
+from services.engine.handoff import send_state
+from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling_from_pb
+from services.transfer.inbox import SharedTransfer
+
+from ..worker_stats import worker_stats
+
+
+class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
+    """Args: the worker's name, its engine loop, and its transfer backend (pools registered)."""
+
+    def __init__(self, name: str, loop: EngineLoop, transfer: SharedTransfer, step_timeout_s: float = 300.0):
+        self.name = name
+        self.loop = loop
+        self.transfer = transfer
+        self.step_timeout_s = step_timeout_s
+
+    def Prefill(self, request, context):
+        reservation = reservation_from_pb(request.reservation)
+        endpoint = endpoint_from_pb(request.endpoint)
+        if endpoint.backend != self.transfer.name:
+            raise ValueError(
+                f"endpoint.backend: {endpoint.backend!r}, but this worker uses {self.transfer.name!r}"
+            )
+        params = sampling_from_pb(request.sampling)
+        prompt, request_id = list(request.prompt_ids), reservation.request_id
+        stream = self.loop.call(
+            lambda engine: self.loop.watch(
+                engine.add_prefill_only(prompt, params, request_id, request.tenant)
+            )
+        )
+        deltas = [stream.get(timeout=self.step_timeout_s)]
+        while deltas[-1].finish_reason is None:
+            deltas.append(stream.get(timeout=self.step_timeout_s))
+        if deltas[-1].finish_reason == "abort":
+            raise ValueError(f"request {request_id!r} was aborted during prefill")
+        held = self.loop.call(lambda engine: engine.scheduler.held[request_id])
+        try:
+            peer = self.transfer.connect(endpoint)
+            stats = send_state(self.transfer, peer, held, reservation)
+        finally:
+            self.loop.call(lambda engine: engine.scheduler.release_held(request_id))
+        response = workers_pb2.PrefillResponse(
+            first_token_id=held.output_ids[0],
+            transfer_bytes=stats.nbytes,
+            transfer_seconds=stats.seconds,
+            cached_tokens=held.num_cached_tokens,
+        )
+        if held.logprobs:
+            response.first_logprob = held.logprobs[0]
+        for token_id, logprob in held.top_logprobs[0] if held.top_logprobs else ():
+            response.first_top_logprobs.append(generation_pb2.TopLogprob(token_id=token_id, logprob=logprob))
+        return response
+
+    def Stats(self, request, context):
+        return self.loop.call(lambda engine: worker_stats(self.name, engine))

@@ -1,0 +1,102 @@
+"""Protobuf <-> domain conversions (``from_pb`` / ``to_pb``) for the servicers."""
+
+from proto.baton.v1 import generation_pb2, workers_pb2
+from services.engine.engine_loop import RequestDelta
+from services.engine.handoff import Reservation
+from services.engine.sampling import SamplingParams
+from services.transfer import RegionInfo, TransferEndpoint
+
+_FINISH = {
+    "stop": generation_pb2.FINISH_REASON_STOP,
+    "length": generation_pb2.FINISH_REASON_LENGTH,
+    "abort": generation_pb2.FINISH_REASON_ABORT,
+}
+
+
+def sampling_from_pb(message: generation_pb2.SamplingParameters) -> SamplingParams:
+    """``SamplingParameters`` -> ``SamplingParams``; a bad value raises ValueError naming
+    ``sampling.<field>``. Zero ``max_tokens`` and ``top_p`` mean the defaults (16 and 1)."""
+    try:
+        return SamplingParams(
+            max_tokens=message.max_tokens or 16,
+            temperature=message.temperature,
+            top_p=message.top_p or 1.0,
+            top_k=message.top_k,
+            min_p=message.min_p,
+            seed=message.seed if message.HasField("seed") else None,
+            stop=tuple(message.stop),
+            stop_token_ids=tuple(message.stop_token_ids),
+            ignore_eos=message.ignore_eos,
+            logprobs=message.logprobs if message.HasField("logprobs") else None,
+        )
+    except ValueError as error:
+        raise ValueError(f"sampling.{error}") from None
+
+
+def delta_to_pb(delta: RequestDelta) -> generation_pb2.GenerateResponse:
+    message = generation_pb2.GenerateResponse(
+        request_id=delta.request_id,
+        token_ids=delta.token_ids,
+        logprobs=delta.logprobs,
+        top_logprobs=[_top_to_pb(top) for top in delta.top_logprobs],
+    )
+    if delta.finish_reason is not None:
+        message.finish_reason = _FINISH[delta.finish_reason]
+        message.usage.prompt_tokens = delta.num_prompt_tokens
+        message.usage.completion_tokens = delta.num_generated_tokens
+        message.usage.cached_tokens = delta.num_cached_tokens
+    return message
+
+
+def _top_to_pb(top) -> generation_pb2.TokenLogprobs:
+    return generation_pb2.TokenLogprobs(
+        top=[generation_pb2.TopLogprob(token_id=t, logprob=p) for t, p in top]
+    )
+
+
+def endpoint_to_pb(endpoint: TransferEndpoint) -> workers_pb2.TransferEndpoint:
+    return workers_pb2.TransferEndpoint(
+        backend=endpoint.backend,
+        agent_name=endpoint.agent_name,
+        metadata=endpoint.metadata,
+        regions=[
+            workers_pb2.TransferRegion(
+                name=r.name,
+                base_address=r.base_addr,
+                row_bytes=r.row_bytes,
+                num_rows=r.num_rows,
+                mem_type=r.mem_type,
+                device_id=r.device_id,
+            )
+            for r in endpoint.regions
+        ],
+    )
+
+
+def endpoint_from_pb(message: workers_pb2.TransferEndpoint) -> TransferEndpoint:
+    regions = tuple(
+        RegionInfo(
+            name=r.name,
+            base_addr=r.base_address,
+            row_bytes=r.row_bytes,
+            num_rows=r.num_rows,
+            mem_type=r.mem_type,
+            device_id=r.device_id,
+        )
+        for r in message.regions
+    )
+    return TransferEndpoint(
+        backend=message.backend, agent_name=message.agent_name, metadata=message.metadata, regions=regions
+    )
+
+
+def reservation_to_pb(reservation: Reservation) -> workers_pb2.CacheReservation:
+    return workers_pb2.CacheReservation(
+        request_id=reservation.request_id, block_ids=reservation.block_ids, slot=reservation.slot
+    )
+
+
+def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
+    if not message.request_id:
+        raise ValueError("reservation.request_id: required")
+    return Reservation(message.request_id, tuple(message.block_ids), message.slot)

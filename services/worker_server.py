@@ -1,0 +1,83 @@
+"""Starts a prefill or decode worker: engine loop, transfer backend, gRPC server with health checks."""
+
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from proto.baton.v1 import workers_pb2_grpc
+from services.engine.engine_config import EngineConfig
+from services.engine.engine_core import EngineCore
+from services.engine.engine_loop import EngineLoop
+from services.engine.handoff import register_pools
+from services.rpc.errors import ErrorInterceptor
+from services.transfer import make_backend
+from services.transfer.inbox import SharedTransfer
+
+from .decode.servicer import DecodeServicer
+from .prefill.servicer import PrefillServicer
+
+ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker process: its role, where it listens, its transfer backend and its engine."""
+
+    role: str
+    engine: EngineConfig
+    name: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: the OS picks a free port (``WorkerServer.port`` tells which)
+    transfer_backend: str = "nixl"
+    max_workers: int = 16
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+
+
+class WorkerServer:
+    """A running worker. ``stop()`` drains nothing yet: in-flight calls are cancelled."""
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.name = config.name or f"{config.role}-{config.port}"
+        self.loop = EngineLoop(EngineCore(config.engine))
+        backend = make_backend(config.transfer_backend)
+        register_pools(backend, self.loop.engine.cache)
+        self.transfer = SharedTransfer(backend)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.max_workers), interceptors=[ErrorInterceptor()]
+        )
+        if config.role == "decode":
+            workers_pb2_grpc.add_DecodeWorkerServicer_to_server(
+                DecodeServicer(self.name, self.loop, self.transfer), self.server
+            )
+            service = "baton.v1.DecodeWorker"
+        else:
+            workers_pb2_grpc.add_PrefillWorkerServicer_to_server(
+                PrefillServicer(self.name, self.loop, self.transfer), self.server
+            )
+            service = "baton.v1.PrefillWorker"
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (service, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        if self.port == 0:
+            raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
+        self.server.start()
+        for name in ("", service):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.service = service
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        self.transfer.close()
+        self.loop.close()

@@ -1,0 +1,17 @@
+"""A worker's load as the router sees it (``WorkerStats``), read on the engine loop thread."""
+
+from proto.baton.v1 import workers_pb2
+from services.engine.engine_core import EngineCore
+
+
+def worker_stats(name: str, engine: EngineCore) -> workers_pb2.WorkerStats:
+    scheduler, cache = engine.scheduler, engine.cache
+    return workers_pb2.WorkerStats(
+        worker=name,
+        running=len(scheduler.running) + len(scheduler.reserved),
+        waiting=len(scheduler.waiting),
+        free_blocks=cache.blocks.num_free,
+        total_blocks=cache.blocks.num_blocks,
+        free_slots=cache.slots.num_free,
+        total_slots=cache.slots.num_slots,
+    )

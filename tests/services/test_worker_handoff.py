@@ -1,0 +1,112 @@
+"""Real prefill and decode worker processes: gRPC calls, NIXL handoff, tokens equal the offline engine."""
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
+from services.engine import LLM, SamplingParams
+from tests.services.workers import WorkerProcess
+
+PROMPT = list(range(30, 71))
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_checkpoint):
+    model = tiny_checkpoint("k3")
+    decode = WorkerProcess("decode", model, "--batch-invariant", "--dtype", "float32")
+    try:
+        prefill = WorkerProcess("prefill", model, "--batch-invariant", "--dtype", "float32")
+    except Exception:
+        decode.stop()
+        raise
+    channels = [grpc.insecure_channel(w.address) for w in (decode, prefill)]
+    yield (
+        model,
+        workers_pb2_grpc.DecodeWorkerStub(channels[0]),
+        workers_pb2_grpc.PrefillWorkerStub(channels[1]),
+        channels,
+    )
+    for channel in channels:
+        channel.close()
+    prefill.stop()
+    decode.stop()
+
+
+def disaggregated(decode, prefill, request_id, prompt, sampling):
+    reserved = decode.Reserve(
+        workers_pb2.ReserveRequest(request_id=request_id, prompt_ids=prompt, sampling=sampling), timeout=60
+    )
+    first = prefill.Prefill(
+        workers_pb2.PrefillRequest(
+            reservation=reserved.reservation, endpoint=reserved.endpoint, prompt_ids=prompt, sampling=sampling
+        ),
+        timeout=120,
+    )
+    decoded = list(
+        decode.Decode(
+            workers_pb2.DecodeRequest(
+                request_id=request_id, first_token_id=first.first_token_id, first_logprob=first.first_logprob
+            ),
+            timeout=120,
+        )
+    )
+    return reserved, first, decoded
+
+
+def test_disaggregated_tokens_and_logprobs_equal_the_offline_engine(workers):
+    model, decode, prefill, _ = workers
+    sampling = generation_pb2.SamplingParameters(max_tokens=6, ignore_eos=True, logprobs=0)
+    reserved, first, decoded = disaggregated(decode, prefill, "r1", PROMPT, sampling)
+    assert reserved.endpoint.backend == "nixl" and first.transfer_bytes > 0
+    tokens = [t for message in decoded for t in message.token_ids]
+    logprobs = [p for message in decoded for p in message.logprobs]
+    final = decoded[-1]
+    assert (
+        final.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+        and final.route.decode_worker == "decode-test"
+    )
+    assert final.usage.prompt_tokens == len(PROMPT) and final.usage.completion_tokens == 6
+    want = LLM(str(model), batch_invariant=True, dtype="float32").generate(
+        [PROMPT], SamplingParams(max_tokens=6, temperature=0, logprobs=0, ignore_eos=True)
+    )[0]
+    assert tokens == want.token_ids
+    as_bits = np.asarray(logprobs, dtype=np.float32).view(np.int32)
+    assert as_bits.tolist() == np.asarray(want.logprobs, dtype=np.float32).view(np.int32).tolist()
+
+
+def test_bad_inputs_get_clear_statuses_and_the_workers_keep_serving(workers):
+    _, decode, prefill, channels = workers
+    bad = generation_pb2.SamplingParameters(temperature=-1.0)
+    with pytest.raises(grpc.RpcError) as caught:
+        decode.Reserve(workers_pb2.ReserveRequest(request_id="bad", prompt_ids=[1], sampling=bad), timeout=30)
+    assert (
+        caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "sampling.temperature" in caught.value.details()
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        decode.Reserve(workers_pb2.ReserveRequest(request_id="oov", prompt_ids=[1, 10**6]), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt_ids" in caught.value.details()
+    with pytest.raises(grpc.RpcError) as caught:
+        prefill.Prefill(workers_pb2.PrefillRequest(prompt_ids=[1]), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in caught.value.details()
+    for channel in channels:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+    stats = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
+    assert stats.running == 0 and stats.free_blocks == stats.total_blocks
+    _, _, decoded = disaggregated(
+        decode, prefill, "after", [5, 6, 7], generation_pb2.SamplingParameters(max_tokens=2)
+    )
+    assert decoded[-1].finish_reason != generation_pb2.FINISH_REASON_UNSPECIFIED
+
+
+def test_release_frees_an_unused_reservation(workers):
+    _, decode, _, _ = workers
+    decode.Reserve(workers_pb2.ReserveRequest(request_id="dropped", prompt_ids=PROMPT), timeout=30)
+    busy = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
+    assert busy.running == 1 and busy.free_blocks < busy.total_blocks
+    decode.Release(workers_pb2.ReleaseRequest(request_id="dropped"), timeout=10)
+    idle = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
+    assert idle.running == 0 and idle.free_blocks == idle.total_blocks
