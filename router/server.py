@@ -1,0 +1,65 @@
+"""Starts the router: the public ``Generation`` gRPC service over a pool of workers."""
+
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from proto.baton.v1 import generation_pb2_grpc
+from services.engine.model.config_loader import load_model_config
+from services.engine.tokenizer import Tokenizer, TokenizerNotFoundError
+from services.rpc.errors import ErrorInterceptor
+
+from .servicer import GenerationServicer
+from .worker_pool import WorkerPool
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The router process: the model it fronts, its workers, where it listens."""
+
+    model: str
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_model_len: int = 4096
+    max_workers: int = 32
+
+
+class RouterServer:
+    """A running router; ``port`` is the bound port (useful with ``port=0``)."""
+
+    def __init__(self, config: RouterConfig):
+        model_config = load_model_config(config.model)
+        try:
+            tokenizer = Tokenizer.from_pretrained(config.model)
+        except TokenizerNotFoundError:
+            tokenizer = None
+        self.pool = WorkerPool(list(config.prefill), list(config.decode))
+        servicer = GenerationServicer(
+            Path(config.model).name, model_config, tokenizer, self.pool, config.max_model_len
+        )
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.max_workers), interceptors=[ErrorInterceptor()]
+        )
+        generation_pb2_grpc.add_GenerationServicer_to_server(servicer, self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            ("baton.v1.Generation", health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        if self.port == 0:
+            raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
+        self.server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.health.set("baton.v1.Generation", health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        self.pool.close()

@@ -1,0 +1,171 @@
+"""The public ``Generation`` servicer: validate, tokenize, reserve on decode, prefill, stream decode."""
+
+import uuid
+
+import grpc
+
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2
+from services.engine.model.config import ModelConfig
+from services.engine.scheduler import NoCapacity
+from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from services.rpc.convert import sampling_from_pb
+from services.transfer import TransferError
+
+from .worker_pool import WorkerPool
+
+_STATS_TIMEOUT_S = 5.0
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    """Args: the served model's id and config, its tokenizer (or None), and the worker pool."""
+
+    def __init__(
+        self,
+        model_id: str,
+        config: ModelConfig,
+        tokenizer: Tokenizer | None,
+        pool: WorkerPool,
+        max_model_len: int,
+    ):
+        self.model_id = model_id
+        self.config = config
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.max_model_len = max_model_len
+
+    def Generate(self, request, context):
+        if request.model and request.model != self.model_id:
+            raise ValueError(f"model: {request.model!r} is not served here (serving {self.model_id!r})")
+        prompt_ids = self._prompt_ids(request)
+        params = sampling_from_pb(request.sampling)  # validated here, before any worker is involved
+        request_id = request.request_id or uuid.uuid4().hex
+        timeout = context.time_remaining()
+        worker_request = workers_pb2.ReserveRequest(
+            request_id=request_id, prompt_ids=prompt_ids, sampling=request.sampling, tenant=request.tenant
+        )
+        decode, reserved = self._reserve(worker_request, request.session_id, timeout)
+        context.add_callback(lambda: _release(decode, request_id))
+        prefill = self.pool.next_prefill()
+        try:
+            first = prefill.stub.Prefill(
+                workers_pb2.PrefillRequest(
+                    reservation=reserved.reservation,
+                    endpoint=reserved.endpoint,
+                    prompt_ids=prompt_ids,
+                    sampling=request.sampling,
+                    tenant=request.tenant,
+                ),
+                timeout=context.time_remaining(),
+            )
+        except grpc.RpcError as error:
+            _release(decode, request_id)
+            raise _upstream("prefill", prefill.address, error) from None
+        decode_request = workers_pb2.DecodeRequest(
+            request_id=request_id,
+            first_token_id=first.first_token_id,
+            first_top_logprobs=first.first_top_logprobs,
+        )
+        if first.HasField("first_logprob"):
+            decode_request.first_logprob = first.first_logprob
+        detokenizer = (
+            IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True) if self.tokenizer else None
+        )
+        text, stops = "", tuple(params.stop)
+        for message in decode.stub.Decode(decode_request, timeout=context.time_remaining()):
+            if detokenizer is not None:
+                piece = "".join(detokenizer.push(token) for token in message.token_ids)
+                if message.finish_reason:
+                    piece += detokenizer.flush()
+                hit = _first_stop(text + piece, stops)
+                if hit is not None:
+                    message.text = (text + piece)[len(text) : hit]
+                    _finish(message, generation_pb2.FINISH_REASON_STOP, first, prefill, reserved)
+                    _release(decode, request_id)
+                    yield message
+                    return
+                message.text, text = piece, text + piece
+            message.request_id = request_id
+            if message.finish_reason:
+                _finish(message, message.finish_reason, first, prefill, reserved)
+            yield message
+
+    def Tokenize(self, request, context):
+        if self.tokenizer is None:
+            raise ValueError("text: this model has no tokenizer; send token ids")
+        if request.WhichOneof("input") == "chat":
+            ids = self.tokenizer.encode_chat(
+                _messages(request.chat), add_generation_prompt=request.chat.add_generation_prompt
+            )
+        else:
+            ids = self.tokenizer.encode(request.text, add_special_tokens=True)
+        return generation_pb2.TokenizeResponse(token_ids=ids)
+
+    def ListModels(self, request, context):
+        model = generation_pb2.ModelInfo(
+            id=self.model_id, family=self.config.family, max_model_len=self.max_model_len
+        )
+        return generation_pb2.ListModelsResponse(models=[model])
+
+    def _prompt_ids(self, request) -> list[int]:
+        kind = request.WhichOneof("prompt")
+        if kind is None:
+            raise ValueError("prompt: give text, token_ids or chat")
+        if kind == "token_ids":
+            ids = list(request.token_ids.ids)
+            for position, token in enumerate(ids):
+                if token >= self.config.vocab_size:
+                    raise ValueError(
+                        f"token_ids: id {token} at position {position} is outside the vocabulary "
+                        f"[0, {self.config.vocab_size})"
+                    )
+        elif self.tokenizer is None:
+            raise ValueError(f"{kind}: this model has no tokenizer; send token_ids")
+        elif kind == "text":
+            ids = self.tokenizer.encode(request.text, add_special_tokens=True)
+        else:
+            ids = self.tokenizer.encode_chat(_messages(request.chat), add_generation_prompt=True)
+        if not ids:
+            raise ValueError(f"{kind}: the prompt is empty")
+        return ids
+
+    def _reserve(self, worker_request, session_id, timeout):
+        last_error = None
+        for decode in self.pool.decode_order(session_id, _STATS_TIMEOUT_S):
+            try:
+                return decode, decode.stub.Reserve(worker_request, timeout=timeout)
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise ValueError(error.details()) from None
+                last_error = error  # full or unreachable: try the next one
+        if last_error is not None and last_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise NoCapacity("every decode worker is full; retry later")
+        raise _upstream("decode", "any", last_error)
+
+
+def _upstream(role: str, address: str, error: grpc.RpcError | None) -> Exception:
+    detail = error.details() if error is not None else "no worker reachable"
+    return TransferError(f"{role} worker {address}: {detail}")
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    positions = [text.find(stop) for stop in stops if stop in text]
+    return min(positions) if positions else None
+
+
+def _finish(message, reason, first, prefill, reserved) -> None:
+    message.finish_reason = reason
+    message.route.prefill_worker = prefill.address
+    message.route.transfer_backend = reserved.endpoint.backend
+    message.route.transfer_bytes = first.transfer_bytes
+    message.usage.cached_tokens = max(message.usage.cached_tokens, first.cached_tokens)
+
+
+def _release(decode, request_id: str) -> None:
+    try:
+        decode.stub.Release(workers_pb2.ReleaseRequest(request_id=request_id), timeout=5)
+    except grpc.RpcError:
+        pass  # the worker is gone or the request already finished: nothing left to free
+
+
+def _messages(chat) -> list[dict]:
+    return [{"role": m.role, "content": m.content} for m in chat.messages]

@@ -1,0 +1,91 @@
+"""The router over real worker processes: public Generate equals the offline engine, route and usage set,
+bad input answered with INVALID_ARGUMENT naming the field."""
+
+import grpc
+import pytest
+
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from router.server import RouterConfig, RouterServer
+from services.engine import LLM, SamplingParams
+from tests.services.workers import WorkerProcess
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_checkpoint):
+    model = tiny_checkpoint("kimi_linear")
+    processes = []
+    try:
+        for role in ("decode", "prefill"):
+            processes.append(WorkerProcess(role, model, "--dtype", "float32"))
+        router = RouterServer(
+            RouterConfig(
+                model=str(model), prefill=(processes[1].address,), decode=(processes[0].address,), port=0
+            )
+        )
+    except Exception:
+        for process in processes:
+            process.stop()
+        raise
+    channel = grpc.insecure_channel(f"127.0.0.1:{router.port}")
+    yield model, generation_pb2_grpc.GenerationStub(channel)
+    channel.close()
+    router.stop()
+    for process in processes:
+        process.stop()
+
+
+def generate(stub, **fields):
+    return list(stub.Generate(generation_pb2.GenerateRequest(**fields), timeout=120))
+
+
+def test_greedy_through_the_cluster_equals_the_offline_engine(cluster):
+    model, stub = cluster
+    prompt = list(range(40, 90))
+    sampling = generation_pb2.SamplingParameters(max_tokens=5, ignore_eos=True, logprobs=0)
+    messages = generate(
+        stub, token_ids=generation_pb2.TokenIds(ids=prompt), sampling=sampling, session_id="s1"
+    )
+    tokens = [t for m in messages for t in m.token_ids]
+    want = LLM(str(model), dtype="float32").generate(
+        [prompt], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    )[0]
+    assert tokens == want.token_ids
+    final = messages[-1]
+    assert final.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+    assert final.route.transfer_backend == "nixl" and final.route.transfer_bytes > 0
+    assert final.route.prefill_worker and final.route.decode_worker == "decode-test"
+    assert final.usage.prompt_tokens == len(prompt) and final.usage.completion_tokens == 5
+    assert len([p for m in messages for p in m.logprobs]) == 5
+
+
+def test_text_prompt_streams_text(cluster):
+    _, stub = cluster
+    messages = generate(
+        stub, text="Hello Baton", sampling=generation_pb2.SamplingParameters(max_tokens=4, ignore_eos=True)
+    )
+    assert sum(len(m.token_ids) for m in messages) == 4 and "".join(m.text for m in messages)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({}, "prompt: give text, token_ids or chat"),
+        ({"token_ids": generation_pb2.TokenIds(ids=[1, 99999])}, "token_ids: id 99999"),
+        ({"text": "hi", "sampling": generation_pb2.SamplingParameters(top_p=1.5)}, "sampling.top_p"),
+        ({"text": "hi", "model": "other"}, "model: 'other' is not served here"),
+    ],
+    ids=["no-prompt", "out-of-vocab", "bad-top-p", "unknown-model"],
+)
+def test_bad_requests_are_invalid_argument(cluster, fields, words):
+    _, stub = cluster
+    with pytest.raises(grpc.RpcError) as caught:
+        generate(stub, **fields)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in caught.value.details()
+
+
+def test_tokenize_and_list_models(cluster):
+    model, stub = cluster
+    ids = stub.Tokenize(generation_pb2.TokenizeRequest(text="Hello"), timeout=10).token_ids
+    assert len(ids) >= 2
+    models = stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10).models
+    assert [(m.id, m.family) for m in models] == [(model.name, "kimi_linear")]
