@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 DEMO_MODEL ?= .cache/checkpoints/k3-tiny
+PORT ?= 50051
 
 .PHONY: setup proto test run lint clean
 
@@ -34,8 +35,11 @@ test: setup proto
 $(DEMO_MODEL)/config.json: | setup
 	$(VENV)/bin/baton checkpoint init --family k3 --preset tiny --seed 0 --out $(DEMO_MODEL)
 
+# The local cluster (prefill worker, decode worker, router on :50051) until Ctrl-C; it prints how to
+# send a request (baton client generate ...).
 run: setup proto $(DEMO_MODEL)/config.json
 	$(VENV)/bin/baton generate --model $(DEMO_MODEL) --prompt "Hello, Baton!" --max-tokens 16
+	$(VENV)/bin/baton serve --model $(DEMO_MODEL) --port $(PORT)
 
 lint: setup
 	$(VENV)/bin/ruff check .

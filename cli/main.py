@@ -8,8 +8,10 @@ from . import (
     bench_command,
     capacity_command,
     checkpoint_command,
+    client_command,
     generate_command,
     logits_command,
+    serve_command,
     worker_command,
 )
 
@@ -20,6 +22,8 @@ SUBCOMMANDS = (
     capacity_command,
     bench_command,
     worker_command,
+    serve_command,
+    client_command,
 )
 
 

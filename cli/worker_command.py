@@ -1,6 +1,7 @@
 """``baton worker``: run one prefill or decode worker process (the launcher starts these)."""
 
 import argparse
+import os
 import signal
 import threading
 from pathlib import Path
@@ -25,6 +26,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--exit-with-parent", action="store_true", help="stop when the starting process exits"
+    )
     parser.set_defaults(run=run)
 
 
@@ -50,7 +54,16 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.exit_with_parent:
+        threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
     print(f"READY role={args.role} name={server.name} port={server.port}", flush=True)
     stop.wait()
     server.stop()
     return 0
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """Set ``stop`` once this process is re-parented (its launcher died without stopping it)."""
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            stop.set()

@@ -1,0 +1,157 @@
+"""The local cluster: worker processes (supervised, restarted when they die) and the router in-process."""
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from router.server import RouterConfig, RouterServer
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ManagedWorker:
+    """One worker subprocess; ``port`` stays the same across restarts so the router's address holds."""
+
+    role: str
+    name: str
+    args: list[str]
+    port: int = 0
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, ready_timeout_s: float) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+        command = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "worker",
+            "--role",
+            self.role,
+            "--name",
+            self.name,
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
+        # Own session: a terminal's Ctrl-C reaches the launcher only, which stops workers in order;
+        # --exit-with-parent: if the launcher is killed outright, its workers go with it.
+        self.process = subprocess.Popen(
+            [*command, "--exit-with-parent"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                break
+            self.output = (self.output + [line])[-50:]
+            if line.startswith("READY "):
+                self.port = int(line.rsplit("port=", 1)[1])
+                threading.Thread(target=self._drain, daemon=True).start()
+                return
+        self.stop()
+        raise RuntimeError(f"{self.name} did not become ready:\n{''.join(self.output)}")
+
+    def _drain(self) -> None:
+        for line in self.process.stdout:
+            self.output = (self.output + [line])[-50:]
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)
+
+
+class LocalCluster:
+    """``prefill_workers`` + ``decode_workers`` worker processes and a router on ``port``.
+
+    A worker that exits is reported and restarted on its port; the router keeps serving through the
+    others meanwhile. ``stop()`` ends everything.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        port: int,
+        prefill_workers: int,
+        decode_workers: int,
+        worker_args: list[str],
+        ready_timeout_s: float = 300.0,
+    ):
+        if prefill_workers < 1 or decode_workers < 1:
+            raise ValueError("--prefill-workers and --decode-workers: need at least one of each")
+        self.ready_timeout_s = ready_timeout_s
+        self.workers = [
+            ManagedWorker("prefill", f"prefill-{i}", ["--model", model, *worker_args])
+            for i in range(prefill_workers)
+        ]
+        self.workers += [
+            ManagedWorker("decode", f"decode-{i}", ["--model", model, *worker_args])
+            for i in range(decode_workers)
+        ]
+        self._stop = threading.Event()
+        self.router = None
+        try:
+            for worker in self.workers:
+                worker.start(ready_timeout_s)
+            self.router = RouterServer(
+                RouterConfig(
+                    model=model,
+                    port=port,
+                    prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
+                    decode=tuple(w.address for w in self.workers if w.role == "decode"),
+                )
+            )
+        except Exception:
+            self.stop()
+            raise
+        self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        self._supervisor.start()
+
+    @property
+    def port(self) -> int:
+        return self.router.port
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(0.5):
+            for worker in self.workers:
+                if not worker.alive() and not self._stop.is_set():
+                    code = worker.process.poll() if worker.process else None
+                    log.error("%s exited (code %s); restarting it on port %d", worker.name, code, worker.port)
+                    worker.restarts += 1
+                    try:
+                        worker.start(self.ready_timeout_s)
+                    except RuntimeError as error:
+                        log.error("%s", error)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.router is not None:
+            self.router.stop()
+        for worker in self.workers:
+            worker.stop()
