@@ -1,13 +1,22 @@
 """The router over real worker processes: public Generate equals the offline engine, route and usage set,
 bad input answered with INVALID_ARGUMENT naming the field."""
 
+import time
+from typing import NamedTuple
+
 import grpc
 import pytest
 
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2_grpc
 from router.server import RouterConfig, RouterServer
 from services.engine import LLM, SamplingParams
 from tests.services.workers import WorkerProcess
+
+
+class Cluster(NamedTuple):
+    model: object
+    stub: generation_pb2_grpc.GenerationStub
+    decode: workers_pb2_grpc.DecodeWorkerStub
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +36,11 @@ def cluster(tiny_checkpoint):
             process.stop()
         raise
     channel = grpc.insecure_channel(f"127.0.0.1:{router.port}")
-    yield model, generation_pb2_grpc.GenerationStub(channel)
+    decode_channel = grpc.insecure_channel(processes[0].address)
+    yield Cluster(
+        model, generation_pb2_grpc.GenerationStub(channel), workers_pb2_grpc.DecodeWorkerStub(decode_channel)
+    )
+    decode_channel.close()
     channel.close()
     router.stop()
     for process in processes:
@@ -39,7 +52,7 @@ def generate(stub, **fields):
 
 
 def test_greedy_through_the_cluster_equals_the_offline_engine(cluster):
-    model, stub = cluster
+    model, stub, _ = cluster
     prompt = list(range(40, 90))
     sampling = generation_pb2.SamplingParameters(max_tokens=5, ignore_eos=True, logprobs=0)
     messages = generate(
@@ -59,7 +72,7 @@ def test_greedy_through_the_cluster_equals_the_offline_engine(cluster):
 
 
 def test_text_prompt_streams_text(cluster):
-    _, stub = cluster
+    _, stub, _ = cluster
     messages = generate(
         stub, text="Hello Baton", sampling=generation_pb2.SamplingParameters(max_tokens=4, ignore_eos=True)
     )
@@ -77,15 +90,64 @@ def test_text_prompt_streams_text(cluster):
     ids=["no-prompt", "out-of-vocab", "bad-top-p", "unknown-model"],
 )
 def test_bad_requests_are_invalid_argument(cluster, fields, words):
-    _, stub = cluster
+    _, stub, _ = cluster
     with pytest.raises(grpc.RpcError) as caught:
         generate(stub, **fields)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in caught.value.details()
 
 
 def test_tokenize_and_list_models(cluster):
-    model, stub = cluster
+    model, stub, _ = cluster
     ids = stub.Tokenize(generation_pb2.TokenizeRequest(text="Hello"), timeout=10).token_ids
     assert len(ids) >= 2
     models = stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10).models
     assert [(m.id, m.family) for m in models] == [(model.name, "kimi_linear")]
+
+
+def _decode_idle(stub, timeout_s=30.0) -> bool:
+    from proto.baton.v1 import workers_pb2
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = stub.Stats(workers_pb2.StatsRequest(), timeout=10)
+        if (
+            stats.running == 0
+            and stats.free_blocks == stats.total_blocks
+            and stats.free_slots == stats.total_slots
+        ):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_client_cancel_mid_stream_frees_the_decode_worker(cluster):
+    _, stub, decode_stub = cluster
+    sampling = generation_pb2.SamplingParameters(max_tokens=4000, ignore_eos=True)
+    call = stub.Generate(
+        generation_pb2.GenerateRequest(token_ids=generation_pb2.TokenIds(ids=[1, 2, 3]), sampling=sampling),
+        timeout=120,
+    )
+    received = 0
+    for message in call:
+        received += len(message.token_ids)
+        if received >= 3:
+            call.cancel()
+            break
+    assert received >= 3
+    assert _decode_idle(decode_stub, timeout_s=3.0), "the decode worker still holds the cancelled request"
+
+
+def test_deadline_exceeded_frees_resources(cluster):
+    _, stub, decode_stub = cluster
+    sampling = generation_pb2.SamplingParameters(max_tokens=4000, ignore_eos=True)
+    with pytest.raises(grpc.RpcError) as caught:
+        list(
+            stub.Generate(
+                generation_pb2.GenerateRequest(
+                    token_ids=generation_pb2.TokenIds(ids=[4, 5, 6]), sampling=sampling
+                ),
+                timeout=1.5,
+            )
+        )
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert _decode_idle(decode_stub, timeout_s=3.0), "the decode worker still holds the expired request"
