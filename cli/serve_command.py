@@ -13,6 +13,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("serve", help="run a local cluster: prefill and decode workers and a router")
     parser.add_argument("--model", required=True, type=Path, help="checkpoint folder")
     parser.add_argument("--port", type=int, default=50051, help="router gRPC port (default 50051; 0: any)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=0, help="router /metrics port (default 0: any free)"
+    )
     parser.add_argument("--prefill-workers", type=int, default=1)
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
@@ -28,12 +31,19 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype:
         worker_args += ["--dtype", args.dtype]
     logging.getLogger("services.launcher").setLevel(logging.INFO)
-    cluster = LocalCluster(str(args.model), args.port, args.prefill_workers, args.decode_workers, worker_args)
+    cluster = LocalCluster(
+        str(args.model),
+        args.port,
+        args.prefill_workers,
+        args.decode_workers,
+        worker_args,
+        metrics_port=args.metrics_port,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(
-        f"SERVING router=127.0.0.1:{cluster.port} workers="
+        f"SERVING router=127.0.0.1:{cluster.port} metrics=127.0.0.1:{cluster.router.metrics_port} workers="
         + ",".join(f"{w.name}@{w.address}" for w in cluster.workers),
         flush=True,
     )

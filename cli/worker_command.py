@@ -27,6 +27,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
+        "--metrics-port", type=int, default=0, help="/metrics port (default 0: any free port)"
+    )
+    parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
     parser.set_defaults(run=run)
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         transfer_backend=args.transfer_backend,
+        metrics_port=args.metrics_port,
     )
     server = WorkerServer(config)
     stop = threading.Event()
@@ -56,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     if args.exit_with_parent:
         threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
-    print(f"READY role={args.role} name={server.name} port={server.port}", flush=True)
+    print(
+        f"READY role={args.role} name={server.name} metrics_port={server.metrics_port} port={server.port}",
+        flush=True,
+    )
     stop.wait()
     server.stop()
     return 0

@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection
 from proto.baton.v1 import generation_pb2_grpc
 from services.engine.model.config_loader import load_model_config
 from services.engine.tokenizer import Tokenizer, TokenizerNotFoundError
+from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 
 from .servicer import GenerationServicer
@@ -28,6 +29,7 @@ class RouterConfig:
     port: int = 50051
     max_model_len: int = 4096
     max_workers: int = 32
+    metrics_port: int = 0  # /metrics; 0 picks a free port (``RouterServer.metrics_port``)
 
 
 class RouterServer:
@@ -40,8 +42,10 @@ class RouterServer:
         except TokenizerNotFoundError:
             tokenizer = None
         self.pool = WorkerPool(list(config.prefill), list(config.decode))
+        self.metrics = Metrics("router")
+        self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         servicer = GenerationServicer(
-            Path(config.model).name, model_config, tokenizer, self.pool, config.max_model_len
+            Path(config.model).name, model_config, tokenizer, self.pool, config.max_model_len, self.metrics
         )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.max_workers), interceptors=[ErrorInterceptor()]

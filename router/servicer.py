@@ -1,5 +1,6 @@
 """The public ``Generation`` servicer: validate, tokenize, reserve on decode, prefill, stream decode."""
 
+import time
 import uuid
 
 import grpc
@@ -8,7 +9,9 @@ from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2
 from services.engine.model.config import ModelConfig
 from services.engine.scheduler import NoCapacity
 from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from services.metrics import Metrics
 from services.rpc.convert import sampling_from_pb
+from services.rpc.errors import status_for
 from services.transfer import TransferError
 
 from .worker_pool import WorkerPool
@@ -17,7 +20,8 @@ _STATS_TIMEOUT_S = 5.0
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    """Args: the served model's id and config, its tokenizer (or None), and the worker pool."""
+    """Args: the served model's id and config, its tokenizer (or None), the worker pool, the longest
+    request, and the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens, transfer)."""
 
     def __init__(
         self,
@@ -26,7 +30,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         tokenizer: Tokenizer | None,
         pool: WorkerPool,
         max_model_len: int,
+        metrics: Metrics,
     ):
+        self.metrics = metrics
         self.model_id = model_id
         self.config = config
         self.tokenizer = tokenizer
@@ -34,6 +40,42 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.max_model_len = max_model_len
 
     def Generate(self, request, context):
+        started = time.monotonic()
+        last_token_at, first_token_at, tokens, status = None, None, 0, "error"
+        try:
+            for message in self._generate(request, context):
+                if message.token_ids:
+                    now = time.monotonic()
+                    if first_token_at is None:
+                        first_token_at = now
+                        self.metrics.ttft.observe(now - started)
+                    else:
+                        self.metrics.itl.observe(now - last_token_at)
+                    last_token_at, tokens = now, tokens + len(message.token_ids)
+                if message.finish_reason:
+                    status = generation_pb2.FinishReason.Name(message.finish_reason).removeprefix(
+                        "FINISH_REASON_"
+                    )
+                    self._count(message)
+                yield message
+        except Exception as error:
+            status = status_for(error).name
+            raise
+        finally:
+            if not context.is_active() and status == "error":
+                status = "CANCELLED"
+            self.metrics.requests.labels(status.lower()).inc()
+            if first_token_at is not None:
+                self.metrics.e2e.observe(last_token_at - started)
+                if tokens > 1:
+                    self.metrics.tpot.observe((last_token_at - first_token_at) / (tokens - 1))
+
+    def _count(self, final) -> None:
+        self.metrics.prompt_tokens.inc(final.usage.prompt_tokens)
+        self.metrics.generation_tokens.inc(final.usage.completion_tokens)
+        self.metrics.cached_tokens.inc(final.usage.cached_tokens)
+
+    def _generate(self, request, context):
         if request.model and request.model != self.model_id:
             raise ValueError(f"model: {request.model!r} is not served here (serving {self.model_id!r})")
         prompt_ids = self._prompt_ids(request)
@@ -60,6 +102,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         except grpc.RpcError as error:
             _release(decode, request_id)
             raise _upstream("prefill", prefill.address, error) from None
+        self.metrics.transfer_bytes.labels(reserved.endpoint.backend).inc(first.transfer_bytes)
+        self.metrics.transfer_seconds.labels(reserved.endpoint.backend).inc(first.transfer_seconds)
         decode_request = workers_pb2.DecodeRequest(
             request_id=request_id,
             first_token_id=first.first_token_id,

@@ -102,6 +102,7 @@ class LocalCluster:
         decode_workers: int,
         worker_args: list[str],
         ready_timeout_s: float = 300.0,
+        metrics_port: int = 0,
     ):
         if prefill_workers < 1 or decode_workers < 1:
             raise ValueError("--prefill-workers and --decode-workers: need at least one of each")
@@ -123,6 +124,7 @@ class LocalCluster:
                 RouterConfig(
                     model=model,
                     port=port,
+                    metrics_port=metrics_port,
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
                     decode=tuple(w.address for w in self.workers if w.role == "decode"),
                 )

@@ -12,6 +12,7 @@ from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import register_pools
+from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 from services.transfer import make_backend
 from services.transfer.inbox import SharedTransfer
@@ -33,6 +34,7 @@ class WorkerConfig:
     port: int = 0  # 0: the OS picks a free port (``WorkerServer.port`` tells which)
     transfer_backend: str = "nixl"
     max_workers: int = 16
+    metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -47,7 +49,10 @@ class WorkerServer:
     def __init__(self, config: WorkerConfig):
         self.config = config
         self.name = config.name or f"{config.role}-{config.port}"
-        self.loop = EngineLoop(EngineCore(config.engine))
+        self.metrics = Metrics(config.role)
+        self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
+        self.loop = EngineLoop(EngineCore(config.engine), after_step=self.metrics.observe_pools)
+        self.loop.call(self.metrics.observe_pools)
         backend = make_backend(config.transfer_backend)
         register_pools(backend, self.loop.engine.cache)
         self.transfer = SharedTransfer(backend)
@@ -61,7 +66,7 @@ class WorkerServer:
             service = "baton.v1.DecodeWorker"
         else:
             workers_pb2_grpc.add_PrefillWorkerServicer_to_server(
-                PrefillServicer(self.name, self.loop, self.transfer), self.server
+                PrefillServicer(self.name, self.loop, self.transfer, self.metrics), self.server
             )
             service = "baton.v1.PrefillWorker"
         self.health = health.HealthServicer()

@@ -43,10 +43,17 @@ class EngineLoop:
     Args:
         engine: the engine; from now on only the loop thread touches it.
         idle_wait_s: how long the idle loop sleeps before looking for work again.
+        after_step: called on the loop thread after every pass (metrics gauges read the pools here).
     """
 
-    def __init__(self, engine: EngineCore, idle_wait_s: float = 0.05):
+    def __init__(
+        self,
+        engine: EngineCore,
+        idle_wait_s: float = 0.05,
+        after_step: Callable[[EngineCore], None] | None = None,
+    ):
         self.engine = engine
+        self.after_step = after_step
         self.idle_wait_s = idle_wait_s
         self._commands: queue.Queue = queue.Queue()
         self._watchers: dict[str, queue.Queue] = {}
@@ -87,6 +94,8 @@ class EngineLoop:
                 for request in list(scheduler.waiting) + list(scheduler.running):
                     self.engine.abort(request.request_id)
             self._publish()
+            if self.after_step is not None:
+                self.after_step(self.engine)
 
     def _drain_commands(self, block: bool) -> None:
         try:

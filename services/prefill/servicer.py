@@ -3,6 +3,7 @@
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import send_state
+from services.metrics import Metrics
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling_from_pb
 from services.transfer.inbox import SharedTransfer
 
@@ -10,10 +11,18 @@ from ..worker_stats import worker_stats
 
 
 class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
-    """Args: the worker's name, its engine loop, and its transfer backend (pools registered)."""
+    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics."""
 
-    def __init__(self, name: str, loop: EngineLoop, transfer: SharedTransfer, step_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        name: str,
+        loop: EngineLoop,
+        transfer: SharedTransfer,
+        metrics: Metrics,
+        step_timeout_s: float = 300.0,
+    ):
         self.name = name
+        self.metrics = metrics
         self.loop = loop
         self.transfer = transfer
         self.step_timeout_s = step_timeout_s
@@ -41,6 +50,8 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         try:
             peer = self.transfer.connect(endpoint)
             stats = send_state(self.transfer, peer, held, reservation)
+            self.metrics.transfer_bytes.labels(self.transfer.name).inc(stats.nbytes)
+            self.metrics.transfer_seconds.labels(self.transfer.name).inc(stats.seconds)
         finally:
             self.loop.call(lambda engine: engine.scheduler.release_held(request_id))
         response = workers_pb2.PrefillResponse(

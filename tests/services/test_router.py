@@ -3,9 +3,11 @@ bad input answered with INVALID_ARGUMENT naming the field."""
 
 import time
 from typing import NamedTuple
+from urllib.request import urlopen
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2_grpc
 from router.server import RouterConfig, RouterServer
@@ -17,6 +19,7 @@ class Cluster(NamedTuple):
     model: object
     stub: generation_pb2_grpc.GenerationStub
     decode: workers_pb2_grpc.DecodeWorkerStub
+    metrics_url: str
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,10 @@ def cluster(tiny_checkpoint):
     channel = grpc.insecure_channel(f"127.0.0.1:{router.port}")
     decode_channel = grpc.insecure_channel(processes[0].address)
     yield Cluster(
-        model, generation_pb2_grpc.GenerationStub(channel), workers_pb2_grpc.DecodeWorkerStub(decode_channel)
+        model,
+        generation_pb2_grpc.GenerationStub(channel),
+        workers_pb2_grpc.DecodeWorkerStub(decode_channel),
+        f"http://127.0.0.1:{router.metrics_port}/metrics",
     )
     decode_channel.close()
     channel.close()
@@ -52,7 +58,7 @@ def generate(stub, **fields):
 
 
 def test_greedy_through_the_cluster_equals_the_offline_engine(cluster):
-    model, stub, _ = cluster
+    model, stub, _, _ = cluster
     prompt = list(range(40, 90))
     sampling = generation_pb2.SamplingParameters(max_tokens=5, ignore_eos=True, logprobs=0)
     messages = generate(
@@ -72,7 +78,7 @@ def test_greedy_through_the_cluster_equals_the_offline_engine(cluster):
 
 
 def test_text_prompt_streams_text(cluster):
-    _, stub, _ = cluster
+    _, stub, _, _ = cluster
     messages = generate(
         stub, text="Hello Baton", sampling=generation_pb2.SamplingParameters(max_tokens=4, ignore_eos=True)
     )
@@ -90,14 +96,14 @@ def test_text_prompt_streams_text(cluster):
     ids=["no-prompt", "out-of-vocab", "bad-top-p", "unknown-model"],
 )
 def test_bad_requests_are_invalid_argument(cluster, fields, words):
-    _, stub, _ = cluster
+    _, stub, _, _ = cluster
     with pytest.raises(grpc.RpcError) as caught:
         generate(stub, **fields)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in caught.value.details()
 
 
 def test_tokenize_and_list_models(cluster):
-    model, stub, _ = cluster
+    model, stub, _, _ = cluster
     ids = stub.Tokenize(generation_pb2.TokenizeRequest(text="Hello"), timeout=10).token_ids
     assert len(ids) >= 2
     models = stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10).models
@@ -121,7 +127,7 @@ def _decode_idle(stub, timeout_s=30.0) -> bool:
 
 
 def test_client_cancel_mid_stream_frees_the_decode_worker(cluster):
-    _, stub, decode_stub = cluster
+    _, stub, decode_stub, _ = cluster
     sampling = generation_pb2.SamplingParameters(max_tokens=4000, ignore_eos=True)
     call = stub.Generate(
         generation_pb2.GenerateRequest(token_ids=generation_pb2.TokenIds(ids=[1, 2, 3]), sampling=sampling),
@@ -138,7 +144,7 @@ def test_client_cancel_mid_stream_frees_the_decode_worker(cluster):
 
 
 def test_deadline_exceeded_frees_resources(cluster):
-    _, stub, decode_stub = cluster
+    _, stub, decode_stub, _ = cluster
     sampling = generation_pb2.SamplingParameters(max_tokens=4000, ignore_eos=True)
     with pytest.raises(grpc.RpcError) as caught:
         list(
@@ -151,3 +157,27 @@ def test_deadline_exceeded_frees_resources(cluster):
         )
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert _decode_idle(decode_stub, timeout_s=3.0), "the decode worker still holds the expired request"
+
+
+def test_router_exports_latency_outcome_and_transfer_metrics(cluster):
+    _, stub, _, metrics_url = cluster
+    generate(
+        stub,
+        token_ids=generation_pb2.TokenIds(ids=[7, 8, 9]),
+        sampling=generation_pb2.SamplingParameters(max_tokens=3, ignore_eos=True),
+    )
+    with pytest.raises(grpc.RpcError):
+        generate(stub)
+    families = {
+        family.name: family for family in text_string_to_metric_families(urlopen(metrics_url).read().decode())
+    }
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
+    }
+    assert samples[("baton_time_to_first_token_seconds_count", ())] >= 1
+    assert samples[("baton_time_per_output_token_seconds_count", ())] >= 1
+    assert samples[("baton_e2e_request_latency_seconds_count", ())] >= 1
+    assert samples[("baton_requests_total", (("status", "length"),))] >= 1
+    assert samples[("baton_requests_total", (("status", "invalid_argument"),))] >= 1
+    assert samples[("baton_transfer_bytes_total", (("backend", "nixl"),))] > 0
+    assert samples[("baton_generation_tokens_total", ())] >= 3

@@ -1,0 +1,84 @@
+"""Prometheus metrics (``baton_*``) and the ``/metrics`` endpoint every Baton process serves.
+
+Names follow Prometheus conventions (base units, ``_seconds``, ``_bytes``, ``_total``); labels stay
+bounded: no request ids, no prompts. Each process builds one ``Metrics`` on its own registry.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    """Every ``baton_*`` metric; each process updates the ones its role owns.
+
+    Args:
+        role: ``router``, ``prefill`` or ``decode`` (the ``role`` label of the worker gauges).
+    """
+
+    def __init__(self, role: str):
+        self.role = role
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "baton_time_to_first_token_seconds",
+            "Request arrival to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "baton_time_per_output_token_seconds",
+            "(E2E - TTFT) / (output tokens - 1)",
+            buckets=_TOKEN_GAP_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "baton_inter_token_latency_seconds",
+            "Gap between streamed tokens",
+            buckets=_TOKEN_GAP_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "baton_e2e_request_latency_seconds",
+            "Request arrival to last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "baton_requests_total", "Finished requests by outcome", ["status"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "baton_prompt_tokens_total", "Prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter("baton_generation_tokens_total", "Generated tokens", registry=r)
+        self.cached_tokens = Counter(
+            "baton_cached_prompt_tokens_total", "Prompt tokens served from a prefix cache", registry=r
+        )
+        self.transfer_bytes = Counter(
+            "baton_transfer_bytes_total", "State handed from prefill to decode", ["backend"], registry=r
+        )
+        self.transfer_seconds = Counter(
+            "baton_transfer_seconds_total", "Time spent in handoff writes", ["backend"], registry=r
+        )
+        self.blocks_used = Gauge("baton_kv_blocks_used", "Packed blocks in use", ["role"], registry=r)
+        self.blocks_total = Gauge("baton_kv_blocks_total", "Packed blocks in the pool", ["role"], registry=r)
+        self.slots_used = Gauge("baton_kda_slots_used", "KDA state slots in use", ["role"], registry=r)
+        self.slots_total = Gauge("baton_kda_slots_total", "KDA state slots in the pool", ["role"], registry=r)
+        self.running = Gauge("baton_requests_running", "Requests running or reserved", ["role"], registry=r)
+        self.waiting = Gauge("baton_requests_waiting", "Requests queued", ["role"], registry=r)
+
+    def observe_pools(self, engine) -> None:
+        """Refresh the pool and queue gauges from an engine (call on its loop thread)."""
+        blocks, slots, scheduler = engine.cache.blocks, engine.cache.slots, engine.scheduler
+        self.blocks_used.labels(self.role).set(blocks.num_blocks - blocks.num_free)
+        self.blocks_total.labels(self.role).set(blocks.num_blocks)
+        self.slots_used.labels(self.role).set(slots.num_slots - slots.num_free)
+        self.slots_total.labels(self.role).set(slots.num_slots)
+        self.running.labels(self.role).set(len(scheduler.running) + len(scheduler.reserved))
+        self.waiting.labels(self.role).set(len(scheduler.waiting))
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the bound port."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server.server_port

@@ -1,0 +1,36 @@
+"""A worker serves ``/metrics``: pool occupancy gauges follow its engine."""
+
+from urllib.request import urlopen
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.engine import SamplingParams
+from services.engine.engine_config import EngineConfig
+from services.worker_server import WorkerConfig, WorkerServer
+
+
+def scrape(port: int) -> dict:
+    text = urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_decode_worker_gauges_follow_the_pools(tiny_checkpoint):
+    engine = EngineConfig(model=str(tiny_checkpoint("k3")), dtype="float32", num_blocks=64, max_num_seqs=4)
+    server = WorkerServer(WorkerConfig(role="decode", engine=engine, port=0, transfer_backend="grpc_bytes"))
+    try:
+        role = (("role", "decode"),)
+        idle = scrape(server.metrics_port)
+        assert idle[("baton_kv_blocks_total", role)] == 64 and idle[("baton_kda_slots_total", role)] == 4
+        assert idle[("baton_kv_blocks_used", role)] == 0
+        server.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "held-open"))
+        server.loop.call(lambda e: None)  # one more loop pass refreshes the gauges
+        busy = scrape(server.metrics_port)
+        assert busy[("baton_kv_blocks_used", role)] == 3 and busy[("baton_kda_slots_used", role)] == 1
+        assert busy[("baton_requests_running", role)] == 1
+        server.loop.call(lambda e: e.abort("held-open"))
+    finally:
+        server.stop()
