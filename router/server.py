@@ -14,6 +14,7 @@ from services.engine.tokenizer import Tokenizer, TokenizerNotFoundError
 from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 
+from .admission import Admission
 from .servicer import GenerationServicer
 from .worker_pool import WorkerPool
 
@@ -30,6 +31,8 @@ class RouterConfig:
     max_model_len: int = 4096
     max_workers: int = 32
     metrics_port: int = 0  # /metrics; 0 picks a free port (``RouterServer.metrics_port``)
+    max_running: int = 256  # requests in flight through the workers
+    max_queued: int = 1024  # requests waiting for a seat; more get RESOURCE_EXHAUSTED
 
 
 class RouterServer:
@@ -45,7 +48,13 @@ class RouterServer:
         self.metrics = Metrics("router")
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         servicer = GenerationServicer(
-            Path(config.model).name, model_config, tokenizer, self.pool, config.max_model_len, self.metrics
+            Path(config.model).name,
+            model_config,
+            tokenizer,
+            self.pool,
+            config.max_model_len,
+            self.metrics,
+            Admission(config.max_running, config.max_queued),
         )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.max_workers), interceptors=[ErrorInterceptor()]

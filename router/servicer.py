@@ -14,6 +14,7 @@ from services.rpc.convert import sampling_from_pb
 from services.rpc.errors import status_for
 from services.transfer import TransferError
 
+from .admission import Admission
 from .worker_pool import WorkerPool
 
 _STATS_TIMEOUT_S = 5.0
@@ -21,7 +22,8 @@ _STATS_TIMEOUT_S = 5.0
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """Args: the served model's id and config, its tokenizer (or None), the worker pool, the longest
-    request, and the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens, transfer)."""
+    request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens, transfer) and the
+    admission control (bounded queue)."""
 
     def __init__(
         self,
@@ -31,8 +33,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         pool: WorkerPool,
         max_model_len: int,
         metrics: Metrics,
+        admission: Admission,
     ):
         self.metrics = metrics
+        self.admission = admission
         self.model_id = model_id
         self.config = config
         self.tokenizer = tokenizer
@@ -42,7 +46,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def Generate(self, request, context):
         started = time.monotonic()
         last_token_at, first_token_at, tokens, status = None, None, 0, "error"
+        admitted = False
         try:
+            self.admission.enter(context.time_remaining())
+            admitted = True
             for message in self._generate(request, context):
                 if message.token_ids:
                     now = time.monotonic()
@@ -62,6 +69,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             status = status_for(error).name
             raise
         finally:
+            if admitted:
+                self.admission.leave()
             if not context.is_active() and status == "error":
                 status = "CANCELLED"
             self.metrics.requests.labels(status.lower()).inc()

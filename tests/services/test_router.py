@@ -20,6 +20,8 @@ class Cluster(NamedTuple):
     stub: generation_pb2_grpc.GenerationStub
     decode: workers_pb2_grpc.DecodeWorkerStub
     metrics_url: str
+    prefill_address: str
+    decode_address: str
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,8 @@ def cluster(tiny_checkpoint):
         generation_pb2_grpc.GenerationStub(channel),
         workers_pb2_grpc.DecodeWorkerStub(decode_channel),
         f"http://127.0.0.1:{router.metrics_port}/metrics",
+        processes[1].address,
+        processes[0].address,
     )
     decode_channel.close()
     channel.close()
@@ -58,7 +62,7 @@ def generate(stub, **fields):
 
 
 def test_greedy_through_the_cluster_equals_the_offline_engine(cluster):
-    model, stub, _, _ = cluster
+    model, stub, *_ = cluster
     prompt = list(range(40, 90))
     sampling = generation_pb2.SamplingParameters(max_tokens=5, ignore_eos=True, logprobs=0)
     messages = generate(
@@ -78,7 +82,7 @@ def test_greedy_through_the_cluster_equals_the_offline_engine(cluster):
 
 
 def test_text_prompt_streams_text(cluster):
-    _, stub, _, _ = cluster
+    _, stub, *_ = cluster
     messages = generate(
         stub, text="Hello Baton", sampling=generation_pb2.SamplingParameters(max_tokens=4, ignore_eos=True)
     )
@@ -96,14 +100,14 @@ def test_text_prompt_streams_text(cluster):
     ids=["no-prompt", "out-of-vocab", "bad-top-p", "unknown-model"],
 )
 def test_bad_requests_are_invalid_argument(cluster, fields, words):
-    _, stub, _, _ = cluster
+    _, stub, *_ = cluster
     with pytest.raises(grpc.RpcError) as caught:
         generate(stub, **fields)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in caught.value.details()
 
 
 def test_tokenize_and_list_models(cluster):
-    model, stub, _, _ = cluster
+    model, stub, *_ = cluster
     ids = stub.Tokenize(generation_pb2.TokenizeRequest(text="Hello"), timeout=10).token_ids
     assert len(ids) >= 2
     models = stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10).models
@@ -127,7 +131,7 @@ def _decode_idle(stub, timeout_s=30.0) -> bool:
 
 
 def test_client_cancel_mid_stream_frees_the_decode_worker(cluster):
-    _, stub, decode_stub, _ = cluster
+    _, stub, decode_stub, *_ = cluster
     sampling = generation_pb2.SamplingParameters(max_tokens=4000, ignore_eos=True)
     call = stub.Generate(
         generation_pb2.GenerateRequest(token_ids=generation_pb2.TokenIds(ids=[1, 2, 3]), sampling=sampling),
@@ -144,7 +148,7 @@ def test_client_cancel_mid_stream_frees_the_decode_worker(cluster):
 
 
 def test_deadline_exceeded_frees_resources(cluster):
-    _, stub, decode_stub, _ = cluster
+    _, stub, decode_stub, *_ = cluster
     sampling = generation_pb2.SamplingParameters(max_tokens=4000, ignore_eos=True)
     with pytest.raises(grpc.RpcError) as caught:
         list(
@@ -160,7 +164,7 @@ def test_deadline_exceeded_frees_resources(cluster):
 
 
 def test_router_exports_latency_outcome_and_transfer_metrics(cluster):
-    _, stub, _, metrics_url = cluster
+    _, stub, _, metrics_url, *_ = cluster
     generate(
         stub,
         token_ids=generation_pb2.TokenIds(ids=[7, 8, 9]),
@@ -181,3 +185,52 @@ def test_router_exports_latency_outcome_and_transfer_metrics(cluster):
     assert samples[("baton_requests_total", (("status", "invalid_argument"),))] >= 1
     assert samples[("baton_transfer_bytes_total", (("backend", "nixl"),))] > 0
     assert samples[("baton_generation_tokens_total", ())] >= 3
+
+
+def test_queue_full_is_resource_exhausted_and_recovers(cluster):
+    """A second router over the same workers, one seat and no queue: a concurrent request is refused."""
+    small = RouterServer(
+        RouterConfig(
+            model=str(cluster.model),
+            prefill=(cluster.prefill_address,),
+            decode=(cluster.decode_address,),
+            port=0,
+            max_running=1,
+            max_queued=0,
+        )
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{small.port}")
+    stub = generation_pb2_grpc.GenerationStub(channel)
+    try:
+        long = stub.Generate(
+            generation_pb2.GenerateRequest(
+                token_ids=generation_pb2.TokenIds(ids=[1, 2]),
+                sampling=generation_pb2.SamplingParameters(max_tokens=4000, ignore_eos=True),
+            ),
+            timeout=60,
+        )
+        next(long)  # the first request holds the only seat
+        with pytest.raises(grpc.RpcError) as caught:
+            generate(stub, token_ids=generation_pb2.TokenIds(ids=[3, 4]))
+        assert (
+            caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and "queue full" in caught.value.details()
+        )
+        long.cancel()
+        for _ in range(50):  # the seat comes back once the cancelled call has unwound
+            try:
+                assert generate(
+                    stub,
+                    token_ids=generation_pb2.TokenIds(ids=[3, 4]),
+                    sampling=generation_pb2.SamplingParameters(max_tokens=2),
+                )[-1].finish_reason
+                break
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                time.sleep(0.1)
+        else:
+            pytest.fail("the router never admitted a request again")
+        assert _decode_idle(cluster.decode, timeout_s=5.0)
+    finally:
+        channel.close()
+        small.stop()
