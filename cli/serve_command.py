@@ -16,8 +16,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=0, help="router /metrics port (default 0: any free)"
     )
+    parser.add_argument(
+        "--http-port", type=int, default=None, help="OpenAI-compatible HTTP front (default: none; 0: any)"
+    )
     parser.add_argument("--prefill-workers", type=int, default=1)
     parser.add_argument("--decode-workers", type=int, default=1)
+    parser.add_argument(
+        "--colocated",
+        action="store_true",
+        help="no prefill workers: each decode worker prefills its own requests (for comparison)",
+    )
+    parser.add_argument(
+        "--local-prefill-tokens",
+        type=int,
+        default=16,
+        metavar="N",
+        help="decode prefills a prompt itself when at most N of its tokens are uncached (default 16)",
+    )
+    parser.add_argument(
+        "--always-disaggregate", action="store_true", help="hand every prompt off, however short"
+    )
     parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
     parser.add_argument("--batch-invariant", action="store_true")
     parser.add_argument("--dtype", default=None)
@@ -38,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         args.decode_workers,
         worker_args,
         metrics_port=args.metrics_port,
+        http_port=args.http_port,
+        disaggregation=_disaggregation(args),
+        local_prefill_tokens=args.local_prefill_tokens,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -47,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         + ",".join(f"{w.name}@{w.address}" for w in cluster.workers),
         flush=True,
     )
+    if cluster.router.http_port is not None:
+        print(f"HTTP (OpenAI-compatible) on 127.0.0.1:{cluster.router.http_port}", flush=True)
     print(
         f"send a request: baton client generate --addr 127.0.0.1:{cluster.port} --prompt-ids 1,2,3 "
         "--max-tokens 8 --json",
@@ -55,3 +78,11 @@ def run(args: argparse.Namespace) -> int:
     stop.wait()
     cluster.stop()
     return 0
+
+
+def _disaggregation(args: argparse.Namespace) -> str:
+    if args.colocated and args.always_disaggregate:
+        raise ValueError("--colocated and --always-disaggregate: choose one")
+    if args.local_prefill_tokens < 0:
+        raise ValueError("--local-prefill-tokens: must be >= 0")
+    return "never" if args.colocated else "always" if args.always_disaggregate else "conditional"

@@ -30,6 +30,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--metrics-port", type=int, default=0, help="/metrics port (default 0: any free port)"
     )
     parser.add_argument(
+        "--fail-transfers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fault injection for tests and chaos drills: this prefill worker's first N handoffs fail",
+    )
+    parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
     parser.set_defaults(run=run)
@@ -53,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         transfer_backend=args.transfer_backend,
         metrics_port=args.metrics_port,
+        fail_transfers=args.fail_transfers,
     )
     server = WorkerServer(config)
     stop = threading.Event()

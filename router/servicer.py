@@ -1,28 +1,22 @@
-"""The public ``Generation`` servicer: validate, tokenize, reserve on decode, prefill, stream decode."""
+"""The public ``Generation`` servicer: validate, tokenize, run through the workers, detokenize."""
 
 import time
 import uuid
 
-import grpc
-
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from services.engine.model.config import ModelConfig
-from services.engine.scheduler import NoCapacity
 from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from services.metrics import Metrics
 from services.rpc.convert import sampling_from_pb
 from services.rpc.errors import status_for
-from services.transfer import TransferError
 
 from .admission import Admission
-from .worker_pool import WorkerPool
-
-_STATS_TIMEOUT_S = 5.0
+from .dispatch import Dispatcher, time_left
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    """Args: the served model's id and config, its tokenizer (or None), the worker pool, the longest
-    request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens, transfer) and the
+    """Args: the served model's id and config, its tokenizer (or None), the dispatcher (workers), the
+    longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens) and the
     admission control (bounded queue)."""
 
     def __init__(
@@ -30,7 +24,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         model_id: str,
         config: ModelConfig,
         tokenizer: Tokenizer | None,
-        pool: WorkerPool,
+        dispatcher: Dispatcher,
         max_model_len: int,
         metrics: Metrics,
         admission: Admission,
@@ -40,7 +34,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.model_id = model_id
         self.config = config
         self.tokenizer = tokenizer
-        self.pool = pool
+        self.dispatcher = dispatcher
         self.max_model_len = max_model_len
 
     def Generate(self, request, context):
@@ -48,7 +42,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         last_token_at, first_token_at, tokens, status = None, None, 0, "error"
         admitted = False
         try:
-            self.admission.enter(context.time_remaining())
+            self.admission.enter(time_left(context))
             admitted = True
             for message in self._generate(request, context):
                 if message.token_ids:
@@ -90,57 +84,32 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         prompt_ids = self._prompt_ids(request)
         params = sampling_from_pb(request.sampling)  # validated here, before any worker is involved
         request_id = request.request_id or uuid.uuid4().hex
-        timeout = context.time_remaining()
-        worker_request = workers_pb2.ReserveRequest(
-            request_id=request_id, prompt_ids=prompt_ids, sampling=request.sampling, tenant=request.tenant
-        )
-        decode, reserved = self._reserve(worker_request, request.session_id, timeout)
-        context.add_callback(lambda: _release(decode, request_id))
-        prefill = self.pool.next_prefill()
-        try:
-            first = prefill.stub.Prefill(
-                workers_pb2.PrefillRequest(
-                    reservation=reserved.reservation,
-                    endpoint=reserved.endpoint,
-                    prompt_ids=prompt_ids,
-                    sampling=request.sampling,
-                    tenant=request.tenant,
-                ),
-                timeout=context.time_remaining(),
-            )
-        except grpc.RpcError as error:
-            _release(decode, request_id)
-            raise _upstream("prefill", prefill.address, error) from None
-        self.metrics.transfer_bytes.labels(reserved.endpoint.backend).inc(first.transfer_bytes)
-        self.metrics.transfer_seconds.labels(reserved.endpoint.backend).inc(first.transfer_seconds)
-        decode_request = workers_pb2.DecodeRequest(
-            request_id=request_id,
-            first_token_id=first.first_token_id,
-            first_top_logprobs=first.first_top_logprobs,
-        )
-        if first.HasField("first_logprob"):
-            decode_request.first_logprob = first.first_logprob
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True) if self.tokenizer else None
         )
-        text, stops = "", tuple(params.stop)
-        for message in decode.stub.Decode(decode_request, timeout=context.time_remaining()):
-            if detokenizer is not None:
-                piece = "".join(detokenizer.push(token) for token in message.token_ids)
-                if message.finish_reason:
-                    piece += detokenizer.flush()
-                hit = _first_stop(text + piece, stops)
-                if hit is not None:
-                    message.text = (text + piece)[len(text) : hit]
-                    _finish(message, generation_pb2.FINISH_REASON_STOP, first, prefill, reserved)
-                    _release(decode, request_id)
-                    yield message
-                    return
-                message.text, text = piece, text + piece
-            message.request_id = request_id
-            if message.finish_reason:
-                _finish(message, message.finish_reason, first, prefill, reserved)
-            yield message
+        text, stops, generated, route = "", tuple(params.stop), 0, generation_pb2.Route()
+        messages = self.dispatcher.run(request_id, prompt_ids, request, context, route)
+        try:
+            for message in messages:
+                message.request_id = request_id
+                generated += len(message.token_ids)
+                if detokenizer is not None:
+                    piece = "".join(detokenizer.push(token) for token in message.token_ids)
+                    if message.finish_reason:
+                        piece += detokenizer.flush()
+                    hit = _first_stop(text + piece, stops)
+                    if hit is not None:  # a stop string: end here (closing the stream stops decode)
+                        message.text = (text + piece)[len(text) : hit]
+                        message.finish_reason = generation_pb2.FINISH_REASON_STOP
+                        message.route.CopyFrom(route)
+                        message.usage.prompt_tokens = len(prompt_ids)
+                        message.usage.completion_tokens = generated
+                        yield message
+                        return
+                    message.text, text = piece, text + piece
+                yield message
+        finally:
+            messages.close()
 
     def Tokenize(self, request, context):
         if self.tokenizer is None:
@@ -181,43 +150,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise ValueError(f"{kind}: the prompt is empty")
         return ids
 
-    def _reserve(self, worker_request, session_id, timeout):
-        last_error = None
-        for decode in self.pool.decode_order(session_id, _STATS_TIMEOUT_S):
-            try:
-                return decode, decode.stub.Reserve(worker_request, timeout=timeout)
-            except grpc.RpcError as error:
-                if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    raise ValueError(error.details()) from None
-                last_error = error  # full or unreachable: try the next one
-        if last_error is not None and last_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            raise NoCapacity("every decode worker is full; retry later")
-        raise _upstream("decode", "any", last_error)
-
-
-def _upstream(role: str, address: str, error: grpc.RpcError | None) -> Exception:
-    detail = error.details() if error is not None else "no worker reachable"
-    return TransferError(f"{role} worker {address}: {detail}")
-
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
     positions = [text.find(stop) for stop in stops if stop in text]
     return min(positions) if positions else None
-
-
-def _finish(message, reason, first, prefill, reserved) -> None:
-    message.finish_reason = reason
-    message.route.prefill_worker = prefill.address
-    message.route.transfer_backend = reserved.endpoint.backend
-    message.route.transfer_bytes = first.transfer_bytes
-    message.usage.cached_tokens = max(message.usage.cached_tokens, first.cached_tokens)
-
-
-def _release(decode, request_id: str) -> None:
-    try:
-        decode.stub.Release(workers_pb2.ReleaseRequest(request_id=request_id), timeout=5)
-    except grpc.RpcError:
-        pass  # the worker is gone or the request already finished: nothing left to free
 
 
 def _messages(chat) -> list[dict]:

@@ -88,7 +88,9 @@ class ManagedWorker:
 
 
 class LocalCluster:
-    """``prefill_workers`` + ``decode_workers`` worker processes and a router on ``port``.
+    """``prefill_workers`` + ``decode_workers`` worker processes and a router on ``port`` (and an
+    OpenAI-compatible HTTP front on ``http_port`` when given). With ``disaggregation="never"``
+    (colocated) there are no prefill workers: decode workers prefill every prompt themselves.
 
     A worker that exits is reported and restarted on its port; the router keeps serving through the
     others meanwhile. ``stop()`` ends everything.
@@ -103,9 +105,16 @@ class LocalCluster:
         worker_args: list[str],
         ready_timeout_s: float = 300.0,
         metrics_port: int = 0,
+        http_port: int | None = None,
+        disaggregation: str = "conditional",
+        local_prefill_tokens: int = 16,
     ):
-        if prefill_workers < 1 or decode_workers < 1:
-            raise ValueError("--prefill-workers and --decode-workers: need at least one of each")
+        if decode_workers < 1:
+            raise ValueError("--decode-workers: need at least one")
+        if disaggregation == "never":
+            prefill_workers = 0  # colocated: decode workers prefill everything themselves
+        elif prefill_workers < 1:
+            raise ValueError("--prefill-workers: need at least one (or --colocated)")
         self.ready_timeout_s = ready_timeout_s
         self.workers = [
             ManagedWorker("prefill", f"prefill-{i}", ["--model", model, *worker_args])
@@ -125,6 +134,9 @@ class LocalCluster:
                     model=model,
                     port=port,
                     metrics_port=metrics_port,
+                    http_port=http_port,
+                    disaggregation=disaggregation,
+                    local_prefill_tokens=local_prefill_tokens,
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
                     decode=tuple(w.address for w in self.workers if w.role == "decode"),
                 )

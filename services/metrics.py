@@ -61,6 +61,27 @@ class Metrics:
         self.transfer_seconds = Counter(
             "baton_transfer_seconds_total", "Time spent in handoff writes", ["backend"], registry=r
         )
+        self.transfer_failures = Counter(
+            "baton_transfer_failures_total", "Handoffs that failed", ["backend"], registry=r
+        )
+        self.handoff_fallbacks = Counter(
+            "baton_handoff_fallbacks_total",
+            "Requests re-prefilled after a failed prefill or handoff, by where they went",
+            ["target"],
+            registry=r,
+        )
+        self.local_prefills = Counter(
+            "baton_local_prefills_total",
+            "Requests the decode worker prefilled itself, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.worker_up = Gauge(
+            "baton_worker_up",
+            "Whether the router can reach a worker (1) or not (0)",
+            ["role", "worker"],
+            registry=r,
+        )
         self.blocks_used = Gauge("baton_kv_blocks_used", "Packed blocks in use", ["role"], registry=r)
         self.blocks_total = Gauge("baton_kv_blocks_total", "Packed blocks in the pool", ["role"], registry=r)
         self.slots_used = Gauge("baton_kda_slots_used", "KDA state slots in use", ["role"], registry=r)

@@ -35,10 +35,13 @@ class WorkerConfig:
     transfer_backend: str = "nixl"
     max_workers: int = 16
     metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
+    fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
+        if self.fail_transfers < 0:
+            raise ValueError(f"fail_transfers: must be >= 0, got {self.fail_transfers}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
 
@@ -66,7 +69,10 @@ class WorkerServer:
             service = "baton.v1.DecodeWorker"
         else:
             workers_pb2_grpc.add_PrefillWorkerServicer_to_server(
-                PrefillServicer(self.name, self.loop, self.transfer, self.metrics), self.server
+                PrefillServicer(
+                    self.name, self.loop, self.transfer, self.metrics, fail_transfers=config.fail_transfers
+                ),
+                self.server,
             )
             service = "baton.v1.PrefillWorker"
         self.health = health.HealthServicer()

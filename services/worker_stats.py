@@ -6,6 +6,7 @@ from services.engine.engine_core import EngineCore
 
 def worker_stats(name: str, engine: EngineCore) -> workers_pb2.WorkerStats:
     scheduler, cache = engine.scheduler, engine.cache
+    queued = sum(max(0, len(r.prompt_ids) - r.num_computed) for r in (*scheduler.waiting, *scheduler.running))
     return workers_pb2.WorkerStats(
         worker=name,
         running=len(scheduler.running) + len(scheduler.reserved),
@@ -14,4 +15,6 @@ def worker_stats(name: str, engine: EngineCore) -> workers_pb2.WorkerStats:
         total_blocks=cache.blocks.num_blocks,
         free_slots=cache.slots.num_free,
         total_slots=cache.slots.num_slots,
+        block_size=cache.blocks.block_size,
+        queued_prompt_tokens=queued,
     )

@@ -1,10 +1,14 @@
 """``DecodeWorker`` gRPC servicer: thin ``from_pb`` -> engine loop -> ``to_pb``."""
 
+import queue
+import threading
+
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import reservation_of
 from services.engine.scheduler import SampledToken
 from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb, sampling_from_pb
+from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..worker_stats import worker_stats
@@ -14,18 +18,31 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
     """Args: the worker's name, its engine loop, and its transfer backend (pools registered)."""
 
     def __init__(
-        self, name: str, loop: EngineLoop, transfer: SharedTransfer, transfer_timeout_s: float = 60.0
+        self,
+        name: str,
+        loop: EngineLoop,
+        transfer: SharedTransfer,
+        transfer_timeout_s: float = 60.0,
+        release_grace_s: float = 5.0,
     ):
         self.name = name
         self.loop = loop
         self.transfer = transfer
         self.transfer_timeout_s = transfer_timeout_s
+        self.release_grace_s = release_grace_s
 
     def Reserve(self, request, context):
         if not request.request_id:
             raise ValueError("request_id: required")
         params = sampling_from_pb(request.sampling)
         prompt = list(request.prompt_ids)
+        if request.HasField("local_prefill_max_tokens"):
+            cached = self.loop.call(lambda engine: engine.cached_prefix_tokens(prompt, request.tenant))
+            if _prefill_here(len(prompt), cached, request.local_prefill_max_tokens, self.block_size):
+                reservation = workers_pb2.CacheReservation(
+                    request_id=request.request_id, cached_tokens=cached
+                )
+                return workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
         reserved = self.loop.call(
             lambda engine: reservation_of(engine.reserve(prompt, params, request.request_id, request.tenant))
         )
@@ -34,6 +51,9 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         )
 
     def Decode(self, request, context):
+        if request.HasField("local_prefill"):
+            yield from self._prefill_and_decode(request, context)
+            return
         request_id = request.request_id
         try:
             self.transfer.wait(request_id, self.transfer_timeout_s)
@@ -52,9 +72,31 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             return stream
 
         stream = self.loop.call(start)
+        yield from self._stream(request_id, stream, context)
+
+    def _prefill_and_decode(self, request, context):
+        """No handoff: this worker prefills the prompt itself, then decodes as usual."""
+        local = request.local_prefill
+        if not request.request_id:
+            raise ValueError("request_id: required")
+        params = sampling_from_pb(local.sampling)
+        prompt = list(local.prompt_ids)
+        stream = self.loop.call(
+            lambda engine: self.loop.watch(
+                engine.add_request(prompt, params, request.request_id, local.tenant)
+            )
+        )
+        yield from self._stream(request.request_id, stream, context)
+
+    def _stream(self, request_id: str, stream, context):
         context.add_callback(lambda: self.loop.call(lambda engine: engine.abort(request_id)))
         while True:
-            delta = stream.get(timeout=self.transfer_timeout_s)
+            try:
+                delta = stream.get(timeout=1.0)
+            except queue.Empty:
+                if not context.is_active():
+                    return  # the callback above has aborted it
+                continue  # queued behind other work, or a long prefill: no token yet
             message = delta_to_pb(delta)
             if delta.finish_reason is not None:
                 message.route.decode_worker = self.name
@@ -62,9 +104,36 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             if delta.finish_reason is not None:
                 return
 
+    @property
+    def block_size(self) -> int:
+        return self.loop.engine.cache.blocks.block_size
+
     def Release(self, request, context):
-        self.loop.call(lambda engine: engine.abort(request.request_id))
+        request_id = request.request_id
+        awaiting_state = self.loop.call(lambda engine: request_id in engine.scheduler.reserved)
+        if awaiting_state and not request.no_handoff_in_flight:
+            threading.Thread(
+                target=self._release_after_handoff, args=(request_id,), name="release", daemon=True
+            ).start()
+        else:
+            self.loop.call(lambda engine: engine.abort(request_id))
         return workers_pb2.ReleaseResponse()
+
+    def _release_after_handoff(self, request_id: str) -> None:
+        """Free a reservation a prefill worker may still be writing into: after its notification,
+        or after the grace period (the prefill worker stops before writing once it is cancelled)."""
+        try:
+            self.transfer.wait(request_id, self.release_grace_s)
+        except TransferError:
+            pass  # nothing arrived: no write is coming
+        self.loop.call(lambda engine: engine.abort(request_id))
 
     def Stats(self, request, context):
         return self.loop.call(lambda engine: worker_stats(self.name, engine))
+
+
+def _prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:
+    """Conditional disaggregation: a short uncached remainder, or a full cache hit (every block but
+    the last, partial one), is cheaper to prefill here than to hand off."""
+    uncached = prompt_tokens - cached_tokens
+    return uncached <= max_uncached or (cached_tokens > 0 and uncached <= block_size)

@@ -107,6 +107,15 @@ class EngineCore:
         self.scheduler.reserve(request)
         return request
 
+    def cached_prefix_tokens(self, prompt_ids: list[int], tenant: str = "") -> int:
+        """Leading prompt tokens this engine's prefix cache would serve now (a lookup, no side effects).
+
+        Raises:
+            ValueError: a bad prompt (as ``add_request``).
+        """
+        request = self._new_request(prompt_ids, SamplingParams(), None, tenant, "")
+        return self.cache.find_prefix(request).num_blocks * self.cache.blocks.block_size
+
     def add_prefill_only(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, tenant: str = ""
     ) -> Request:

@@ -1,10 +1,13 @@
 """``PrefillWorker`` gRPC servicer: prefill, hand the state to decode over the transfer backend."""
 
+import threading
+
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import send_state
 from services.metrics import Metrics
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling_from_pb
+from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..worker_stats import worker_stats
@@ -20,12 +23,15 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         transfer: SharedTransfer,
         metrics: Metrics,
         step_timeout_s: float = 300.0,
+        fail_transfers: int = 0,
     ):
         self.name = name
+        self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
         self.metrics = metrics
         self.loop = loop
         self.transfer = transfer
         self.step_timeout_s = step_timeout_s
+        self._faults_lock = threading.Lock()
 
     def Prefill(self, request, context):
         reservation = reservation_from_pb(request.reservation)
@@ -41,15 +47,24 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
                 engine.add_prefill_only(prompt, params, request_id, request.tenant)
             )
         )
+        context.add_callback(lambda: self.loop.call(lambda engine: engine.abort(request_id)))
         deltas = [stream.get(timeout=self.step_timeout_s)]
         while deltas[-1].finish_reason is None:
             deltas.append(stream.get(timeout=self.step_timeout_s))
         if deltas[-1].finish_reason == "abort":
             raise ValueError(f"request {request_id!r} was aborted during prefill")
         held = self.loop.call(lambda engine: engine.scheduler.held[request_id])
+        if not context.is_active():  # the router gave up: write nothing into memory it may have freed
+            self.loop.call(lambda engine: engine.scheduler.release_held(request_id))
+            raise TransferError(f"request {request_id!r} was cancelled before its handoff")
         try:
+            self._inject_failure()
             peer = self.transfer.connect(endpoint)
             stats = send_state(self.transfer, peer, held, reservation)
+        except TransferError:
+            self.metrics.transfer_failures.labels(self.transfer.name).inc()
+            raise
+        else:
             self.metrics.transfer_bytes.labels(self.transfer.name).inc(stats.nbytes)
             self.metrics.transfer_seconds.labels(self.transfer.name).inc(stats.seconds)
         finally:
@@ -65,6 +80,13 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         for token_id, logprob in held.top_logprobs[0] if held.top_logprobs else ():
             response.first_top_logprobs.append(generation_pb2.TopLogprob(token_id=token_id, logprob=logprob))
         return response
+
+    def _inject_failure(self) -> None:
+        with self._faults_lock:
+            if self.fail_transfers <= 0:
+                return
+            self.fail_transfers -= 1
+        raise TransferError(f"{self.name}: injected transfer failure (--fail-transfers)")
 
     def Stats(self, request, context):
         return self.loop.call(lambda engine: worker_stats(self.name, engine))

@@ -33,7 +33,11 @@ def cluster(tiny_checkpoint):
             processes.append(WorkerProcess(role, model, "--dtype", "float32"))
         router = RouterServer(
             RouterConfig(
-                model=str(model), prefill=(processes[1].address,), decode=(processes[0].address,), port=0
+                model=str(model),
+                prefill=(processes[1].address,),
+                decode=(processes[0].address,),
+                port=0,
+                disaggregation="always",
             )
         )
     except Exception:

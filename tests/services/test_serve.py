@@ -85,13 +85,13 @@ def worker_pids(name: str, model) -> list[int]:
 
 def test_client_through_the_served_cluster(served):
     model, _, port, _ = served
-    result = client(port, "--prompt-ids", "9,8,7,6,5,4,3,2,1", "--max-tokens", "5", "--logprobs")
-    want = LLM(str(model), dtype="float32").generate(
-        [[9, 8, 7, 6, 5, 4, 3, 2, 1]], SamplingParams(max_tokens=5, temperature=0)
-    )[0]
+    prompt = [(7 * i + 3) % 97 for i in range(40)]  # longer than --local-prefill-tokens: handed off
+    ids = ",".join(map(str, prompt))
+    result = client(port, "--prompt-ids", ids, "--max-tokens", "5", "--logprobs")
+    want = LLM(str(model), dtype="float32").generate([prompt], SamplingParams(max_tokens=5, temperature=0))[0]
     assert result["token_ids"] == want.token_ids
     assert result["route"]["transfer_backend"] == "nixl" and result["route"]["transfer_bytes"] > 0
-    assert result["usage"]["prompt"] == 9 and len(result["logprobs"]) == len(result["token_ids"])
+    assert result["usage"]["prompt"] == 40 and len(result["logprobs"]) == len(result["token_ids"])
 
 
 def test_a_dead_worker_is_restarted_and_serving_resumes(served):

@@ -1,5 +1,7 @@
 """Real prefill and decode worker processes: gRPC calls, NIXL handoff, tokens equal the offline engine."""
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -102,11 +104,25 @@ def test_bad_inputs_get_clear_statuses_and_the_workers_keep_serving(workers):
     assert decoded[-1].finish_reason != generation_pb2.FINISH_REASON_UNSPECIFIED
 
 
-def test_release_frees_an_unused_reservation(workers):
+def test_release_with_no_handoff_in_flight_frees_a_reservation_at_once(workers):
     _, decode, _, _ = workers
     decode.Reserve(workers_pb2.ReserveRequest(request_id="dropped", prompt_ids=PROMPT), timeout=30)
     busy = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
     assert busy.running == 1 and busy.free_blocks < busy.total_blocks
-    decode.Release(workers_pb2.ReleaseRequest(request_id="dropped"), timeout=10)
+    decode.Release(workers_pb2.ReleaseRequest(request_id="dropped", no_handoff_in_flight=True), timeout=10)
     idle = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
     assert idle.running == 0 and idle.free_blocks == idle.total_blocks
+
+
+def test_release_keeps_a_reservation_a_prefill_may_still_write_until_the_grace_ends(workers):
+    _, decode, _, _ = workers
+    decode.Reserve(workers_pb2.ReserveRequest(request_id="late", prompt_ids=PROMPT), timeout=30)
+    released_at = time.monotonic()
+    decode.Release(workers_pb2.ReleaseRequest(request_id="late"), timeout=10)
+    assert decode.Stats(workers_pb2.StatsRequest(), timeout=10).running == 1  # still held: a write may land
+    while decode.Stats(workers_pb2.StatsRequest(), timeout=10).running:
+        assert time.monotonic() - released_at < 15, "the reservation was never freed"
+        time.sleep(0.2)
+    assert time.monotonic() - released_at >= 4.5  # the grace period (5 s), not before
+    idle = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
+    assert idle.free_blocks == idle.total_blocks
