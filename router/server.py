@@ -15,6 +15,8 @@ from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 
 from .admission import Admission
+from .dispatch import Dispatcher
+from .openai import OpenAIFront
 from .servicer import GenerationServicer
 from .worker_pool import WorkerPool
 
@@ -31,8 +33,11 @@ class RouterConfig:
     max_model_len: int = 4096
     max_workers: int = 32
     metrics_port: int = 0  # /metrics; 0 picks a free port (``RouterServer.metrics_port``)
+    http_port: int | None = None  # OpenAI HTTP front; None: none, 0 picks a free port (``.http_port``)
     max_running: int = 256  # requests in flight through the workers
     max_queued: int = 1024  # requests waiting for a seat; more get RESOURCE_EXHAUSTED
+    disaggregation: str = "conditional"  # conditional, always, or never (colocated: no prefill workers)
+    local_prefill_tokens: int = 16  # conditional: decode prefills a prompt with at most this many uncached
 
 
 class RouterServer:
@@ -44,14 +49,19 @@ class RouterServer:
             tokenizer = Tokenizer.from_pretrained(config.model)
         except TokenizerNotFoundError:
             tokenizer = None
-        self.pool = WorkerPool(list(config.prefill), list(config.decode))
         self.metrics = Metrics("router")
+        self.pool = WorkerPool(
+            list(config.prefill),
+            list(config.decode),
+            on_health=lambda worker, up: self.metrics.worker_up.labels(worker.role, worker.address).set(up),
+        )
+        dispatcher = Dispatcher(self.pool, self.metrics, config.disaggregation, config.local_prefill_tokens)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         servicer = GenerationServicer(
             Path(config.model).name,
             model_config,
             tokenizer,
-            self.pool,
+            dispatcher,
             config.max_model_len,
             self.metrics,
             Admission(config.max_running, config.max_queued),
@@ -71,8 +81,27 @@ class RouterServer:
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set("baton.v1.Generation", health_pb2.HealthCheckResponse.SERVING)
+        self.http: OpenAIFront | None = None
+        self.http_port: int | None = None  # the OpenAI front's bound port; None without one
+        if config.http_port is not None:
+            try:
+                self.http = OpenAIFront(_loopback(config.host, self.port), config.host, config.http_port)
+            except BaseException:
+                self.server.stop(0).wait()
+                self.pool.close()
+                raise
+            self.http_port = self.http.port
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
+        if self.http is not None:
+            self.http.stop()  # first: its streams are gRPC calls into this server
         self.server.stop(grace_s).wait()
         self.pool.close()
+
+
+def _loopback(host: str, port: int) -> str:
+    """The gRPC target for calling this process's own server: loopback when it listens everywhere."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return f"127.0.0.1:{port}"
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

@@ -1,0 +1,205 @@
+"""OpenAI request bodies parsed and validated into frozen dataclasses.
+
+``parse_completion`` and ``parse_chat`` check every field they read (type, range) and refuse the
+OpenAI features Baton does not serve, raising ``RequestError`` with the field's name; values the
+router checks itself (vocabulary, stop strings against the model) come back from it as
+INVALID_ARGUMENT. Unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from services.engine.sampling.params import MAX_LOGPROBS
+
+from . import fields
+from .fields import RequestError
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling fields in the gRPC API's terms: ``top_p`` 0 is off, ``temperature`` 0 is greedy,
+    ``max_tokens`` None takes the endpoint's default, ``logprobs`` None asks for none."""
+
+    max_tokens: int | None
+    temperature: float = 1.0
+    top_p: float = 0.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """What both endpoints share besides sampling. ``model`` empty: the cluster's only model;
+    ``timeout`` (seconds, an extension) becomes the gRPC deadline."""
+
+    model: str
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+    session_id: str
+    tenant: str
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """``POST /v1/completions``: ``prompt`` is a text or token ids."""
+
+    options: Options
+    prompt: str | tuple[int, ...]
+    sampling: Sampling
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """``POST /v1/chat/completions``: the router renders ``messages`` with the model's template."""
+
+    options: Options
+    messages: tuple[ChatMessage, ...]
+    sampling: Sampling
+
+
+def parse_completion(body: Mapping[str, Any], headers: Mapping[str, str]) -> CompletionRequest:
+    """Validate a completions body. Raises RequestError naming the field."""
+    fields.only(body, "echo", (False,), "not supported")
+    fields.only(body, "best_of", (1,), "values other than 1 are not supported")
+    fields.only(body, "suffix", ("",), "not supported")
+    logprobs = fields.integer(body, "logprobs", None, 0, MAX_LOGPROBS)
+    return CompletionRequest(
+        _options(body, headers), _prompt(body.get("prompt")), _sampling(body, "max_tokens", 16, logprobs)
+    )
+
+
+def parse_chat(body: Mapping[str, Any], headers: Mapping[str, str]) -> ChatRequest:
+    """Validate a chat completions body. Raises RequestError naming the field."""
+    fields.only(body, "tools", ([],), "not supported yet")
+    fields.only(body, "functions", ([],), "not supported yet")
+    fields.only(body, "tool_choice", ("none", "auto"), "not supported yet")
+    fields.only(body, "response_format", ({"type": "text"},), "only {'type': 'text'} is supported")
+    want_logprobs = fields.boolean(body, "logprobs")
+    top = fields.integer(body, "top_logprobs", None, 0, MAX_LOGPROBS)
+    if top is not None and not want_logprobs:
+        raise RequestError("top_logprobs", "top_logprobs: needs logprobs: true")
+    length_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    sampling = _sampling(body, length_field, None, (top or 0) if want_logprobs else None)
+    return ChatRequest(_options(body, headers), _messages(body.get("messages")), sampling)
+
+
+def _options(body: Mapping[str, Any], headers: Mapping[str, str]) -> Options:
+    stream = fields.boolean(body, "stream")
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise RequestError("stream_options", "stream_options: only allowed with stream: true")
+        if not isinstance(stream_options, dict):
+            raise RequestError("stream_options", "stream_options: must be an object")
+        try:
+            include_usage = fields.boolean(stream_options, "include_usage")
+        except RequestError as error:
+            raise RequestError("stream_options.include_usage", f"stream_options.{error.message}") from None
+    fields.only(body, "n", (1,), "only n=1 is supported")
+    return Options(
+        model=fields.string(body, "model"),
+        stream=stream,
+        include_usage=include_usage,
+        return_token_ids=fields.boolean(body, "return_token_ids"),
+        session_id=fields.string(body, "session_id", headers.get("x-session-id", "")),
+        tenant=fields.string(body, "tenant", headers.get("x-tenant", "")),
+        timeout=fields.number(body, "timeout", None, 0.0, 86400.0, low_open=True),
+    )
+
+
+def _sampling(body: Mapping[str, Any], length_field: str, default_length, logprobs) -> Sampling:
+    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("repetition_penalty", 1)):
+        fields.only(body, name, (neutral, float(neutral)), "not supported")
+    fields.only(body, "logit_bias", ({},), "not supported")
+    fields.only(body, "include_stop_str_in_output", (False,), "not supported")
+    top_k = fields.integer(body, "top_k", 0, -1, 2**31 - 1)  # -1 is vLLM's "off"
+    stop_ids = body.get("stop_token_ids")
+    return Sampling(
+        max_tokens=fields.integer(
+            body, length_field, default_length, 1, what="must be a positive integer (below 2**32)"
+        ),
+        temperature=fields.number(body, "temperature", 1.0, 0.0, 1e6),
+        top_p=fields.number(body, "top_p", 0.0, 0.0, 1.0, low_open=True),
+        top_k=max(top_k, 0),
+        min_p=fields.number(body, "min_p", 0.0, 0.0, 1.0),
+        seed=fields.integer(body, "seed", None, 0, 2**63 - 1),
+        stop=fields.strings(body, "stop"),
+        stop_token_ids=() if stop_ids is None else fields.token_ids(stop_ids, "stop_token_ids"),
+        ignore_eos=fields.boolean(body, "ignore_eos"),
+        logprobs=logprobs,
+    )
+
+
+def _prompt(prompt: Any) -> str | tuple[int, ...]:
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > 1:
+            raise RequestError(
+                "prompt", f"prompt: a batch of {len(prompt)} prompts is not supported; send one per request"
+            )
+        prompt = prompt[0]
+    if prompt is None:
+        raise RequestError("prompt", "prompt: required")
+    if isinstance(prompt, str):
+        return prompt
+    ids = fields.token_ids(prompt, "prompt")
+    if not ids:
+        raise RequestError("prompt", "prompt: must not be empty")
+    return ids
+
+
+def _messages(messages: Any) -> tuple[ChatMessage, ...]:
+    if messages is None:
+        raise RequestError("messages", "messages: required")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages", "messages: must be a non-empty list of messages")
+    return tuple(_message(message, f"messages[{i}]") for i, message in enumerate(messages))
+
+
+def _message(message: Any, where: str) -> ChatMessage:
+    if not isinstance(message, dict):
+        raise RequestError(where, f"{where}: must be an object with role and content")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise RequestError(f"{where}.role", f"{where}.role: must be one of {sorted(_ROLES)}, got {role!r}")
+    if message.get("tool_calls"):
+        raise RequestError(f"{where}.tool_calls", f"{where}.tool_calls: not supported yet")
+    content = message.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    return ChatMessage(_ROLES[role], _content(content, f"{where}.content"))
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(where, f"{where}: must be a string or a list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise RequestError(at, f"{at}: must be an object with type and text")
+        if part.get("type") != "text":
+            kind = part.get("type")
+            raise RequestError(f"{at}.type", f"{at}.type: only 'text' parts are supported, got {kind!r}")
+        if not isinstance(part.get("text"), str):
+            raise RequestError(f"{at}.text", f"{at}.text: must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)
