@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 DEMO_MODEL ?= .cache/checkpoints/k3-tiny
 PORT ?= 50051
+HTTP_PORT ?= 8000
 
 .PHONY: setup proto test run lint clean
 
@@ -35,11 +36,11 @@ test: setup proto
 $(DEMO_MODEL)/config.json: | setup
 	$(VENV)/bin/baton checkpoint init --family k3 --preset tiny --seed 0 --out $(DEMO_MODEL)
 
-# The local cluster (prefill worker, decode worker, router on :50051) until Ctrl-C; it prints how to
-# send a request (baton client generate ...).
+# The local cluster (prefill worker, decode worker, router: gRPC on :50051, OpenAI HTTP on :8000)
+# until Ctrl-C; it prints how to send a request (baton client generate ..., curl ...).
 run: setup proto $(DEMO_MODEL)/config.json
 	$(VENV)/bin/baton generate --model $(DEMO_MODEL) --prompt "Hello, Baton!" --max-tokens 16
-	$(VENV)/bin/baton serve --model $(DEMO_MODEL) --port $(PORT)
+	$(VENV)/bin/baton serve --model $(DEMO_MODEL) --port $(PORT) --http-port $(HTTP_PORT)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -68,13 +68,18 @@ def run(args: argparse.Namespace) -> int:
         + ",".join(f"{w.name}@{w.address}" for w in cluster.workers),
         flush=True,
     )
-    if cluster.router.http_port is not None:
-        print(f"HTTP (OpenAI-compatible) on 127.0.0.1:{cluster.router.http_port}", flush=True)
     print(
-        f"send a request: baton client generate --addr 127.0.0.1:{cluster.port} --prompt-ids 1,2,3 "
-        "--max-tokens 8 --json",
+        f"send a request: baton client generate --addr 127.0.0.1:{cluster.port} "
+        '--prompt "Tell me about relay races." --max-tokens 16 --json',
         flush=True,
     )
+    if cluster.router.http_port is not None:
+        print(
+            f"or over HTTP: curl -s 127.0.0.1:{cluster.router.http_port}/v1/completions "
+            """-H 'Content-Type: application/json' -d '{"prompt": "Tell me about relay races.", """
+            """"max_tokens": 16}'""",
+            flush=True,
+        )
     stop.wait()
     cluster.stop()
     return 0

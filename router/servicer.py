@@ -43,6 +43,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         admitted = False
         try:
             self.admission.enter(time_left(context))
+            self.metrics.queue_time.observe(time.monotonic() - started)
             admitted = True
             for message in self._generate(request, context):
                 if message.token_ids:

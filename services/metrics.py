@@ -45,6 +45,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.queue_time = Histogram(
+            "baton_request_queue_time_seconds",
+            "Waiting before work starts: router, for an admission seat; worker, arrival to first step",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.requests = Counter(
             "baton_requests_total", "Finished requests by outcome", ["status"], registry=r
         )
@@ -98,6 +104,8 @@ class Metrics:
         self.slots_total.labels(self.role).set(slots.num_slots)
         self.running.labels(self.role).set(len(scheduler.running) + len(scheduler.reserved))
         self.waiting.labels(self.role).set(len(scheduler.waiting))
+        for seconds in scheduler.take_queue_times():
+            self.queue_time.observe(seconds)
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the bound port."""

@@ -1,6 +1,7 @@
 """A request's engine-side state and the result type handed back to callers."""
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 from services.engine.sampling import SamplingParams
@@ -45,6 +46,8 @@ class Request:
     num_registered: int = 0  # leading blocks registered in the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     hold_cache: bool = False  # prefill side: keep blocks and slot after finishing, for the handoff
+    arrival_time: float = field(default_factory=time.monotonic)
+    queue_seconds: float | None = None  # arrival to first scheduled step; None until then
 
     @property
     def all_ids(self) -> list[int]:

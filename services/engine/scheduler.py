@@ -6,6 +6,7 @@ get blocks preempts the most recently admitted running request, which frees ever
 recompute its tokens; nothing is lost. ``update()`` applies the sampled tokens and finishes requests.
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -72,6 +73,9 @@ class Scheduler:
         self.reserved: dict[str, Request] = {}  # decode side: waiting for their prompt's state
         self.held: dict[str, Request] = {}  # prefill side: finished, cache kept for the handoff
         self.requests: dict[str, Request] = {}
+        # Queue times of requests first scheduled since take_queue_times(); bounded for an engine whose
+        # owner never reads them (the offline LLM).
+        self._queue_times: deque[float] = deque(maxlen=4096)
 
     def add(self, request: Request) -> None:
         """Queue a request.
@@ -120,6 +124,12 @@ class Scheduler:
         self.cache.record_end(request)
         self.cache.release(request)
         request.status = RequestStatus.FINISHED
+
+    def take_queue_times(self) -> list[float]:
+        """Queue times (arrival to first step, seconds) of the requests started since the last call."""
+        taken = list(self._queue_times)
+        self._queue_times.clear()
+        return taken
 
     def _validate(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -181,6 +191,9 @@ class Scheduler:
             if not self.cache.can_admit(request, hit, count):
                 break
             self.waiting.popleft()
+            if request.queue_seconds is None:  # not after a preemption: that wait is not queueing
+                request.queue_seconds = time.monotonic() - request.arrival_time
+                self._queue_times.append(request.queue_seconds)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.cache.admit(request, hit, count)

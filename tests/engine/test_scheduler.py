@@ -153,3 +153,18 @@ def test_requests_that_cannot_fit_are_rejected_up_front():
     with pytest.raises(ValueError, match="already in flight"):
         scheduler.add(request("dup", 2))
     scheduler.cache.check_integrity()
+
+
+def test_queue_time_is_recorded_once_when_a_request_first_runs():
+    scheduler = make_scheduler(num_blocks=5, budget=32, block=4, max_num_seqs=1)
+    scheduler.add(request("first", 7, max_tokens=2))
+    scheduler.add(request("second", 7, max_tokens=2))
+    waited_for = scheduler.requests["second"]
+    waited_for.arrival_time -= 5.0  # as if it had arrived five seconds ago
+    run_step(scheduler)
+    assert len(scheduler.take_queue_times()) == 1  # only "first" started
+    assert scheduler.take_queue_times() == []  # taken
+    run_step(scheduler)  # "first" finishes; "second" starts next step
+    run_step(scheduler)
+    (queued,) = scheduler.take_queue_times()
+    assert queued >= 5.0 and waited_for.queue_seconds == queued

@@ -185,6 +185,7 @@ def test_router_exports_latency_outcome_and_transfer_metrics(cluster):
     assert samples[("baton_time_to_first_token_seconds_count", ())] >= 1
     assert samples[("baton_time_per_output_token_seconds_count", ())] >= 1
     assert samples[("baton_e2e_request_latency_seconds_count", ())] >= 1
+    assert samples[("baton_request_queue_time_seconds_count", ())] >= 1
     assert samples[("baton_requests_total", (("status", "length"),))] >= 1
     assert samples[("baton_requests_total", (("status", "invalid_argument"),))] >= 1
     assert samples[("baton_transfer_bytes_total", (("backend", "nixl"),))] > 0

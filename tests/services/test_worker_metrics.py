@@ -1,5 +1,6 @@
 """A worker serves ``/metrics``: pool occupancy gauges follow its engine."""
 
+import time
 from urllib.request import urlopen
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,5 +33,11 @@ def test_decode_worker_gauges_follow_the_pools(tiny_checkpoint):
         assert busy[("baton_kv_blocks_used", role)] == 3 and busy[("baton_kda_slots_used", role)] == 1
         assert busy[("baton_requests_running", role)] == 1
         server.loop.call(lambda e: e.abort("held-open"))
+        assert idle[("baton_request_queue_time_seconds_count", ())] == 0
+        server.loop.call(lambda e: e.add_request(list(range(10)), SamplingParams(max_tokens=2), "queued"))
+        deadline = time.monotonic() + 10
+        while scrape(server.metrics_port)[("baton_request_queue_time_seconds_count", ())] == 0:
+            assert time.monotonic() < deadline, "the started request's queue time was never observed"
+            time.sleep(0.05)
     finally:
         server.stop()
