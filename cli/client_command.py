@@ -1,19 +1,11 @@
-"""``baton client generate``: one request to a router over gRPC, printed as JSON or text."""
+"""``baton client generate``: one request to a router through the SDK, printed as JSON or text."""
 
 import argparse
 import json
 
-import grpc
-
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from sdk import BatonError, Client, Completion
 
 from .arguments import parse_token_ids
-
-_REASONS = {
-    generation_pb2.FINISH_REASON_STOP: "stop",
-    generation_pb2.FINISH_REASON_LENGTH: "length",
-    generation_pb2.FINISH_REASON_ABORT: "abort",
-}
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,60 +16,93 @@ def register(commands: argparse._SubParsersAction) -> None:
     prompt = generate.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", help="comma-separated token ids")
     prompt.add_argument("--prompt", help="prompt text")
+    generate.add_argument("--chat", action="store_true", help="send --prompt as one user message of a chat")
     generate.add_argument("--max-tokens", type=int, default=16)
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--logprobs", action="store_true")
+    generate.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
+    )
+    generate.add_argument("--logprobs", action="store_true", help="return each token's logprob")
+    generate.add_argument(
+        "--top-logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also the top N per token (implies --logprobs)",
+    )
+    generate.add_argument("--session-id", default="", help="affinity key: a session's turns share workers")
+    generate.add_argument("--tenant", default="", help="prefix-cache isolation key")
     generate.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds (default 120)")
     generate.add_argument("--json", action="store_true", help="print one JSON object")
     generate.set_defaults(run=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    sampling = generation_pb2.SamplingParameters(max_tokens=args.max_tokens, temperature=args.temperature)
-    if args.seed is not None:
-        sampling.seed = args.seed
-    if args.logprobs:
-        sampling.logprobs = 0
-    request = generation_pb2.GenerateRequest(sampling=sampling)
+    options = dict(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        stop=args.stop,
+        logprobs=_logprobs(args),
+        session_id=args.session_id,
+        tenant=args.tenant,
+    )
     if args.prompt_ids is not None:
-        request.token_ids.ids.extend(parse_token_ids(args.prompt_ids, "--prompt-ids"))
+        if args.chat:
+            raise ValueError("--chat: needs --prompt (a text message), not --prompt-ids")
+        options["prompt_ids"] = parse_token_ids(args.prompt_ids, "--prompt-ids")
+    elif args.chat:
+        options["messages"] = [{"role": "user", "content": args.prompt}]
     else:
-        request.text = args.prompt
-    tokens, logprobs, text, final = [], [], "", None
-    with grpc.insecure_channel(args.addr) as channel:
+        options["prompt"] = args.prompt
+    chunks = []
+    with Client(args.addr, timeout_s=args.timeout) as client:
         try:
-            for message in generation_pb2_grpc.GenerationStub(channel).Generate(
-                request, timeout=args.timeout
-            ):
-                tokens += message.token_ids
-                logprobs += message.logprobs
-                text += message.text
-                if not args.json and message.text:
-                    print(message.text, end="", flush=True)
-                final = message
-        except grpc.RpcError as error:
-            raise ValueError(f"{error.code().name}: {error.details()}") from None
+            for chunk in client.generate_stream(**options):
+                chunks.append(chunk)
+                if not args.json and chunk.text:
+                    print(chunk.text, end="", flush=True)
+        except BatonError as error:
+            # main() prints a ValueError as one line and exits 2: "CODE: details", no traceback.
+            raise ValueError(" ".join(str(error).split())) from None
+    completion = Completion.from_chunks(chunks, logprobs=options["logprobs"])
+    print(json.dumps(_as_json(completion)) if args.json else "")
+    return 0
+
+
+def _logprobs(args: argparse.Namespace) -> int | None:
+    if args.top_logprobs is not None:
+        if args.top_logprobs < 0:
+            raise ValueError(f"--top-logprobs: expected N >= 0, got {args.top_logprobs}")
+        return args.top_logprobs
+    return 0 if args.logprobs else None
+
+
+def _as_json(completion: Completion) -> dict:
+    """The command's output object; ``top_logprobs`` ([[[id, logprob], ...], ...]) only when asked."""
+    usage, route = completion.usage, completion.route
     result = {
-        "token_ids": tokens,
-        "logprobs": logprobs if args.logprobs else None,
-        "text": text,
-        "finish_reason": _REASONS.get(final.finish_reason) if final else None,
+        "token_ids": list(completion.token_ids),
+        "logprobs": list(completion.logprobs) if completion.logprobs is not None else None,
+        "text": completion.text,
+        "finish_reason": completion.finish_reason,
         "usage": {
-            "prompt": final.usage.prompt_tokens,
-            "completion": final.usage.completion_tokens,
-            "cached": final.usage.cached_tokens,
+            "prompt": usage.prompt_tokens,
+            "completion": usage.completion_tokens,
+            "cached": usage.cached_tokens,
         }
-        if final
+        if usage
         else None,
         "route": {
-            "prefill": final.route.prefill_worker,
-            "decode": final.route.decode_worker,
-            "transfer_backend": final.route.transfer_backend,
-            "transfer_bytes": final.route.transfer_bytes,
+            "prefill": route.prefill_worker,
+            "decode": route.decode_worker,
+            "transfer_backend": route.transfer_backend,
+            "transfer_bytes": route.transfer_bytes,
         }
-        if final
+        if route
         else None,
     }
-    print(json.dumps(result) if args.json else "")
-    return 0
+    if completion.top_logprobs is not None:
+        result["top_logprobs"] = [[list(pair) for pair in token] for token in completion.top_logprobs]
+    return result

@@ -9,6 +9,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from router.server import RouterConfig, RouterServer
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,9 @@ class ManagedWorker:
             if line.startswith("READY "):
                 self.port = int(line.rsplit("port=", 1)[1])
                 threading.Thread(target=self._drain, daemon=True).start()
-                return
+                if _serving(self.address, deadline):
+                    return
+                break
         self.stop()
         raise RuntimeError(f"{self.name} did not become ready:\n{''.join(self.output)}")
 
@@ -85,6 +90,21 @@ class ManagedWorker:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=15)
+
+
+def _serving(address: str, deadline: float) -> bool:
+    """Whether the worker's gRPC health service says SERVING before ``deadline``."""
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.1)
+    return False
 
 
 class LocalCluster:

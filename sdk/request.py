@@ -1,0 +1,199 @@
+"""Building ``GenerateRequest`` / ``TokenizeRequest`` messages from keyword arguments.
+
+Only type and shape are checked here (what protobuf would otherwise reject with an unhelpful
+error, or silently get wrong, like a bare string given as ``stop``); values such as temperature
+ranges are the server's to validate. A bad argument raises ``InvalidRequest`` naming it.
+"""
+
+import operator
+from collections.abc import Iterable, Mapping
+
+from proto.baton.v1 import generation_pb2
+
+from .errors import InvalidRequest
+
+_UINT32 = 2**32
+_UINT64 = 2**64
+
+
+def generate_request(
+    prompt: str | None = None,
+    *,
+    prompt_ids: Iterable[int] | None = None,
+    messages: Iterable[dict] | None = None,
+    max_tokens: int = 0,
+    temperature: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int | None = None,
+    stop: Iterable[str] = (),
+    stop_token_ids: Iterable[int] = (),
+    ignore_eos: bool = False,
+    logprobs: int | None = None,
+    session_id: str = "",
+    tenant: str = "",
+    request_id: str = "",
+    model: str = "",
+) -> generation_pb2.GenerateRequest:
+    """One ``GenerateRequest``.
+
+    Args:
+        prompt, prompt_ids, messages: exactly one: text, token ids, or a chat as a list of
+            ``{"role": ..., "content": ...}`` dicts (rendered with the model's template, with the
+            generation prompt added).
+        max_tokens: tokens to generate at most; 0 means the server's default.
+        temperature: 0 is greedy. top_p: 0 means off. top_k: 0 is off. min_p: 0 is off.
+        seed: same seed, same tokens whatever the batch; None lets the server choose.
+        stop: strings that end the generation (not included in the text).
+        stop_token_ids: token ids that end the generation.
+        ignore_eos: keep going past the end-of-sequence token.
+        logprobs: None: none; 0: the sampled token's logprob; n: also the top n per token.
+        session_id: affinity key; a session's turns go to the same workers.
+        tenant: prefix-cache isolation key.
+        request_id: the server assigns one when empty.
+        model: empty means the cluster's only model.
+
+    Raises:
+        InvalidRequest: an argument of the wrong type or shape, named in the message.
+    """
+    prompts = (("prompt", prompt), ("prompt_ids", prompt_ids), ("messages", messages))
+    given = [name for name, value in prompts if value is not None]
+    if len(given) != 1:
+        found = ", ".join(given) if given else "none"
+        raise InvalidRequest(f"prompt: give exactly one of prompt, prompt_ids, messages (got {found})")
+    sampling = generation_pb2.SamplingParameters(
+        max_tokens=_uint("max_tokens", max_tokens),
+        temperature=_number("temperature", temperature),
+        top_p=_number("top_p", top_p),
+        top_k=_uint("top_k", top_k),
+        min_p=_number("min_p", min_p),
+        stop=_strings("stop", stop),
+        stop_token_ids=_ids("stop_token_ids", stop_token_ids),
+        ignore_eos=_bool("ignore_eos", ignore_eos),
+    )
+    if seed is not None:
+        sampling.seed = _uint("seed", seed, limit=_UINT64)
+    if logprobs is not None:
+        sampling.logprobs = _uint("logprobs", logprobs)
+    request = generation_pb2.GenerateRequest(
+        sampling=sampling,
+        session_id=_string("session_id", session_id),
+        tenant=_string("tenant", tenant),
+        request_id=_string("request_id", request_id),
+        model=_string("model", model),
+    )
+    if prompt is not None:
+        request.text = _string("prompt", prompt)
+    elif prompt_ids is not None:
+        request.token_ids.ids.extend(_ids("prompt_ids", prompt_ids))
+    else:
+        request.chat.CopyFrom(_chat(messages, add_generation_prompt=True))
+    return request
+
+
+def tokenize_request(
+    text: str | None = None,
+    *,
+    messages: Iterable[dict] | None = None,
+    add_generation_prompt: bool = True,
+    model: str = "",
+) -> generation_pb2.TokenizeRequest:
+    """One ``TokenizeRequest`` for exactly one of ``text`` or ``messages`` (a chat, as in
+    ``generate_request``; ``add_generation_prompt`` appends the assistant turn's header)."""
+    if (text is None) == (messages is None):
+        raise InvalidRequest("text: give exactly one of text, messages")
+    request = generation_pb2.TokenizeRequest(model=_string("model", model))
+    if text is not None:
+        request.text = _string("text", text)
+    else:
+        request.chat.CopyFrom(
+            _chat(messages, add_generation_prompt=_bool("add_generation_prompt", add_generation_prompt))
+        )
+    return request
+
+
+def requested_logprobs(request: generation_pb2.GenerateRequest) -> int | None:
+    """The request's ``logprobs`` setting: None (not requested), 0, or n."""
+    return request.sampling.logprobs if request.sampling.HasField("logprobs") else None
+
+
+def _chat(messages, *, add_generation_prompt: bool) -> generation_pb2.Chat:
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise InvalidRequest(
+            f"messages: expected a list of {{'role', 'content'}} dicts, got {_kind(messages)}"
+        )
+    chat = generation_pb2.Chat(add_generation_prompt=add_generation_prompt)
+    for position, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not {"role", "content"} <= message.keys():
+            raise InvalidRequest(f"messages[{position}]: expected a dict with 'role' and 'content'")
+        role, content = message["role"], message["content"]
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise InvalidRequest(f"messages[{position}]: 'role' and 'content' must be strings")
+        chat.messages.add(role=role, content=content)
+    return chat
+
+
+def _ids(name: str, ids) -> list[int]:
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+        raise InvalidRequest(f"{name}: expected a list of token ids, got {_kind(ids)}")
+    checked = []
+    for position, token in enumerate(ids):
+        value = _as_int(token)
+        if value is None or not 0 <= value < _UINT32:
+            raise InvalidRequest(
+                f"{name}: {token!r} at position {position} is not a token id (an integer in [0, 2**32))"
+            )
+        checked.append(value)
+    return checked
+
+
+def _strings(name: str, values) -> list[str]:
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise InvalidRequest(f"{name}: expected a list of strings, got {_kind(values)}")
+    values = list(values)
+    for position, value in enumerate(values):
+        if not isinstance(value, str):
+            raise InvalidRequest(f"{name}: item {position} is {_kind(value)}, not a string")
+    return values
+
+
+def _uint(name: str, value, limit: int = _UINT32) -> int:
+    checked = _as_int(value)
+    if checked is None or not 0 <= checked < limit:
+        raise InvalidRequest(
+            f"{name}: expected a non-negative integer below 2**{limit.bit_length() - 1}, got {value!r}"
+        )
+    return checked
+
+
+def _number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(f"{name}: expected a number, got {_kind(value)}")
+    return float(value)
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name}: expected True or False, got {_kind(value)}")
+    return value
+
+
+def _string(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name}: expected a string, got {_kind(value)}")
+    return value
+
+
+def _as_int(value) -> int | None:
+    """``value`` as an int if it is one (numpy integers included, bools not), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _kind(value) -> str:
+    return type(value).__name__
