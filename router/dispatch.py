@@ -33,6 +33,7 @@ class Dispatcher:
         metrics: the router's metrics (transfer, fallbacks, local prefills).
         disaggregation: ``conditional`` (short or fully cached prompts prefill on decode), ``always``
             (every prompt is handed off) or ``never`` (colocated: decode workers prefill everything).
+            With no prefill worker in the pool (discovery has found none yet), decode prefills.
         local_prefill_tokens: in ``conditional`` mode, the most uncached prompt tokens decode prefills.
     """
 
@@ -43,8 +44,6 @@ class Dispatcher:
             raise ValueError(
                 f"disaggregation: {disaggregation!r} is not one of {', '.join(DISAGGREGATION_MODES)}"
             )
-        if disaggregation != "never" and not pool.prefill:
-            raise ValueError("prefill: disaggregated serving needs at least one prefill worker")
         if local_prefill_tokens < 0:
             raise ValueError(f"local_prefill_tokens: must be >= 0, got {local_prefill_tokens}")
         self.pool = pool

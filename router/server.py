@@ -15,6 +15,7 @@ from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 
 from .admission import Admission
+from .discovery import Discovery, discovery_for
 from .dispatch import Dispatcher
 from .openai import OpenAIFront
 from .servicer import GenerationServicer
@@ -23,11 +24,21 @@ from .worker_pool import WorkerPool
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """The router process: the model it fronts, its workers, where it listens."""
+    """The router process: the model it fronts, its workers, where it listens.
+
+    Workers come from ``discovery``: ``static`` takes the ``prefill`` and ``decode`` addresses;
+    ``kubernetes`` watches the EndpointSlices in ``namespace`` that ``prefill_selector`` and
+    ``decode_selector`` pick (their port named ``port_name``). Checked by ``discovery_for``.
+    """
 
     model: str
-    prefill: tuple[str, ...]
-    decode: tuple[str, ...]
+    prefill: tuple[str, ...] = ()  # static: host:port of each prefill worker
+    decode: tuple[str, ...] = ()  # static: host:port of each decode worker
+    discovery: str = "static"  # static or kubernetes
+    namespace: str = ""  # kubernetes: the workers' namespace
+    prefill_selector: str = ""  # kubernetes: label selector of the prefill workers' EndpointSlices
+    decode_selector: str = ""  # kubernetes: label selector of the decode workers' EndpointSlices
+    port_name: str = "grpc"  # kubernetes: the workers' gRPC port name
     host: str = "127.0.0.1"
     port: int = 50051
     max_model_len: int = 4096
@@ -38,24 +49,33 @@ class RouterConfig:
     max_queued: int = 1024  # requests waiting for a seat; more get RESOURCE_EXHAUSTED
     disaggregation: str = "conditional"  # conditional, always, or never (colocated: no prefill workers)
     local_prefill_tokens: int = 16  # conditional: decode prefills a prompt with at most this many uncached
+    slo_ttft_s: float = 2.0  # goodput: a request meets its SLO with TTFT <= this and TPOT <= slo_tpot_s
+    slo_tpot_s: float = 0.1
+
+    def __post_init__(self):
+        for name in ("slo_ttft_s", "slo_tpot_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
 
 
 class RouterServer:
-    """A running router; ``port`` is the bound port (useful with ``port=0``)."""
+    """A running router; ``port`` is the bound port (useful with ``port=0``).
 
-    def __init__(self, config: RouterConfig):
+    ``discovery`` replaces the one ``config`` names (a caller that knows its workers itself, such as
+    a test or a Ray deployment, feeds them through its own ``Discovery``).
+    """
+
+    def __init__(self, config: RouterConfig, discovery: Discovery | None = None):
+        self.discovery = discovery if discovery is not None else discovery_for(config)
         model_config = load_model_config(config.model)
         try:
             tokenizer = Tokenizer.from_pretrained(config.model)
         except TokenizerNotFoundError:
             tokenizer = None
         self.metrics = Metrics("router")
-        self.pool = WorkerPool(
-            list(config.prefill),
-            list(config.decode),
-            on_health=lambda worker, up: self.metrics.worker_up.labels(worker.role, worker.address).set(up),
-        )
+        self.pool = WorkerPool([], [], on_health=self._worker_health)
         dispatcher = Dispatcher(self.pool, self.metrics, config.disaggregation, config.local_prefill_tokens)
+        self.discovery.start(self.pool.update)  # static: the pool is full before the port opens
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         servicer = GenerationServicer(
             Path(config.model).name,
@@ -64,7 +84,9 @@ class RouterServer:
             dispatcher,
             config.max_model_len,
             self.metrics,
-            Admission(config.max_running, config.max_queued),
+            Admission(config.max_running, config.max_queued, self.metrics),
+            config.slo_ttft_s,
+            config.slo_tpot_s,
         )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.max_workers), interceptors=[ErrorInterceptor()]
@@ -77,6 +99,7 @@ class RouterServer:
         )
         self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
         if self.port == 0:
+            self.discovery.stop()
             raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -87,12 +110,25 @@ class RouterServer:
             try:
                 self.http = OpenAIFront(_loopback(config.host, self.port), config.host, config.http_port)
             except BaseException:
+                self.discovery.stop()
                 self.server.stop(0).wait()
                 self.pool.close()
                 raise
             self.http_port = self.http.port
 
+    def _worker_health(self, worker, up: bool | None) -> None:
+        """``baton_worker_up``: 1 or 0 per worker in the pool; a removed worker's sample goes."""
+        if up is not None:
+            self.metrics.worker_up.labels(worker.role, worker.address).set(up)
+            return
+        try:
+            self.metrics.worker_up.remove(worker.role, worker.address)
+        except KeyError:
+            pass  # never reported
+
     def stop(self, grace_s: float = 2.0) -> None:
+        """Health NOT_SERVING, then refuse new calls and give running ones ``grace_s`` to finish."""
+        self.discovery.stop()
         self.health.enter_graceful_shutdown()
         if self.http is not None:
             self.http.stop()  # first: its streams are gRPC calls into this server

@@ -16,8 +16,8 @@ from .dispatch import Dispatcher, time_left
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """Args: the served model's id and config, its tokenizer (or None), the dispatcher (workers), the
-    longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens) and the
-    admission control (bounded queue)."""
+    longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens), the
+    admission control (bounded queue) and the SLO targets a request must meet to count as goodput."""
 
     def __init__(
         self,
@@ -28,8 +28,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         max_model_len: int,
         metrics: Metrics,
         admission: Admission,
+        slo_ttft_s: float = 2.0,
+        slo_tpot_s: float = 0.1,
     ):
         self.metrics = metrics
+        self.slo_ttft_s = slo_ttft_s
+        self.slo_tpot_s = slo_tpot_s
         self.admission = admission
         self.model_id = model_id
         self.config = config
@@ -71,8 +75,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             self.metrics.requests.labels(status.lower()).inc()
             if first_token_at is not None:
                 self.metrics.e2e.observe(last_token_at - started)
+                tpot = (last_token_at - first_token_at) / (tokens - 1) if tokens > 1 else 0.0
                 if tokens > 1:
-                    self.metrics.tpot.observe((last_token_at - first_token_at) / (tokens - 1))
+                    self.metrics.tpot.observe(tpot)
+                if (
+                    status in ("STOP", "LENGTH")
+                    and first_token_at - started <= self.slo_ttft_s
+                    and tpot <= self.slo_tpot_s
+                ):
+                    self.metrics.slo_met.inc()
 
     def _count(self, final) -> None:
         self.metrics.prompt_tokens.inc(final.usage.prompt_tokens)

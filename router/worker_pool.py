@@ -1,8 +1,10 @@
 """The router's view of its prefill and decode workers: stubs, health, and which one takes a request."""
 
 import itertools
+import logging
 import threading
 import time
+import weakref
 import zlib
 from dataclasses import dataclass
 
@@ -12,12 +14,17 @@ from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 
 from .prefix_index import PrefixIndex
 
+log = logging.getLogger(__name__)
 _PROBE_TIMEOUT_S = 0.5
 
 
 @dataclass
 class Worker:
-    """One worker: its role, address, name (from its stats) and stub; ``up`` is the router's view."""
+    """One worker: its role, address, name (from its stats) and stub; ``up`` is the router's view.
+
+    ``removed``: discovery took it out of the pool. Requests already holding it finish on it; its
+    channel closes once the last of them lets go of the object.
+    """
 
     role: str
     address: str
@@ -26,6 +33,7 @@ class Worker:
     name: str = ""
     up: bool = True
     down_since: float = 0.0
+    removed: bool = False
 
 
 class WorkerPool:
@@ -40,10 +48,15 @@ class WorkerPool:
     A worker that fails is marked down (``mark_down``) and skipped; it is probed again every
     ``probe_interval_s`` and comes back when its ``Stats`` answers.
 
+    Membership changes with ``update`` (worker discovery). ``prefill`` and ``decode`` are replaced,
+    never changed in place (copy-on-write under the lock), so a request thread that read a list keeps
+    a consistent one. Either may be empty for a while: requests then fail with UNAVAILABLE.
+
     Args:
         prefill: ``host:port`` of each prefill worker (none: decode workers prefill everything).
-        decode: ``host:port`` of each decode worker.
-        on_health: called with ``(worker, up)`` whenever a worker's state changes (metrics).
+        decode: ``host:port`` of each decode worker (may start empty when discovery fills it).
+        on_health: called with ``(worker, up)`` whenever a worker's state changes (metrics): ``up``
+            is True or False while the worker is in the pool, None once ``update`` removed it.
     """
 
     def __init__(
@@ -53,32 +66,64 @@ class WorkerPool:
         on_health=None,
         probe_interval_s: float = 1.0,
     ):
-        if not decode:
-            raise ValueError("workers: the router needs at least one decode worker")
-        self.prefill = [self._connect("prefill", a, workers_pb2_grpc.PrefillWorkerStub) for a in prefill]
-        self.decode = [self._connect("decode", a, workers_pb2_grpc.DecodeWorkerStub) for a in decode]
+        self.prefill: list[Worker] = []
+        self.decode: list[Worker] = []
         self.on_health = on_health or (lambda worker, up: None)
         self.probe_interval_s = probe_interval_s
         self.prefixes = PrefixIndex()
         self._rotation = itertools.count()
         self._lock = threading.Lock()
-        for worker in self.prefill + self.decode:
-            self.on_health(worker, True)
+        self.update(prefill, decode)
+
+    def update(self, prefill: list[str], decode: list[str]) -> None:
+        """Make the pool exactly these workers: connect the new addresses, drop the vanished ones.
+
+        A kept address keeps its ``Worker`` (health, name). A dropped worker leaves the lists, the
+        prefix index and (``on_health(worker, None)``) the metrics at once; requests holding it
+        finish on it, and its channel closes when the last of them lets go (``Worker.removed``).
+        """
+        with self._lock:
+            self.prefill = self._replace("prefill", self.prefill, prefill, workers_pb2_grpc.PrefillWorkerStub)
+            self.decode = self._replace("decode", self.decode, decode, workers_pb2_grpc.DecodeWorkerStub)
+
+    def _replace(self, role: str, current: list[Worker], addresses: list[str], stub_class) -> list[Worker]:
+        """The new list for one role (called under the lock)."""
+        kept = {worker.address: worker for worker in current}
+        wanted = list(dict.fromkeys(addresses))  # order kept, duplicates dropped
+        for worker in current:
+            if worker.address not in wanted:
+                worker.removed = True
+                self.prefixes.forget(worker.address)
+                self.on_health(worker, None)
+                log.info("%s worker %s left the pool", role, worker.address)
+        fresh = []
+        for address in wanted:
+            worker = kept.get(address)
+            if worker is None:
+                worker = self._connect(role, address, stub_class)
+                self.on_health(worker, True)
+                log.info("%s worker %s joined the pool", role, address)
+            fresh.append(worker)
+        return fresh
 
     @staticmethod
     def _connect(role: str, address: str, stub_class) -> Worker:
         channel = grpc.insecure_channel(address)
-        return Worker(role=role, address=address, stub=stub_class(channel), channel=channel)
+        worker = Worker(role=role, address=address, stub=stub_class(channel), channel=channel)
+        # Closed once nothing holds the worker: the pool after ``update`` removed it, or a request
+        # that was still running on it. (Closing earlier would cancel that request's stream.)
+        weakref.finalize(worker, channel.close).atexit = False
+        return worker
 
     def decode_order(self, session_id: str, timeout_s: float) -> list[Worker]:
         """Reachable decode workers in the order to try: the session's own first, then by load."""
+        decode = self.decode  # one snapshot: ``update`` may replace the list meanwhile
         loads = [
-            ((stats.running, -stats.free_blocks), worker)
-            for worker, stats in self._stats(self.decode, timeout_s)
+            ((stats.running, -stats.free_blocks), worker) for worker, stats in self._stats(decode, timeout_s)
         ]
         ordered = [worker for _, worker in sorted(loads, key=lambda pair: pair[0])]
         if session_id and ordered:
-            home = self.decode[zlib.crc32(session_id.encode()) % len(self.decode)]
+            home = decode[zlib.crc32(session_id.encode()) % len(decode)]
             if home in ordered:
                 ordered.remove(home)
                 ordered.insert(0, home)
@@ -101,7 +146,8 @@ class WorkerPool:
     def prefilled(self, worker: Worker, block_hashes: list[int]) -> None:
         """``worker`` prefilled a prompt with these block hashes: its cache now likely holds them."""
         with self._lock:
-            self.prefixes.insert(worker.address, block_hashes)
+            if not worker.removed:
+                self.prefixes.insert(worker.address, block_hashes)
 
     def check(self, worker: Worker) -> bool:
         """Probe a worker after a failed call; mark it down if it does not answer. Returns ``up``."""
@@ -113,11 +159,18 @@ class WorkerPool:
         return True
 
     def mark_down(self, worker: Worker) -> None:
+        """Skip this worker until a probe answers again; it forgets its cached prefixes."""
         with self._lock:
-            if worker.up:
+            if worker.up and not worker.removed:
                 self.prefixes.forget(worker.address)  # a restarted worker comes back with an empty cache
             worker.up, worker.down_since = False, time.monotonic()
-        self.on_health(worker, False)
+            self._report(worker, False)
+
+    def _report(self, worker: Worker, up: bool) -> None:
+        """``on_health`` for a worker still in the pool (called under the lock, so a removed worker's
+        gauge, once dropped, is never set again by a request still finishing on it)."""
+        if not worker.removed:
+            self.on_health(worker, up)
 
     def _stats(self, workers: list[Worker], timeout_s: float) -> list[tuple[Worker, object]]:
         """``(worker, WorkerStats)`` of the reachable workers. Down workers are probed (briefly) once
@@ -136,11 +189,13 @@ class WorkerPool:
                 continue
             worker.name = stats.worker
             if not worker.up:
-                worker.up = True
-                self.on_health(worker, True)
+                with self._lock:
+                    worker.up = True
+                    self._report(worker, True)
             answered.append((worker, stats))
         return answered
 
     def close(self) -> None:
+        """Close every channel (the router is stopping)."""
         for worker in self.prefill + self.decode:
             worker.channel.close()

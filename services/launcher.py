@@ -128,6 +128,8 @@ class LocalCluster:
         http_port: int | None = None,
         disaggregation: str = "conditional",
         local_prefill_tokens: int = 16,
+        slo_ttft_s: float = 2.0,
+        slo_tpot_s: float = 0.1,
     ):
         if decode_workers < 1:
             raise ValueError("--decode-workers: need at least one")
@@ -157,6 +159,8 @@ class LocalCluster:
                     http_port=http_port,
                     disaggregation=disaggregation,
                     local_prefill_tokens=local_prefill_tokens,
+                    slo_ttft_s=slo_ttft_s,
+                    slo_tpot_s=slo_tpot_s,
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
                     decode=tuple(w.address for w in self.workers if w.role == "decode"),
                 )

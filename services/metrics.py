@@ -6,7 +6,9 @@ bounded: no request ids, no prompts. Each process builds one ``Metrics`` on its 
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# The SLO targets (RouterConfig.slo_ttft_s = 2, slo_tpot_s = 0.1) must be bucket boundaries: the
+# alerts in deploy/prometheus count bad requests as count - bucket{le=target}.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -89,19 +91,40 @@ class Metrics:
             registry=r,
         )
         self.blocks_used = Gauge("baton_kv_blocks_used", "Packed blocks in use", ["role"], registry=r)
-        self.blocks_total = Gauge("baton_kv_blocks_total", "Packed blocks in the pool", ["role"], registry=r)
+        self.blocks_capacity = Gauge(
+            "baton_kv_blocks_capacity", "Packed blocks in the pool", ["role"], registry=r
+        )
         self.slots_used = Gauge("baton_kda_slots_used", "KDA state slots in use", ["role"], registry=r)
-        self.slots_total = Gauge("baton_kda_slots_total", "KDA state slots in the pool", ["role"], registry=r)
+        self.slots_capacity = Gauge(
+            "baton_kda_slots_capacity", "KDA state slots in the pool", ["role"], registry=r
+        )
         self.running = Gauge("baton_requests_running", "Requests running or reserved", ["role"], registry=r)
         self.waiting = Gauge("baton_requests_waiting", "Requests queued", ["role"], registry=r)
+        self.slo_met = Counter(
+            "baton_requests_slo_met_total",
+            "Finished requests that met both the TTFT and the TPOT target (goodput)",
+            registry=r,
+        )
+        self.router_queued = Gauge(
+            "baton_router_queued_requests", "Requests waiting for an admission seat", registry=r
+        )
+        self.router_queued_limit = Gauge(
+            "baton_router_queued_requests_limit", "Most requests that may wait (max_queued)", registry=r
+        )
+        self.router_inflight = Gauge(
+            "baton_router_inflight_requests", "Requests holding an admission seat", registry=r
+        )
+        self.router_inflight_limit = Gauge(
+            "baton_router_inflight_requests_limit", "Admission seats (max_running)", registry=r
+        )
 
     def observe_pools(self, engine) -> None:
         """Refresh the pool and queue gauges from an engine (call on its loop thread)."""
         blocks, slots, scheduler = engine.cache.blocks, engine.cache.slots, engine.scheduler
         self.blocks_used.labels(self.role).set(blocks.num_blocks - blocks.num_free)
-        self.blocks_total.labels(self.role).set(blocks.num_blocks)
+        self.blocks_capacity.labels(self.role).set(blocks.num_blocks)
         self.slots_used.labels(self.role).set(slots.num_slots - slots.num_free)
-        self.slots_total.labels(self.role).set(slots.num_slots)
+        self.slots_capacity.labels(self.role).set(slots.num_slots)
         self.running.labels(self.role).set(len(scheduler.running) + len(scheduler.reserved))
         self.waiting.labels(self.role).set(len(scheduler.waiting))
         for seconds in scheduler.take_queue_times():

@@ -190,6 +190,7 @@ def test_router_exports_latency_outcome_and_transfer_metrics(cluster):
     assert samples[("baton_requests_total", (("status", "invalid_argument"),))] >= 1
     assert samples[("baton_transfer_bytes_total", (("backend", "nixl"),))] > 0
     assert samples[("baton_generation_tokens_total", ())] >= 3
+    assert samples[("baton_router_inflight_requests_limit", ())] == 256  # admission gauges
 
 
 def test_queue_full_is_resource_exhausted_and_recovers(cluster):

@@ -1,0 +1,1 @@
+"""Ways to run the Baton cluster beyond one machine's processes (``deploy/ray``: on a Ray cluster)."""

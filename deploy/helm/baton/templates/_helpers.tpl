@@ -1,0 +1,145 @@
+{{/* Names, labels and the values derived from several keys. */}}
+
+{{- define "baton.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "baton.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<fullname>-<component>", e.g. baton-prefill. Call with (dict "root" $ "component" "prefill"). */}}
+{{- define "baton.componentName" -}}
+{{- printf "%s-%s" (include "baton.fullname" .root | trunc 50 | trimSuffix "-") .component }}
+{{- end }}
+
+{{/* What pods are selected by: never changes over a release's life (Deployment selectors are immutable). */}}
+{{- define "baton.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "baton.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "baton.labels" -}}
+{{ include "baton.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: baton
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The label selector the router's discovery watches for one worker role (--prefill-selector ...). */}}
+{{- define "baton.discoverySelector" -}}
+app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component={{ .component }}
+{{- end }}
+
+{{- define "baton.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "baton.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.image" -}}
+{{- $tag := .Values.image.tag }}
+{{- if not $tag }}
+{{- $tag = ternary (printf "%s-cpu" .Chart.AppVersion) .Chart.AppVersion (eq .Values.image.variant "cpu") }}
+{{- end }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+
+{{- define "baton.modelPath" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.model.mountPath) .Values.model.name }}
+{{- end }}
+
+{{/* The Redis URL every process gets as BATON_REDIS_URL; empty when there is no Redis. */}}
+{{- define "baton.redisUrl" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "redis://%s:%d/0" (include "baton.componentName" (dict "root" . "component" "redis")) (int .Values.redis.port) }}
+{{- else if .Values.redis.external.address }}
+{{- $address := .Values.redis.external.address }}
+{{- ternary $address (printf "redis://%s/0" $address) (contains "://" $address) }}
+{{- end }}
+{{- end }}
+
+{{/* GPUs per worker pod: the explicit value, else the product of the role's parallel sizes. */}}
+{{- define "baton.gpus" -}}
+{{- if ne .device "cuda" }}0
+{{- else if kindIs "invalid" .gpus }}
+{{- mul .parallel.tp .parallel.pp .parallel.pcp .parallel.dcp }}
+{{- else }}
+{{- .gpus }}
+{{- end }}
+{{- end }}
+
+{{/* Environment shared by every Baton container: who and where it is, and the cache tier. */}}
+{{- define "baton.commonEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- with include "baton.redisUrl" . }}
+- name: BATON_REDIS_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The three gRPC health probes; call with (dict "probes" .probes "port" "grpc"). */}}
+{{- define "baton.grpcProbes" -}}
+{{- range $kind := list "startup" "readiness" "liveness" }}
+{{ $kind }}Probe:
+  grpc:
+    port: {{ $.port }}
+  {{- toYaml (index $.probes $kind) | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The model volume, mounted read-only wherever a Baton process runs. */}}
+{{- define "baton.modelVolume" -}}
+- name: model
+{{- if .Values.model.volume }}
+  {{- toYaml .Values.model.volume | nindent 2 }}
+{{- else }}
+  persistentVolumeClaim:
+    claimName: {{ required "model.claimName or model.volume: say where the checkpoint is" .Values.model.claimName }}
+    readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Checks across keys that values.schema.json cannot express. */}}
+{{- define "baton.validate" -}}
+{{- range $component := list "prefill" "decode" }}
+{{- $c := index $.Values $component }}
+{{- if le (int $c.terminationGracePeriodSeconds) (int $c.preStopSleepSeconds) }}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must exceed %s.preStopSleepSeconds (%v): the sleep runs inside the grace period" $component $c.terminationGracePeriodSeconds $component $c.preStopSleepSeconds) }}
+{{- end }}
+{{- end }}
+{{- with .Values.router }}
+{{- if le (int .terminationGracePeriodSeconds) (add .preStopSleepSeconds .drainSeconds | int) }}
+{{- fail (printf "router.terminationGracePeriodSeconds (%v) must exceed router.preStopSleepSeconds + router.drainSeconds (%v + %v): both run inside the grace period" .terminationGracePeriodSeconds .preStopSleepSeconds .drainSeconds) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.redis.enabled .Values.redis.external.address }}
+{{- fail "redis: set either redis.enabled (an in-chart Redis) or redis.external.address, not both" }}
+{{- end }}
+{{- range $role := list "prefill" "decode" }}
+{{- $w := index $.Values $role }}
+{{- if and (ne $w.device "cuda") (not (kindIs "invalid" $w.gpus)) }}
+{{- fail (printf "%s.gpus is set but %s.device is %s: GPUs are requested only for device cuda" $role $role $w.device) }}
+{{- end }}
+{{- end }}
+{{- end }}

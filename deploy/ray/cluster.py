@@ -1,0 +1,239 @@
+"""The Baton cluster on Ray: worker actors in placement groups, a router actor, a supervisor.
+
+Why plain actors and not Ray Serve deployments: a worker is a stateful gRPC server that the router
+dials directly, holding its own KV blocks, KDA slots and NIXL registrations. Serve's value is its
+proxy, request routing between interchangeable replicas and autoscaling; none of it applies (the
+router does the routing, by cache contents and load), and a replaced Serve replica is a new
+replica that nothing would tell the router about. An actor with ``max_restarts`` is exactly "run
+this server, run it again if it dies", and the supervisor here forwards its new address. The
+router is an actor too, pinned to the driver's node so its fixed ports are where the ``SERVING``
+line says; it needs no Serve proxy because clients speak gRPC (or its own HTTP front) to it.
+A router that Ray restarts binds its configured ports again, so give it fixed ones (``--port``):
+with port 0 it comes back on another.
+
+Placement: each role is one service with its own placement group, a bundle per rank (see
+``placement.py``); worker ``i``'s actor is rank 0, in its first bundle (a restart stays in it).
+
+Supervision, every ``supervise_interval_s``: ask each worker actor for its ``WorkerInfo`` (one
+call outstanding per worker; a restarting actor answers once it is back), and if the router's
+worker lists differ from the actors' addresses, send it the new ones. The check is level-based,
+so it also repairs a router that Ray itself restarted with its first lists.
+"""
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+
+import ray
+from ray.util.placement_group import remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from router.server import RouterConfig
+from services.engine.engine_config import EngineConfig
+from services.worker_server import WorkerConfig
+
+from .placement import STRATEGIES, ServicePlacement
+from .router_actor import RouterActor, RouterEndpoints
+from .worker_actor import WorkerActor, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RayClusterConfig:
+    """The cluster on Ray.
+
+    Attributes:
+        router: the router; its worker lists are filled in at start, its ``host`` is ``0.0.0.0``.
+            ``disaggregation="never"`` (colocated) runs no prefill workers.
+        engine: every worker's engine; ``device`` becomes ``cuda`` when workers get GPUs.
+        prefill_workers, decode_workers: workers per role.
+        transfer_backend: the workers' handoff backend (``nixl``, ``grpc_bytes``).
+        worker_num_cpus, worker_num_gpus: resources of each worker rank (its bundle).
+        placement_strategy: ``PACK``, ``STRICT_PACK`` or ``SPREAD`` for each role's group.
+        max_restarts: times Ray restarts a dead worker or router (-1: without limit).
+        ready_timeout_s: how long placement and each start may take.
+        supervise_interval_s: how often the supervisor checks worker addresses.
+    """
+
+    router: RouterConfig
+    engine: EngineConfig
+    prefill_workers: int = 1
+    decode_workers: int = 1
+    transfer_backend: str = "nixl"
+    worker_num_cpus: float = 1.0
+    worker_num_gpus: float = 0.0
+    placement_strategy: str = "PACK"
+    max_restarts: int = -1
+    ready_timeout_s: float = 300.0
+    supervise_interval_s: float = 0.5
+
+    def __post_init__(self):
+        if self.decode_workers < 1:
+            raise ValueError("decode_workers: need at least one")
+        if self.router.disaggregation != "never" and self.prefill_workers < 1:
+            raise ValueError("prefill_workers: need at least one (or colocated)")
+        if self.placement_strategy not in STRATEGIES:
+            raise ValueError(f"placement_strategy: {self.placement_strategy!r} is not one of {STRATEGIES}")
+        if self.max_restarts < -1:
+            raise ValueError(f"max_restarts: must be >= -1, got {self.max_restarts}")
+        self.placements()  # validates the resources before anything starts
+
+    def placements(self) -> list[ServicePlacement]:
+        """One service per role that runs workers."""
+        prefill = 0 if self.router.disaggregation == "never" else self.prefill_workers
+        counts = (("prefill", prefill), ("decode", self.decode_workers))
+        return [
+            ServicePlacement(role, n, self.worker_num_cpus, self.worker_num_gpus, self.placement_strategy)
+            for role, n in counts
+            if n
+        ]
+
+
+def local_ray_options(ray_address: str | None) -> dict:
+    """``ray.init`` options for a Ray instance started here (no address): its workers run at normal
+    priority. Ray nices worker processes (+15) so that its own daemons stay responsive; on a shared
+    machine that starves the serving workers behind any busy process. A cluster that ``ray start``
+    brought up keeps its own setting (``RAY_worker_niceness``)."""
+    starts_one = ray_address is None and not os.environ.get("RAY_ADDRESS")
+    return {"_system_config": {"worker_niceness": 0}} if starts_one else {}
+
+
+@dataclass
+class RayWorker:
+    """A worker actor as the driver tracks it: ``info`` is its last reported incarnation."""
+
+    name: str
+    role: str
+    actor: object
+    info: WorkerInfo
+    restarts: int = 0  # new addresses seen since start
+    pending: object = None  # the outstanding ``info()`` call, if any
+
+
+class RayCluster:
+    """Starts the cluster on the connected Ray cluster (``ray.init(address=ray_address)`` first when
+    Ray is not initialised; ``stop()`` then shuts Ray down again). ``stop()`` kills every actor and
+    removes the placement groups, also when start fails half way.
+    """
+
+    def __init__(self, config: RayClusterConfig, ray_address: str | None = None):
+        self.config = config
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            ray.init(address=ray_address, **local_ray_options(ray_address))
+        self.groups: dict[str, object] = {}
+        self.workers: list[RayWorker] = []
+        self.router = None
+        self.endpoints: RouterEndpoints | None = None
+        self._actors: list = []  # every actor started, for stop() even when start fails half way
+        self._stopping = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="ray-supervisor", daemon=True)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self._supervisor.start()
+
+    def _start(self) -> None:
+        config = self.config
+        engine = replace(config.engine, device="cuda") if config.worker_num_gpus else config.engine
+        pending = []
+        for service in config.placements():
+            group = self.groups[service.role] = service.create(config.ready_timeout_s)
+            for i in range(service.workers):
+                name = f"{service.role}-{i}"
+                actor = WorkerActor.options(
+                    num_cpus=service.num_cpus,
+                    num_gpus=service.num_gpus,
+                    max_restarts=config.max_restarts,
+                    scheduling_strategy=service.strategy_for(group, i),
+                ).remote(WorkerConfig(service.role, engine, name, transfer_backend=config.transfer_backend))
+                self._actors.append(actor)
+                pending.append((service.role, name, actor))
+        infos = self._get([actor.info.remote() for _, _, actor in pending], "workers")
+        self.workers = [RayWorker(n, r, a, info) for (r, n, a), info in zip(pending, infos, strict=True)]
+        prefill, decode = self.addresses()
+        self.router = RouterActor.options(
+            num_cpus=0,  # light, and must fit on the driver's node whatever that node offers
+            max_restarts=config.max_restarts,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node_id=ray.get_runtime_context().get_node_id(), soft=False
+            ),
+        ).remote(replace(config.router, prefill=prefill, decode=decode))
+        self._actors.append(self.router)
+        self.endpoints = self._get([self.router.endpoints.remote()], "router")[0]
+
+    def _get(self, refs: list, what: str) -> list:
+        try:
+            return ray.get(refs, timeout=self.config.ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"{what}: not up within {self.config.ready_timeout_s:.0f}s") from None
+        except ray.exceptions.RayActorError as error:
+            raise RuntimeError(f"{what}: an actor failed to start: {error}") from None
+
+    def addresses(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(prefill, decode)`` worker addresses as last reported by the actors."""
+        by_role = {
+            role: tuple(w.info.address for w in self.workers if w.role == role)
+            for role in ("prefill", "decode")
+        }
+        return by_role["prefill"], by_role["decode"]
+
+    def reconcile(self, timeout_s: float = 0.0) -> None:
+        """One supervision pass: collect addresses that answered within ``timeout_s``, then make the
+        router's lists match them. The supervisor thread calls it; not for concurrent use."""
+        for worker in self.workers:
+            if worker.pending is None:
+                worker.pending = worker.actor.info.remote()
+        ready, _ = ray.wait(
+            [w.pending for w in self.workers], num_returns=len(self.workers), timeout=timeout_s
+        )
+        for worker in self.workers:
+            if worker.pending not in ready:
+                continue  # restarting (or busy): keep the last known address
+            ref, worker.pending = worker.pending, None
+            try:
+                info = ray.get(ref)
+            except ray.exceptions.ActorUnavailableError:
+                log.info("%s is restarting", worker.name)
+                continue
+            except ray.exceptions.RayError as error:  # died for good (max_restarts spent), or a bug
+                log.error("%s is unreachable: %s", worker.name, error)
+                continue
+            if info.address != worker.info.address:
+                worker.restarts += 1
+                log.warning("%s is back at %s (was %s)", worker.name, info.address, worker.info.address)
+            worker.info = info
+        want = self.addresses()
+        if ray.get(self.router.workers.remote(), timeout=30) != want:
+            ray.get(self.router.update_workers.remote(*want), timeout=60)
+            log.warning("router now routes to prefill=%s decode=%s", *want)
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(self.config.supervise_interval_s):
+            try:
+                self.reconcile()
+            except ray.exceptions.ActorUnavailableError:
+                log.info("the router is restarting")
+            except Exception as error:  # a slow call, a router that died for good: try again
+                log.warning("supervision pass failed: %s", error)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop serving, kill every actor, remove the placement groups (and shut Ray down if this
+        cluster started it). Safe to call twice."""
+        self._stopping.set()
+        if self._supervisor.is_alive():
+            self._supervisor.join()
+        actors, self._actors = self._actors, []
+        if actors:
+            ray.wait([a.stop.remote() for a in actors], num_returns=len(actors), timeout=grace_s)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        for group in self.groups.values():
+            remove_placement_group(group)
+        self.router, self.workers, self.groups = None, [], {}
+        if self.owns_ray and ray.is_initialized():
+            ray.shutdown()

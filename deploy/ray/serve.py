@@ -1,0 +1,67 @@
+"""``baton serve --ray``: the cluster on Ray until Ctrl-C, then every actor and placement group gone."""
+
+import argparse
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from router.server import RouterConfig
+from services.engine.engine_config import EngineConfig
+
+from .cluster import RayCluster, RayClusterConfig
+
+
+def cluster_config(args: argparse.Namespace, disaggregation: str) -> RayClusterConfig:
+    """The ``RayClusterConfig`` that ``baton serve``'s flags describe."""
+    model = str(args.model)
+    router = RouterConfig(
+        model=model,
+        prefill=(),
+        decode=(),
+        port=args.port,
+        metrics_port=args.metrics_port,
+        http_port=args.http_port,
+        disaggregation=disaggregation,
+        local_prefill_tokens=args.local_prefill_tokens,
+        slo_ttft_s=args.slo_ttft_ms / 1000,
+        slo_tpot_s=args.slo_tpot_ms / 1000,
+    )
+    engine = EngineConfig(model=model, dtype=args.dtype, batch_invariant=args.batch_invariant)
+    return RayClusterConfig(
+        router=router,
+        engine=engine,
+        prefill_workers=args.prefill_workers,
+        decode_workers=args.decode_workers,
+        transfer_backend=args.transfer_backend,
+        worker_num_cpus=args.worker_num_cpus,
+        worker_num_gpus=args.worker_num_gpus,
+        placement_strategy=args.placement_strategy,
+    )
+
+
+def serve_on_ray(
+    args: argparse.Namespace,
+    disaggregation: str,
+    announce: Callable[[str, str, list[tuple[str, str]], str | None], None],
+) -> int:
+    """Run the cluster on Ray (``--ray-address``; none: a local Ray instance started here) until
+    SIGINT / SIGTERM; ``announce(router, metrics, [(name, address)], http)`` prints the SERVING line.
+    """
+    if not Path(args.model).is_dir() and args.ray_address is None:
+        raise FileNotFoundError(f"--model: {args.model} is not a folder")  # local: check before Ray starts
+    config = cluster_config(args, disaggregation)
+    logging.getLogger("deploy.ray").setLevel(logging.INFO)
+    cluster = RayCluster(config, ray_address=args.ray_address)
+    try:
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        endpoints = cluster.endpoints
+        workers = [(w.name, w.info.address) for w in cluster.workers]
+        announce(endpoints.grpc, endpoints.metrics, workers, endpoints.http)
+        stop.wait()
+    finally:
+        cluster.stop()
+    return 0

@@ -1,0 +1,175 @@
+"""The chart lints, renders for every values file it ships, and every rendered object fits the API schema.
+
+Bad values are refused at `helm template` time: by values.schema.json (types, enums, minimums,
+unknown keys) or, for rules across keys, by the chart's own checks; each message names the key.
+"""
+
+import json
+
+import pytest
+import yaml
+
+from tests.deploy import chart
+from tests.deploy.k8s_schema import validate
+
+VALUES = list(chart.VALUES)
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_helm_lint_strict(values):
+    files = [arg for path in chart.VALUES[values] for arg in ("-f", str(path))]
+    result = chart.helm("lint", "--strict", str(chart.CHART), *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_every_rendered_object_fits_the_api_schema(values):
+    objects = chart.render(values)
+    errors = [error for obj in objects for error in validate(obj)]
+    assert errors == []
+    kinds = {obj["kind"] for obj in objects}
+    assert {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"} <= kinds
+
+
+def test_gpu_values_render_every_kind_the_chart_has():
+    """The GPU file turns every optional part on, so the schema check above sees all templates."""
+    kinds = {obj["kind"] for obj in chart.render("gpu")}
+    assert kinds == {
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PrometheusRule",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    }
+
+
+# Each mistake in tests/deploy/values-bad.yaml, as helm's schema check reports it.
+BAD_VALUE_MESSAGES = {
+    "unknown-key": "additional properties 'prefil' not allowed",
+    "enum": "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
+    "minimum": "at '/router/replicas': minimum: got -1, want 0",
+    "type": "at '/router/ports/grpc': got string, want integer",
+    "role-enum": "at '/prefill/device': value must be one of 'cuda', 'cpu'",
+    "parallel-minimum": "at '/prefill/parallel/tp': minimum: got 0, want 1",
+    "gpu-in-resources": "at '/decode/resources/limits/nvidia.com~1gpu': value must be 'not here: GPUs",
+}
+
+
+@pytest.mark.parametrize("command", ["template", "lint"])
+def test_bad_values_file_fails_with_the_schema_message(command):
+    if command == "template":
+        output = chart.render_error("default", "-f", str(chart.BAD_VALUES))
+    else:
+        result = chart.helm("lint", "--strict", str(chart.CHART), "-f", str(chart.BAD_VALUES))
+        assert result.returncode != 0
+        output = result.stdout + result.stderr
+    assert "values don't meet the specifications of the schema" in output
+    missing = {case: message for case, message in BAD_VALUE_MESSAGES.items() if message not in output}
+    assert missing == {}, output
+
+
+SET_MISTAKES = {
+    "missing-required": (["--set", "router.replicas=null"], "at '/router': missing property 'replicas'"),
+    "redis-address": (["--set", "redis.external.address=redis"], "at '/redis/external/address'"),
+    "scrape-interval": (
+        ["--set", "metrics.serviceMonitor.interval=15"],
+        "at '/metrics/serviceMonitor/interval'",
+    ),
+    "volume-two-sources": (
+        ["--set-json", 'model.volume={"hostPath": {"path": "/m"}, "emptyDir": {}}'],
+        "at '/model/volume': maxProperties: got 2, want 1",
+    ),
+    "volume-unknown-source": (["--set-json", 'model.volume={"hostpath": {}}'], "'hostpath' not allowed"),
+    "quantity": (["--set", "prefill.resources.limits.memory=8GB"], "at '/prefill/resources/limits/memory'"),
+    "env-shape": (["--set-json", 'decode.extraEnv=[{"name": "A", "val": "1"}]'], "'val' not allowed"),
+}
+
+
+@pytest.mark.parametrize("case", SET_MISTAKES, ids=list(SET_MISTAKES))
+def test_schema_refuses(case):
+    flags, message = SET_MISTAKES[case]
+    error = chart.render_error("default", *flags)
+    assert message in error, error
+
+
+CROSS_KEY_MISTAKES = {
+    "worker-grace": (
+        ["--set", "decode.terminationGracePeriodSeconds=10", "--set", "decode.preStopSleepSeconds=15"],
+        "decode.terminationGracePeriodSeconds (10) must exceed decode.preStopSleepSeconds (15)",
+    ),
+    "router-grace": (
+        ["--set", "router.terminationGracePeriodSeconds=30"],
+        "router.terminationGracePeriodSeconds (30) must exceed router.preStopSleepSeconds + "
+        "router.drainSeconds (10 + 40)",
+    ),
+    "two-redis": (
+        ["--set", "redis.enabled=true", "--set", "redis.external.address=cache:6379"],
+        "set either redis.enabled (an in-chart Redis) or redis.external.address, not both",
+    ),
+    "no-model-volume": (
+        ["--set", "model.claimName="],
+        "model.claimName or model.volume: say where the checkpoint is",
+    ),
+    "gpus-on-cpu": (
+        ["--set", "prefill.device=cpu", "--set", "prefill.gpus=2"],
+        "prefill.gpus is set but prefill.device is cpu",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CROSS_KEY_MISTAKES, ids=list(CROSS_KEY_MISTAKES))
+def test_chart_checks_across_keys(case):
+    flags, message = CROSS_KEY_MISTAKES[case]
+    assert message in chart.render_error("default", *flags)
+
+
+@pytest.mark.parametrize(
+    "values, expect",
+    [
+        ("default", "kubectl port-forward -n baton svc/baton-router 50051 8000"),
+        ("gpu", "kubectl get svc -n baton baton-router -o jsonpath='{.status.loadBalancer.ingress[0].ip}'"),
+    ],
+    ids=["cluster-ip", "load-balancer"],
+)
+def test_notes_say_how_to_reach_the_router(values, expect):
+    files = [arg for path in chart.VALUES[values] for arg in ("-f", str(path))]
+    result = chart.helm("install", "baton", str(chart.CHART), "-n", "baton", "--dry-run=client", *files)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert expect in notes
+    assert "baton-router.baton.svc:50051" in notes
+    assert "/v1/completions" in notes
+
+
+def test_schema_and_default_values_name_the_same_keys():
+    """Every default value is typed in values.schema.json, and every schema key has a default
+    (Kubernetes objects passed through -- affinity, resources, a volume source -- set only some)."""
+    schema = json.loads((chart.CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    passthrough = {"#/definitions/affinity", "#/definitions/resources"}
+    mismatched = []
+
+    def walk(node: dict, value, path: str) -> None:
+        while "$ref" in node or "allOf" in node:
+            if node.get("$ref") in passthrough:
+                return
+            node = (
+                schema["definitions"][node["$ref"].rsplit("/", 1)[1]] if "$ref" in node else node["allOf"][0]
+            )
+        if not isinstance(value, dict) or "properties" not in node or path == "model.volume":
+            return  # a leaf, a map, or one volume source of many
+        keys = set(node["properties"]) - {"global"}
+        if set(value) != keys:
+            mismatched.append(f"{path or '.'}: {sorted(set(value) ^ keys)} in one of values.yaml, the schema")
+        for key, item in value.items():
+            if key in node["properties"]:
+                walk(node["properties"][key], item, f"{path}.{key}" if path else key)
+
+    walk(schema, values, "")
+    assert mismatched == []

@@ -1,0 +1,1 @@
+"""Metrics catalogue, Prometheus rules, the Grafana dashboard and a real Prometheus scrape."""

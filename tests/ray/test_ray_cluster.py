@@ -1,0 +1,158 @@
+"""``baton serve --ray`` underneath: the cluster on a local Ray instance (1 prefill + 1 decode worker
+actor, the router actor). A greedy request equals the offline engine with the state over NIXL; each
+role is one placement group; a killed decode actor is restarted by Ray, re-reports its address and
+is routed to again; a restarted router actor is given the current workers; ``stop()`` leaves no
+actor, placement group or reserved CPU behind."""
+
+import time
+
+import grpc
+import pytest
+import ray
+from ray.util.placement_group import placement_group_table
+
+from deploy.ray import RayCluster, RayClusterConfig, ServicePlacement
+from deploy.ray.cluster import local_ray_options
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from router.server import RouterConfig
+from services.engine import LLM, SamplingParams
+from services.engine.engine_config import EngineConfig
+
+PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # more than --local-prefill-tokens: handed off
+MAX_TOKENS = 5
+RAY_CPUS = 4
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoint):
+    model = str(tiny_checkpoint("k3"))
+    # Normal priority (see local_ray_options): niced workers starve behind the suite's other tests.
+    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, **local_ray_options(None))
+    try:
+        config = RayClusterConfig(
+            router=RouterConfig(model=model, prefill=(), decode=(), port=0),
+            engine=EngineConfig(model=model, dtype="float32"),
+            ready_timeout_s=120,
+            supervise_interval_s=0.2,
+        )
+        cluster = RayCluster(config)
+        try:
+            want = LLM(model, dtype="float32").generate(
+                [PROMPT], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+            )[0]
+            yield cluster, want.token_ids
+        finally:
+            cluster.stop()
+    finally:
+        ray.shutdown()
+
+
+def generate(address: str) -> tuple[list[int], generation_pb2.Route]:
+    with grpc.insecure_channel(address) as channel:
+        request = generation_pb2.GenerateRequest(
+            token_ids=generation_pb2.TokenIds(ids=PROMPT),
+            sampling=generation_pb2.SamplingParameters(max_tokens=MAX_TOKENS, ignore_eos=True),
+        )
+        messages = list(generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120))
+    return [t for m in messages for t in m.token_ids], messages[-1].route
+
+
+def test_a_request_through_the_router_actor_equals_the_offline_engine(served):
+    cluster, want = served
+    tokens, route = generate(cluster.endpoints.grpc)
+    assert tokens == want
+    assert route.transfer_backend == "nixl" and route.transfer_bytes > 0
+    prefill, decode = cluster.addresses()
+    assert route.prefill_worker == prefill[0] and route.decode_worker == "decode-0"
+
+
+def test_each_role_is_one_placement_group_with_a_bundle_per_worker(served):
+    cluster, _ = served
+    assert sorted(cluster.groups) == ["decode", "prefill"]
+    for role, group in cluster.groups.items():
+        table = placement_group_table(group)
+        assert table["state"] == "CREATED" and table["strategy"] == "PACK"
+        assert table["name"] == f"baton-{role}" and table["bundles"] == {0: {"CPU": 1.0}}
+        (worker,) = [w for w in cluster.workers if w.role == role]
+        assert worker.info.node_id == table["bundles_to_node_id"][0]
+
+
+@pytest.mark.parametrize("strategy", ["PACK", "STRICT_PACK", "SPREAD"])
+def test_a_worker_with_several_ranks_gets_adjacent_bundles(strategy):
+    service = ServicePlacement(
+        "decode", workers=2, num_cpus=2, num_gpus=1, strategy=strategy, ranks_per_worker=3
+    )
+    assert service.bundles() == [{"CPU": 2.0, "GPU": 1.0}] * 6
+    assert [service.bundle_index(w, r) for w in range(2) for r in range(3)] == list(range(6))
+    with pytest.raises(IndexError):
+        service.bundle_index(0, 3)
+
+
+@pytest.mark.parametrize(
+    "field, overrides",
+    [
+        ("placement_strategy", {"strategy": "RANDOM"}),
+        ("workers", {"workers": 0}),
+        ("ranks_per_worker", {"ranks_per_worker": 0}),
+        ("worker_num_cpus", {"num_cpus": 0, "num_gpus": 0}),
+    ],
+)
+def test_placement_errors_name_the_field(field, overrides):
+    with pytest.raises(ValueError, match=field):
+        ServicePlacement(**{"role": "prefill", "workers": 1, **overrides})
+
+
+def test_a_killed_decode_actor_comes_back_and_is_routed_to_again(served):
+    cluster, want = served
+    (decode,) = [w for w in cluster.workers if w.role == "decode"]
+    before = decode.info
+    ray.kill(decode.actor, no_restart=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        routed = ray.get(cluster.router.workers.remote(), timeout=30)[1]
+        if decode.info.pid != before.pid and routed == (decode.info.address,):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"decode-0 did not come back: {decode.info} (router: {routed})")
+    assert decode.restarts == 1 and decode.info.address != before.address
+    tokens, route = generate(cluster.endpoints.grpc)  # the router kept its port
+    assert tokens == want and route.transfer_backend == "nixl" and route.decode_worker == "decode-0"
+
+
+def test_a_restarted_router_actor_is_given_the_current_workers(served):
+    # Ray re-creates the router from its first config, which names decode-0's address from before
+    # the previous test killed it; the supervisor sees the stale list and sends the current one.
+    cluster, want = served
+    before = ray.get(cluster.router.endpoints.remote(), timeout=30)
+    ray.kill(cluster.router, no_restart=False)
+    deadline, endpoints, routed = time.monotonic() + 60, before, None
+    while time.monotonic() < deadline:
+        try:  # port 0: the new incarnation listens on a new port
+            endpoints = ray.get(cluster.router.endpoints.remote(), timeout=5)
+            routed = ray.get(cluster.router.workers.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            pass  # restarting
+        if endpoints.grpc != before.grpc and routed == cluster.addresses():
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"the router did not come back with the current workers: {endpoints} {routed}")
+    tokens, _ = generate(endpoints.grpc)
+    assert tokens == want
+
+
+def test_stop_leaves_no_actors_placement_groups_or_reserved_cpus(served):
+    cluster, _ = served
+    actors = [cluster.router] + [w.actor for w in cluster.workers]
+    groups = list(cluster.groups.values())
+    cluster.stop()
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.endpoints.remote() if actor is actors[0] else actor.info.remote(), timeout=30)
+    assert all(placement_group_table(g)["state"] == "REMOVED" for g in groups)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU") != RAY_CPUS and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == RAY_CPUS
+    assert ray.is_initialized()  # the test started Ray, so the cluster leaves it running
