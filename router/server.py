@@ -42,7 +42,7 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     max_model_len: int = 4096
-    max_workers: int = 32
+    max_workers: int | None = None  # gRPC handler threads; None: one per admitted or queued stream + 16
     metrics_port: int = 0  # /metrics; 0 picks a free port (``RouterServer.metrics_port``)
     http_port: int | None = None  # OpenAI HTTP front; None: none, 0 picks a free port (``.http_port``)
     max_running: int = 256  # requests in flight through the workers
@@ -88,8 +88,13 @@ class RouterServer:
             config.slo_ttft_s,
             config.slo_tpot_s,
         )
+        # Each Generate stream holds a handler thread, queued ones included: size the pool for the
+        # admission limits so health checks and unary calls always find one.
+        threads = config.max_workers or config.max_running + config.max_queued + 16
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.max_workers), interceptors=[ErrorInterceptor()]
+            futures.ThreadPoolExecutor(max_workers=threads),
+            interceptors=[ErrorInterceptor()],
+            maximum_concurrent_rpcs=threads,
         )
         generation_pb2_grpc.add_GenerationServicer_to_server(servicer, self.server)
         self.health = health.HealthServicer()

@@ -33,7 +33,7 @@ class WorkerConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: the OS picks a free port (``WorkerServer.port`` tells which)
     transfer_backend: str = "nixl"
-    max_workers: int = 16
+    max_workers: int | None = None  # gRPC handler threads; None: two per sequence slot + 16
     metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
     fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
 
@@ -59,8 +59,11 @@ class WorkerServer:
         backend = make_backend(config.transfer_backend)
         register_pools(backend, self.loop.engine.cache)
         self.transfer = SharedTransfer(backend)
+        # A decode stream or a prefill call holds a handler thread while its request runs or waits:
+        # room for every sequence slot twice over, and spare threads for health checks and stats.
+        threads = config.max_workers or 2 * config.engine.max_num_seqs + 16
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.max_workers), interceptors=[ErrorInterceptor()]
+            futures.ThreadPoolExecutor(max_workers=threads), interceptors=[ErrorInterceptor()]
         )
         if config.role == "decode":
             workers_pb2_grpc.add_DecodeWorkerServicer_to_server(

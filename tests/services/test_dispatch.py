@@ -188,6 +188,32 @@ def test_a_client_without_a_deadline_is_served(workers, router_over):
     assert tokens == offline(workers, prompt, 3)
 
 
+def test_many_concurrent_streams_all_run_at_once(workers, router_over):
+    router = router_over([workers.good_prefill], workers.decode[:1], disaggregation="always")
+    sampling = generation_pb2.SamplingParameters(max_tokens=400, ignore_eos=True)
+    streams = [
+        router.stub.Generate(
+            generation_pb2.GenerateRequest(
+                token_ids=generation_pb2.TokenIds(ids=prompt_of(20, 100 + i)), sampling=sampling
+            ),
+            timeout=120,
+        )
+        for i in range(24)  # more than a fixed pool of 16 handler threads could hold
+    ]
+    try:
+        for stream in streams:
+            next(stream)  # every request has its first token: all are decoding together
+        stats = decode_stub(workers.decode[0]).Stats(workers_pb2.StatsRequest(), timeout=10)
+        assert stats.running == 24
+    finally:
+        for stream in streams:
+            stream.cancel()
+    deadline = time.monotonic() + 10
+    while decode_stub(workers.decode[0]).Stats(workers_pb2.StatsRequest(), timeout=10).running:
+        assert time.monotonic() < deadline, "cancelled streams were not freed"
+        time.sleep(0.1)
+
+
 def test_a_decode_worker_killed_mid_request_fails_fast_and_is_marked_down(workers, router_over):
     router = router_over([workers.good_prefill], workers.decode, disaggregation="always")
     sampling = generation_pb2.SamplingParameters(max_tokens=2000, ignore_eos=True)
