@@ -1,0 +1,1 @@
+"""Load tests for agent-style traffic: workloads, drivers, clients, metrics and reports."""
