@@ -35,7 +35,8 @@ class ManagedWorker:
         return f"127.0.0.1:{self.port}"
 
     def start(self, ready_timeout_s: float) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+        search_path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=search_path)
         command = [
             sys.executable,
             "-m",

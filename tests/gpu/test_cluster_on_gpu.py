@@ -1,0 +1,58 @@
+"""The cluster on a GPU (run on the device machine; skipped without CUDA): prefill and decode workers
+with their pools in device memory, the handoff over NIXL from VRAM to VRAM, and greedy tokens and
+logprobs equal to the single-process engine (batch-invariant mode, bitwise)."""
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
+from services.engine import LLM, SamplingParams
+from services.launcher import LocalCluster
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+
+@pytest.mark.parametrize("family", ["k3"])
+def test_disaggregated_on_gpu_equals_the_single_process_engine(tiny_checkpoint, family):
+    model = tiny_checkpoint(family)
+    common = ["--dtype", "float32", "--batch-invariant"]
+    cluster = LocalCluster(
+        str(model),
+        port=0,
+        prefill_workers=1,
+        decode_workers=1,
+        worker_args=["--device", "cuda:0", *common],
+        disaggregation="always",
+    )
+    try:
+        decode = next(w for w in cluster.workers if w.role == "decode")
+        with grpc.insecure_channel(decode.address) as channel:
+            stub = workers_pb2_grpc.DecodeWorkerStub(channel)
+            reserved = stub.Reserve(workers_pb2.ReserveRequest(request_id="probe", prompt_ids=[1, 2, 3]))
+            stub.Release(workers_pb2.ReleaseRequest(request_id="probe", no_handoff_in_flight=True))
+        assert {region.mem_type for region in reserved.endpoint.regions} == {"VRAM"}
+
+        prompt = [(13 * i + 7) % 200 + 3 for i in range(300)]
+        sampling = generation_pb2.SamplingParameters(max_tokens=16, ignore_eos=True, logprobs=0)
+        with grpc.insecure_channel(f"127.0.0.1:{cluster.port}") as channel:
+            messages = list(
+                generation_pb2_grpc.GenerationStub(channel).Generate(
+                    generation_pb2.GenerateRequest(
+                        token_ids=generation_pb2.TokenIds(ids=prompt), sampling=sampling
+                    ),
+                    timeout=300,
+                )
+            )
+    finally:
+        cluster.stop()
+    final = messages[-1]
+    assert final.route.transfer_backend == "nixl" and final.route.transfer_bytes > 0
+    want = LLM(str(model), device="cuda:0", dtype="float32", batch_invariant=True).generate(
+        [prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0)
+    )[0]
+    assert [t for m in messages for t in m.token_ids] == want.token_ids
+    got = np.asarray([p for m in messages for p in m.logprobs], dtype=np.float32).view(np.int32)
+    assert got.tolist() == np.asarray(want.logprobs, dtype=np.float32).view(np.int32).tolist()
