@@ -1,0 +1,1 @@
+"""Load-test workloads, traces, drivers and reports, tested without a server."""
