@@ -19,6 +19,7 @@ from services.transfer.inbox import SharedTransfer
 
 from .decode.servicer import DecodeServicer
 from .prefill.servicer import PrefillServicer
+from .worker_stats import StatsBoard
 
 ROLES = ("prefill", "decode")
 
@@ -54,8 +55,10 @@ class WorkerServer:
         self.name = config.name or f"{config.role}-{config.port}"
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
-        self.loop = EngineLoop(EngineCore(config.engine), after_step=self.metrics.observe_pools)
-        self.loop.call(self.metrics.observe_pools)
+        engine = EngineCore(config.engine)
+        self.stats = StatsBoard(self.name, engine)
+        self.loop = EngineLoop(engine, after_step=self._observe)
+        self.loop.call(self._observe)
         backend = make_backend(config.transfer_backend)
         register_pools(backend, self.loop.engine.cache)
         self.transfer = SharedTransfer(backend)
@@ -67,13 +70,18 @@ class WorkerServer:
         )
         if config.role == "decode":
             workers_pb2_grpc.add_DecodeWorkerServicer_to_server(
-                DecodeServicer(self.name, self.loop, self.transfer), self.server
+                DecodeServicer(self.name, self.loop, self.transfer, self.stats), self.server
             )
             service = "baton.v1.DecodeWorker"
         else:
             workers_pb2_grpc.add_PrefillWorkerServicer_to_server(
                 PrefillServicer(
-                    self.name, self.loop, self.transfer, self.metrics, fail_transfers=config.fail_transfers
+                    self.name,
+                    self.loop,
+                    self.transfer,
+                    self.metrics,
+                    self.stats,
+                    fail_transfers=config.fail_transfers,
                 ),
                 self.server,
             )
@@ -89,6 +97,11 @@ class WorkerServer:
         for name in ("", service):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.service = service
+
+    def _observe(self, engine: EngineCore) -> None:
+        """After every engine step and command (loop thread): gauges and the stats snapshot."""
+        self.metrics.observe_pools(engine)
+        self.stats.update(engine)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()

@@ -1,4 +1,5 @@
-"""A worker's load as the router sees it (``WorkerStats``), read on the engine loop thread."""
+"""A worker's load as the router sees it (``WorkerStats``): computed on the engine loop thread after
+every step and command, served from that snapshot so a ``Stats`` call never waits for a long step."""
 
 from proto.baton.v1 import workers_pb2
 from services.engine.engine_core import EngineCore
@@ -18,3 +19,17 @@ def worker_stats(name: str, engine: EngineCore) -> workers_pb2.WorkerStats:
         block_size=cache.blocks.block_size,
         queued_prompt_tokens=queued,
     )
+
+
+class StatsBoard:
+    """The latest ``WorkerStats`` of one worker: ``update`` on the loop thread, ``latest`` anywhere."""
+
+    def __init__(self, name: str, engine: EngineCore):
+        self.name = name
+        self._latest = worker_stats(name, engine)
+
+    def update(self, engine: EngineCore) -> None:
+        self._latest = worker_stats(self.name, engine)  # one reference swap: readers see old or new
+
+    def latest(self) -> workers_pb2.WorkerStats:
+        return self._latest

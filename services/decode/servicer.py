@@ -11,17 +11,19 @@ from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb,
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
-from ..worker_stats import worker_stats
+from ..worker_stats import StatsBoard
 
 
 class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
-    """Args: the worker's name, its engine loop, and its transfer backend (pools registered)."""
+    """Args: the worker's name, its engine loop, its transfer backend (pools registered) and its stats
+    snapshot."""
 
     def __init__(
         self,
         name: str,
         loop: EngineLoop,
         transfer: SharedTransfer,
+        stats: StatsBoard,
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
     ):
@@ -30,6 +32,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         self.transfer = transfer
         self.transfer_timeout_s = transfer_timeout_s
         self.release_grace_s = release_grace_s
+        self.stats = stats
 
     def Reserve(self, request, context):
         if not request.request_id:
@@ -129,7 +132,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         self.loop.call(lambda engine: engine.abort(request_id))
 
     def Stats(self, request, context):
-        return self.loop.call(lambda engine: worker_stats(self.name, engine))
+        return self.stats.latest()
 
 
 def _prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:

@@ -43,7 +43,8 @@ class EngineLoop:
     Args:
         engine: the engine; from now on only the loop thread touches it.
         idle_wait_s: how long the idle loop sleeps before looking for work again.
-        after_step: called on the loop thread after every pass (metrics gauges read the pools here).
+        after_step: called on the loop thread after every pass and every command (metrics gauges
+            and the stats snapshot read the pools here).
     """
 
     def __init__(
@@ -63,7 +64,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
-    def call(self, fn: Callable[[EngineCore], Any], timeout_s: float | None = 30.0) -> Any:
+    def call(self, fn: Callable[[EngineCore], Any], timeout_s: float | None = 600.0) -> Any:
         """Run ``fn(engine)`` on the loop thread and return its result (or raise its exception)."""
         future: Future = Future()
         self._commands.put((fn, future))
@@ -106,7 +107,10 @@ class EngineLoop:
             fn, future = item
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn(self.engine))
+                    result = fn(self.engine)
+                    if self.after_step is not None:  # observers see the command's effect at once
+                        self.after_step(self.engine)
+                    future.set_result(result)
                 except Exception as error:  # handed to the caller, who maps it to a status
                     future.set_exception(error)
             try:

@@ -10,11 +10,12 @@ from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
-from ..worker_stats import worker_stats
+from ..worker_stats import StatsBoard
 
 
 class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
-    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics."""
+    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics
+    and its stats snapshot."""
 
     def __init__(
         self,
@@ -22,6 +23,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         loop: EngineLoop,
         transfer: SharedTransfer,
         metrics: Metrics,
+        stats: StatsBoard,
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
     ):
@@ -31,6 +33,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         self.loop = loop
         self.transfer = transfer
         self.step_timeout_s = step_timeout_s
+        self.stats = stats
         self._faults_lock = threading.Lock()
 
     def Prefill(self, request, context):
@@ -89,4 +92,4 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         raise TransferError(f"{self.name}: injected transfer failure (--fail-transfers)")
 
     def Stats(self, request, context):
-        return self.loop.call(lambda engine: worker_stats(self.name, engine))
+        return self.stats.latest()

@@ -8,6 +8,7 @@ which the receiver gets only after the data has landed.
 """
 
 import logging
+import threading
 import time
 import uuid
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 # Busy-poll this many times before sleeping between polls: small writes finish in microseconds.
 _SPIN_POLLS = 2000
 _POLL_SLEEP_S = 1e-4
+_PROGRESS_INTERVAL_S = 1e-3  # how often the idle agent is progressed (incoming writes, notifications)
 
 
 class NixlBackend(TransferBackend):
@@ -37,8 +39,12 @@ class NixlBackend(TransferBackend):
 
     def __init__(self, agent_name: str | None = None, plugin: str = "UCX"):
         super().__init__(agent_name or f"baton-{uuid.uuid4().hex[:12]}")
-        # Metadata travels over Baton's gRPC, so NIXL's own listener (a fixed port) stays off.
-        config = nixl_agent_config(enable_listen_thread=False, backends=[plugin])
+        # Metadata travels over Baton's gRPC, so NIXL's own listener (a fixed port) stays off. NIXL's
+        # own progress thread busy-polls a whole core even when idle (its Python API fixes the
+        # delay at 0), so it stays off too: a sender progresses while it polls its write's state,
+        # and this backend's progress thread wakes every millisecond for incoming work. The agent
+        # is not thread-safe in this mode: every call into it holds ``_agent_lock``.
+        config = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[plugin])
         try:
             self._agent = nixl_agent(self.agent_name, config)
         except Exception as exc:
@@ -48,6 +54,25 @@ class NixlBackend(TransferBackend):
                 f"nixl: plugin {plugin!r} is not available (found {self._agent.get_plugin_list()})"
             )
         self._reg_descs: dict[str, object] = {}
+        self._agent_lock = threading.Lock()
+        self._arrived: list[Notification] = []  # collected by the progress thread, not yet polled
+        self._stop_progress = threading.Event()
+        self._progress = threading.Thread(target=self._progress_loop, name="nixl-progress", daemon=True)
+        self._progress.start()
+
+    def _call(self, what: str, fn, *args):
+        with self._agent_lock:
+            return super()._call(what, fn, *args)
+
+    def _progress_loop(self) -> None:
+        while not self._stop_progress.wait(_PROGRESS_INTERVAL_S):
+            with self._agent_lock:
+                if self._agent is None:
+                    return
+                try:
+                    self._arrived.extend(self._new_notifications())
+                except Exception as exc:  # reported, never fatal: the next poll tries again
+                    log.warning("nixl: progressing agent %r failed: %s", self.agent_name, exc)
 
     def _register_region(self, info: RegionInfo) -> None:
         descs = [(info.base_addr, info.nbytes, info.device_id, "")]
@@ -138,6 +163,10 @@ class NixlBackend(TransferBackend):
                 time.sleep(_POLL_SLEEP_S)
 
     def _poll(self) -> list[Notification]:
+        arrived, self._arrived = self._arrived + self._new_notifications(), []
+        return arrived
+
+    def _new_notifications(self) -> list[Notification]:
         notifs = self._agent.get_new_notifs()
         return [
             Notification(peer.decode() if isinstance(peer, bytes) else peer, message.decode())
@@ -146,6 +175,7 @@ class NixlBackend(TransferBackend):
         ]
 
     def _close(self) -> None:
+        self._stop_progress.set()  # it exits at its next wake-up: the agent is gone by then
         for region, descs in self._reg_descs.items():
             try:
                 self._agent.deregister_memory(descs)
