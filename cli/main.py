@@ -10,6 +10,7 @@ from . import (
     checkpoint_command,
     client_command,
     generate_command,
+    loadtest_command,
     logits_command,
     router_command,
     serve_command,
@@ -26,6 +27,7 @@ SUBCOMMANDS = (
     router_command,
     serve_command,
     client_command,
+    loadtest_command,
 )
 
 

@@ -12,7 +12,7 @@ class Turn:
         prompt_ids: the whole prompt (the session's context so far and the new message).
         max_tokens: tokens to generate (the server is asked to ignore EOS, so this many come back).
         delay_s: wait after the session's previous turn (and its subagents) finished: think time or
-            a tool call. Ignored by fixed-schedule replay, which uses ``at_s``.
+            a tool call. Fixed-schedule replay sends the turn at ``max(at_s, previous done + delay_s)``.
         at_s: arrival time in seconds from the run's start, for fixed-schedule replay (trace
             timestamps); None when the trace gives none.
         subagents: sessions started together when this turn finishes; the session's next turn waits
