@@ -1,20 +1,25 @@
-"""``baton bench``: ``engine`` (throughput against naive recompute), ``kv-format`` (FP8 KV error) and
-``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy)."""
+"""``baton bench``: ``engine`` (throughput against naive recompute), ``kv-format`` (FP8 KV error),
+``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy) and ``pd`` (decode latency under long
+prefills, colocated against disaggregated)."""
 
 import argparse
 import json
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
+from services.benchmark import PDWorkload, measure_pd
+from services.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
 from services.engine.benchmark.engine_bench import format_table, run_engine_bench
 from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.loader import load_model
 from services.transfer import known_backends
 from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidth
+
+from .arguments import DTYPES
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -61,8 +66,48 @@ def register(commands: argparse._SubParsersAction) -> None:
     transfer.add_argument(
         "--backends", default="nixl,grpc_bytes", help="comma-separated backends (default nixl,grpc_bytes)"
     )
+    transfer.add_argument("--device", default="cpu", help="the sender's buffers: cpu or cuda:N (default cpu)")
+    transfer.add_argument(
+        "--peer-device", default=None, help="the receiver's buffers (default: --device), e.g. cuda:1"
+    )
     transfer.add_argument("--json", type=Path, help="also write the rows as JSON here")
     transfer.set_defaults(run=run_transfer)
+    _register_pd(kinds)
+
+
+def _register_pd(kinds: argparse._SubParsersAction) -> None:
+    pd = kinds.add_parser(
+        "pd", help="decode TPOT/ITL under long prefills: colocated vs disaggregated cluster, same workers"
+    )
+    pd.add_argument("--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)")
+    pd.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
+    pd.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    pd.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="worker model dtype")
+    pd.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="each worker's step token budget, so the longest prefill chunk (default: the worker's)",
+    )
+    pd.add_argument(
+        "--prefill-workers", type=int, default=1, help="disaggregated prefill workers (default 1)"
+    )
+    pd.add_argument("--decode-workers", type=int, default=1, help="disaggregated decode workers (default 1)")
+    pd.add_argument(
+        "--disaggregation", default="conditional", choices=DISAGGREGATED_MODES, help="(default conditional)"
+    )
+    pd.add_argument(
+        "--transfer-backend",
+        default="nixl",
+        help="the workers' handoff backend, nixl or grpc_bytes (default nixl)",
+    )
+    pd.add_argument("--decode-streams", type=int, default=4, help="concurrent decode streams (default 4)")
+    pd.add_argument("--decode-tokens", type=int, default=32, help="tokens per decode request (default 32)")
+    pd.add_argument("--rounds", type=int, default=4, help="decode requests per stream (default 4)")
+    pd.add_argument("--prefill-len", type=int, default=1536, help="long prompt tokens (default 1536)")
+    pd.add_argument("--prefills", type=int, default=6, help="long prefills, back to back (default 6)")
+    pd.add_argument("--seed", type=int, default=0, help="fixes every prompt (default 0)")
+    pd.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    pd.set_defaults(run=run_pd)
 
 
 def _positive_list(text: str, flag: str) -> list[int]:
@@ -146,8 +191,15 @@ def run_transfer(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--backends: expected distinct names from {known_backends()}, got {args.backends!r}"
         )
-    measured = {name: measure_bandwidth(sizes, name) for name in backends}
-    limits = measure_copy_bandwidth(sizes)  # timed alone, after the receivers have stopped
+    peer = args.peer_device or args.device
+    for flag, device in (("--device", args.device), ("--peer-device", peer)):
+        if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
+            raise ValueError(f"{flag}: {device!r} is not usable here (cpu, or cuda:N with a GPU)")
+    measured = {
+        name: measure_bandwidth(sizes, name, device=args.device, peer_device=peer) for name in backends
+    }
+    # The limit is timed alone, after the receivers have stopped.
+    limits = measure_copy_bandwidth(sizes, args.device, peer)
     rows = []
     for index, size in enumerate(sizes):
         copy = limits[index]
@@ -159,7 +211,10 @@ def run_transfer(args: argparse.Namespace) -> int:
             first, second = backends
             row[f"{first}_vs_{second}"] = row[f"{first}_gbps"] / row[f"{second}_gbps"]
         rows.append(row)
-    print("transfer benchmark: one row per write, sender -> a second process on this host, median GB/s")
+    print(
+        f"transfer benchmark: one row per write, sender ({args.device}) -> a second process ({peer}) on "
+        "this host, median GB/s; copy = torch copy between the same devices"
+    )
     columns = [f"{name} GB/s" for name in backends] + ["copy GB/s"]
     columns += [f"{name}/copy" for name in backends]
     columns += [f"{backends[0]}/{backends[1]}"] if len(backends) == 2 else []
@@ -171,4 +226,39 @@ def run_transfer(args: argparse.Namespace) -> int:
         print(f"{_size_name(row['size_bytes']):>8} " + " ".join(f"{value:>17.3f}" for value in values))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+def run_pd(args: argparse.Namespace) -> int:
+    workload = PDWorkload(
+        decode_streams=args.decode_streams,
+        decode_tokens=args.decode_tokens,
+        rounds=args.rounds,
+        prefill_len=args.prefill_len,
+        prefills=args.prefills,
+        seed=args.seed,
+    )
+    check_setup(args.prefill_workers, args.decode_workers, args.disaggregation, args.transfer_backend)
+    worker_args = ("--dtype", args.dtype) if args.dtype else ()
+    if args.max_num_batched_tokens is not None:
+        if args.max_num_batched_tokens < 1:
+            raise ValueError(f"--max-num-batched-tokens: must be >= 1, got {args.max_num_batched_tokens}")
+        worker_args += ("--max-num-batched-tokens", str(args.max_num_batched_tokens))
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = Path(scratch) / f"{args.family}-{args.preset}"
+            init_checkpoint(model_dir, args.family, args.preset, seed=0)
+        report = measure_pd(
+            str(model_dir),
+            workload,
+            args.prefill_workers,
+            args.decode_workers,
+            args.disaggregation,
+            args.transfer_backend,
+            worker_args,
+        )
+    if args.model is None:
+        report = replace(report, model=f"random {args.family} ({args.preset})")
+    print(json.dumps(report.as_dict()) if args.json else report.format_table())
     return 0
