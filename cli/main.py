@@ -11,6 +11,7 @@ from . import (
     client_command,
     generate_command,
     loadtest_command,
+    loadtest_compare_command,
     logits_command,
     router_command,
     serve_command,
@@ -28,6 +29,7 @@ SUBCOMMANDS = (
     serve_command,
     client_command,
     loadtest_command,
+    loadtest_compare_command,
 )
 
 

@@ -73,6 +73,11 @@ def test_sweep_over_http(loadtest_cluster, tmp_path, capsys):
     assert [level["concurrency"] for level in summary["levels"]] == [1, 2]
     assert all(level["requests"]["completed"] == 4 for level in summary["levels"])
     assert [w["ended_by"] for w in summary["config"]["windows"]] == ["max_requests"] * 2
+    compared = tmp_path / "compared"
+    assert main(["loadtest-compare", f"first={out}", f"again={out}", "--out", str(compared)]) == 0
+    assert (compared / "frontier.png").read_bytes().startswith(b"\x89PNG")
+    assert "again" in (compared / "index.html").read_text()
+    assert main(["loadtest-compare", f"missing={tmp_path / 'nothing'}", "--out", str(compared)]) == 2
 
 
 def test_a_run_with_mostly_errors_exits_1(loadtest_cluster, tmp_path, capsys):
