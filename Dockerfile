@@ -26,6 +26,7 @@ RUN pip install "grpcio-tools>=1.60" \
 COPY cli cli
 COPY deploy deploy
 COPY kernels kernels
+COPY loadtest loadtest
 COPY router router
 COPY sdk sdk
 COPY services services

@@ -29,12 +29,31 @@ def rows(out) -> list[dict]:
         return list(csv.DictReader(file))
 
 
-@pytest.mark.skipif(not TRACE.is_file(), reason="shared traces not present")
+def weka_trace(tmp_path: Path) -> Path:
+    """The real WEKA trace beside the repository, or (in a checkout without ../shared) one written in
+    its format: one session whose context grows by 20 blocks a turn over a shared prefix."""
+    if TRACE.is_file():
+        return TRACE
+    requests = [
+        {
+            "t": 2.0 * turn, "type": "n", "in": 64 * (200 + 20 * turn) + 17, "out": 40,
+            "hash_ids": list(range(1, 201 + 20 * turn)), "think_time": 1.0, "api_time": 1.0,
+        }
+        for turn in range(10)
+    ]  # fmt: skip
+    path = tmp_path / "weka_trace_test.json"
+    path.write_text(
+        json.dumps({"id": "trace_test", "block_size": 64, "hash_id_scope": "local", "requests": requests})
+    )
+    return path
+
+
 def test_weka_trace_replay_reports_cache_hits(loadtest_cluster, tmp_path, capsys):
     out = tmp_path / "weka"
     status = main([
         "loadtest", "--target", f"grpc://127.0.0.1:{loadtest_cluster.port}",
-        "--workload", "trace", "--trace", str(TRACE), "--scale", "256", "--time-scale", "10000",
+        "--workload", "trace", "--trace", str(weka_trace(tmp_path)),
+        "--scale", "256", "--time-scale", "10000",
         "--concurrency", "1", "--max-requests", "8", "--warmup", "1",
         "--slo-ttft-ms", "5000", "--slo-tpot-ms", "500",
         "--metrics-url", f"http://127.0.0.1:{loadtest_cluster.router.metrics_port}/metrics",
