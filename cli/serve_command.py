@@ -2,6 +2,7 @@
 same cluster as Ray actors (``deploy/ray``)."""
 
 import argparse
+import json
 import logging
 import signal
 import threading
@@ -109,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Long enough (about 36 tokens) to be handed off over NIXL rather than prefilled on decode.
+_EXAMPLE_PROMPT = "Explain how a relay team hands the baton from one runner to the next."
+
+
 def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: str | None) -> None:
     """Print the ``SERVING router=... metrics=... workers=name@address,...`` line and how to ask."""
     print(
@@ -116,15 +121,14 @@ def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: st
         flush=True,
     )
     print(
-        f"send a request: baton client generate --addr {router} "
-        '--prompt "Tell me about relay races." --max-tokens 16 --json',
+        f'send a request: baton client generate --addr {router} --prompt "{_EXAMPLE_PROMPT}" '
+        "--max-tokens 16 --json",
         flush=True,
     )
     if http is not None:
+        body = json.dumps({"prompt": _EXAMPLE_PROMPT, "max_tokens": 16})
         print(
-            f"or over HTTP: curl -s {http}/v1/completions "
-            """-H 'Content-Type: application/json' -d '{"prompt": "Tell me about relay races.", """
-            """"max_tokens": 16}'""",
+            f"or over HTTP: curl -s {http}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
             flush=True,
         )
 
