@@ -14,7 +14,6 @@ from services.launcher import LocalCluster
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-
 @pytest.mark.parametrize("family", ["k3"])
 def test_disaggregated_on_gpu_equals_the_single_process_engine(tiny_checkpoint, family):
     model = tiny_checkpoint(family)

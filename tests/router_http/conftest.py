@@ -8,7 +8,7 @@ import pytest
 
 from proto.baton.v1 import generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 from router.server import RouterConfig, RouterServer
-from tests.services.workers import WorkerProcess
+from tests.services.workers import running_workers
 
 
 class Cluster(NamedTuple):
@@ -25,39 +25,27 @@ class Cluster(NamedTuple):
 def cluster(tiny_checkpoint):
     """Shared by every file here: workers take seconds to start, and each test leaves them idle."""
     model = tiny_checkpoint("kimi_linear")
-    processes = []
-    try:
-        for role in ("decode", "prefill"):
-            processes.append(WorkerProcess(role, model, "--dtype", "float32"))
+    flags = ("--dtype", "float32")
+    with running_workers(model, ("decode", *flags), ("prefill", *flags)) as (decode, prefill):
         router = RouterServer(
             RouterConfig(
-                model=str(model),
-                prefill=(processes[1].address,),
-                decode=(processes[0].address,),
-                port=0,
-                http_port=0,
+                model=str(model), prefill=(prefill.address,), decode=(decode.address,), port=0, http_port=0
             )
         )
-    except Exception:
-        for process in processes:
-            process.stop()
-        raise
-    channel = grpc.insecure_channel(f"127.0.0.1:{router.port}")
-    decode_channel = grpc.insecure_channel(processes[0].address)
-    yield Cluster(
-        model,
-        router,
-        router.http_port,
-        generation_pb2_grpc.GenerationStub(channel),
-        workers_pb2_grpc.DecodeWorkerStub(decode_channel),
-        processes[1].address,
-        processes[0].address,
-    )
-    decode_channel.close()
-    channel.close()
-    router.stop()
-    for process in processes:
-        process.stop()
+        channel = grpc.insecure_channel(f"127.0.0.1:{router.port}")
+        decode_channel = grpc.insecure_channel(decode.address)
+        yield Cluster(
+            model,
+            router,
+            router.http_port,
+            generation_pb2_grpc.GenerationStub(channel),
+            workers_pb2_grpc.DecodeWorkerStub(decode_channel),
+            prefill.address,
+            decode.address,
+        )
+        decode_channel.close()
+        channel.close()
+        router.stop()
 
 
 def decode_running(stub: workers_pb2_grpc.DecodeWorkerStub) -> int:

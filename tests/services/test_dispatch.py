@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 from router.server import RouterConfig, RouterServer
 from services.engine import LLM, SamplingParams
-from tests.services.workers import WorkerProcess
+from tests.services.workers import WorkerProcess, running_workers
 
 
 class Workers(NamedTuple):
@@ -26,22 +26,11 @@ class Workers(NamedTuple):
 @pytest.fixture(scope="module")
 def workers(tiny_checkpoint):
     model = tiny_checkpoint("k3")
-    started = []
-    try:
-        for role, extra in (
-            ("decode", ()),
-            ("decode", ()),
-            ("prefill", ()),
-            ("prefill", ("--fail-transfers", "1000")),
-        ):
-            started.append(WorkerProcess(role, model, "--dtype", "float32", *extra))
-    except Exception:
-        for process in started:
-            process.stop()
-        raise
-    yield Workers(model, started[:2], started[2], started[3], LLM(str(model), dtype="float32"))
-    for process in started:
-        process.stop()
+    flags = ("--dtype", "float32")
+    specs = (("decode", *flags), ("decode", *flags), ("prefill", *flags))
+    failing = ("prefill", *flags, "--fail-transfers", "1000")
+    with running_workers(model, *specs, failing) as started:
+        yield Workers(model, started[:2], started[2], started[3], LLM(str(model), dtype="float32"))
 
 
 class Router(NamedTuple):

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2_grpc
 from router.server import RouterConfig, RouterServer
 from services.engine import LLM, SamplingParams
-from tests.services.workers import WorkerProcess
+from tests.services.workers import running_workers
 
 
 class Cluster(NamedTuple):
@@ -27,38 +27,30 @@ class Cluster(NamedTuple):
 @pytest.fixture(scope="module")
 def cluster(tiny_checkpoint):
     model = tiny_checkpoint("kimi_linear")
-    processes = []
-    try:
-        for role in ("decode", "prefill"):
-            processes.append(WorkerProcess(role, model, "--dtype", "float32"))
+    flags = ("--dtype", "float32")
+    with running_workers(model, ("decode", *flags), ("prefill", *flags)) as (decode, prefill):
         router = RouterServer(
             RouterConfig(
                 model=str(model),
-                prefill=(processes[1].address,),
-                decode=(processes[0].address,),
+                prefill=(prefill.address,),
+                decode=(decode.address,),
                 port=0,
                 disaggregation="always",
             )
         )
-    except Exception:
-        for process in processes:
-            process.stop()
-        raise
-    channel = grpc.insecure_channel(f"127.0.0.1:{router.port}")
-    decode_channel = grpc.insecure_channel(processes[0].address)
-    yield Cluster(
-        model,
-        generation_pb2_grpc.GenerationStub(channel),
-        workers_pb2_grpc.DecodeWorkerStub(decode_channel),
-        f"http://127.0.0.1:{router.metrics_port}/metrics",
-        processes[1].address,
-        processes[0].address,
-    )
-    decode_channel.close()
-    channel.close()
-    router.stop()
-    for process in processes:
-        process.stop()
+        channel = grpc.insecure_channel(f"127.0.0.1:{router.port}")
+        decode_channel = grpc.insecure_channel(decode.address)
+        yield Cluster(
+            model,
+            generation_pb2_grpc.GenerationStub(channel),
+            workers_pb2_grpc.DecodeWorkerStub(decode_channel),
+            f"http://127.0.0.1:{router.metrics_port}/metrics",
+            prefill.address,
+            decode.address,
+        )
+        decode_channel.close()
+        channel.close()
+        router.stop()
 
 
 def generate(stub, **fields):

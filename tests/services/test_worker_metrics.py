@@ -25,7 +25,8 @@ def test_decode_worker_gauges_follow_the_pools(tiny_checkpoint):
     try:
         role = (("role", "decode"),)
         idle = scrape(server.metrics_port)
-        assert idle[("baton_kv_blocks_capacity", role)] == 64 and idle[("baton_kda_slots_capacity", role)] == 4
+        assert idle[("baton_kv_blocks_capacity", role)] == 64
+        assert idle[("baton_kda_slots_capacity", role)] == 4
         assert idle[("baton_kv_blocks_used", role)] == 0
         server.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "held-open"))
         server.loop.call(lambda e: None)  # one more loop pass refreshes the gauges

@@ -1,10 +1,11 @@
 """Real worker processes for tests: the launcher's own ``ManagedWorker``, stopped whatever happens."""
 
+import contextlib
 from pathlib import Path
 
 from services.launcher import REPO, ManagedWorker
 
-__all__ = ["REPO", "WorkerProcess"]
+__all__ = ["REPO", "WorkerProcess", "running_workers"]
 
 
 class WorkerProcess:
@@ -20,3 +21,17 @@ class WorkerProcess:
 
     def stop(self) -> None:
         self.worker.stop()
+
+
+@contextlib.contextmanager
+def running_workers(model: Path, *specs: tuple[str, ...]):
+    """Start one worker per ``(role, *flags)`` spec, yield them in order, stop them all on exit (also
+    when one of them fails to start)."""
+    started: list[WorkerProcess] = []
+    try:
+        for role, *flags in specs:
+            started.append(WorkerProcess(role, model, *flags))
+        yield started
+    finally:
+        for process in started:
+            process.stop()
