@@ -55,6 +55,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
     parser.add_argument("--batch-invariant", action="store_true")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--device", default="cpu", help="every worker's device: cpu or cuda:N (default cpu)")
+    parser.add_argument("--prefill-device", default=None, help="prefill workers' device (default: --device)")
+    parser.add_argument("--decode-device", default=None, help="decode workers' device (default: --device)")
     ray = parser.add_argument_group("on Ray (pip install 'baton[ray]')")
     ray.add_argument("--ray", action="store_true", help="run the workers and router as Ray actors")
     ray.add_argument(
@@ -94,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=_positive_ms(args.slo_ttft_ms, "--slo-ttft-ms") / 1000,
         slo_tpot_s=_positive_ms(args.slo_tpot_ms, "--slo-tpot-ms") / 1000,
+        role_args={
+            "prefill": ["--device", args.prefill_device or args.device],
+            "decode": ["--device", args.decode_device or args.device],
+        },
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -110,8 +110,10 @@ def _serving(address: str, deadline: float) -> bool:
 
 class LocalCluster:
     """``prefill_workers`` + ``decode_workers`` worker processes and a router on ``port`` (and an
-    OpenAI-compatible HTTP front on ``http_port`` when given). With ``disaggregation="never"``
-    (colocated) there are no prefill workers: decode workers prefill every prompt themselves.
+    OpenAI-compatible HTTP front on ``http_port`` when given); ``role_args`` adds worker flags per role
+    (e.g. ``{"prefill": ["--device", "cuda:0"], "decode": ["--device", "cuda:1"]}``). With
+    ``disaggregation="never"`` (colocated) there are no prefill workers: decode workers prefill every
+    prompt themselves.
 
     A worker that exits is reported and restarted on its port; the router keeps serving through the
     others meanwhile. ``stop()`` ends everything.
@@ -131,6 +133,7 @@ class LocalCluster:
         local_prefill_tokens: int = 16,
         slo_ttft_s: float = 2.0,
         slo_tpot_s: float = 0.1,
+        role_args: dict[str, list[str]] | None = None,
     ):
         if decode_workers < 1:
             raise ValueError("--decode-workers: need at least one")
@@ -139,13 +142,14 @@ class LocalCluster:
         elif prefill_workers < 1:
             raise ValueError("--prefill-workers: need at least one (or --colocated)")
         self.ready_timeout_s = ready_timeout_s
+        role_args = role_args or {}
+        unknown = set(role_args) - {"prefill", "decode"}
+        if unknown:
+            raise ValueError(f"role_args: unknown roles {sorted(unknown)} (prefill, decode)")
         self.workers = [
-            ManagedWorker("prefill", f"prefill-{i}", ["--model", model, *worker_args])
-            for i in range(prefill_workers)
-        ]
-        self.workers += [
-            ManagedWorker("decode", f"decode-{i}", ["--model", model, *worker_args])
-            for i in range(decode_workers)
+            ManagedWorker(role, f"{role}-{i}", ["--model", model, *worker_args, *role_args.get(role, [])])
+            for role, count in (("prefill", prefill_workers), ("decode", decode_workers))
+            for i in range(count)
         ]
         self._stop = threading.Event()
         self.router = None

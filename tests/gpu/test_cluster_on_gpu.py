@@ -12,19 +12,21 @@ from services.engine import LLM, SamplingParams
 from services.launcher import LocalCluster
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Two GPUs: prefill on the first, decode on the second (GPU to GPU); one GPU: both on it.
+DECODE_DEVICE = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
 
 
 @pytest.mark.parametrize("family", ["k3"])
 def test_disaggregated_on_gpu_equals_the_single_process_engine(tiny_checkpoint, family):
     model = tiny_checkpoint(family)
-    common = ["--dtype", "float32", "--batch-invariant"]
     cluster = LocalCluster(
         str(model),
         port=0,
         prefill_workers=1,
         decode_workers=1,
-        worker_args=["--device", "cuda:0", *common],
+        worker_args=["--dtype", "float32", "--batch-invariant"],
         disaggregation="always",
+        role_args={"prefill": ["--device", "cuda:0"], "decode": ["--device", DECODE_DEVICE]},
     )
     try:
         decode = next(w for w in cluster.workers if w.role == "decode")
@@ -33,6 +35,7 @@ def test_disaggregated_on_gpu_equals_the_single_process_engine(tiny_checkpoint, 
             reserved = stub.Reserve(workers_pb2.ReserveRequest(request_id="probe", prompt_ids=[1, 2, 3]))
             stub.Release(workers_pb2.ReleaseRequest(request_id="probe", no_handoff_in_flight=True))
         assert {region.mem_type for region in reserved.endpoint.regions} == {"VRAM"}
+        assert {region.device_id for region in reserved.endpoint.regions} == {int(DECODE_DEVICE[-1])}
 
         prompt = [(13 * i + 7) % 200 + 3 for i in range(300)]
         sampling = generation_pb2.SamplingParameters(max_tokens=16, ignore_eos=True, logprobs=0)
