@@ -37,6 +37,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="fault injection for tests and chaos drills: this prefill worker's first N handoffs fail",
     )
     parser.add_argument(
+        "--reservation-ttl-s",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="decode: free a reservation whose prefilled state has not arrived after S seconds (default 600)",
+    )
+    parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
     parser.set_defaults(run=run)
@@ -61,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         transfer_backend=args.transfer_backend,
         metrics_port=args.metrics_port,
         fail_transfers=args.fail_transfers,
+        reservation_ttl_s=args.reservation_ttl_s,
     )
     server = WorkerServer(config)
     stop = threading.Event()

@@ -1,5 +1,7 @@
 """Starts a prefill or decode worker: engine loop, transfer backend, gRPC server with health checks."""
 
+import logging
+import time
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ from .decode.servicer import DecodeServicer
 from .prefill.servicer import PrefillServicer
 from .worker_stats import StatsBoard
 
+log = logging.getLogger(__name__)
 ROLES = ("prefill", "decode")
 
 
@@ -37,10 +40,13 @@ class WorkerConfig:
     max_workers: int | None = None  # gRPC handler threads; None: two per sequence slot + 16
     metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
     fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
+    reservation_ttl_s: float = 600.0  # decode: a reservation whose state never comes is freed after this
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
+        if not self.reservation_ttl_s > 0:
+            raise ValueError(f"reservation_ttl_s: must be > 0, got {self.reservation_ttl_s}")
         if self.fail_transfers < 0:
             raise ValueError(f"fail_transfers: must be >= 0, got {self.fail_transfers}")
         if not 0 <= self.port < 65536:
@@ -57,8 +63,8 @@ class WorkerServer:
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         engine = EngineCore(config.engine)
         self.stats = StatsBoard(self.name, engine)
-        self.loop = EngineLoop(engine, after_step=self._observe)
-        self.loop.call(self._observe)
+        self.loop = EngineLoop(engine, after_step=self._after_pass)
+        self.loop.call(self._after_pass)
         backend = make_backend(config.transfer_backend)
         register_pools(backend, self.loop.engine.cache)
         self.transfer = SharedTransfer(backend)
@@ -98,8 +104,13 @@ class WorkerServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.service = service
 
-    def _observe(self, engine: EngineCore) -> None:
-        """After every engine step and command (loop thread): gauges and the stats snapshot."""
+    def _after_pass(self, engine: EngineCore) -> None:
+        """After every engine pass and command (loop thread): stale reservations are freed, then the
+        gauges and the stats snapshot are refreshed."""
+        if self.config.role == "decode":
+            expired = engine.scheduler.expire_reserved(self.config.reservation_ttl_s, time.monotonic())
+            if expired:
+                log.warning("freed %d reservation(s) whose state never arrived: %s", len(expired), expired)
         self.metrics.observe_pools(engine)
         self.stats.update(engine)
 

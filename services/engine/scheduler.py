@@ -118,6 +118,14 @@ class Scheduler:
         self._append_sample(request, first)
         return request
 
+    def expire_reserved(self, max_age_s: float, now: float) -> list[str]:
+        """Abort reservations older than ``max_age_s`` whose state never arrived (their router went
+        away between reserving and decoding); returns their ids."""
+        stale = [rid for rid, r in self.reserved.items() if now - r.arrival_time > max_age_s]
+        for request_id in stale:
+            self.abort(request_id)
+        return stale
+
     def release_held(self, request_id: str) -> None:
         """Prefill side: the handoff is done (or abandoned); free the kept cache."""
         request = self.held.pop(request_id)

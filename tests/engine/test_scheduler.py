@@ -168,3 +168,17 @@ def test_queue_time_is_recorded_once_when_a_request_first_runs():
     run_step(scheduler)
     (queued,) = scheduler.take_queue_times()
     assert queued >= 5.0 and waited_for.queue_seconds == queued
+
+
+def test_a_reservation_whose_state_never_arrives_expires():
+    scheduler = make_scheduler(num_blocks=8, budget=32, block=4)
+    fresh, stale = request("fresh", 6), request("stale", 6)
+    scheduler.reserve(fresh)
+    scheduler.reserve(stale)
+    assert scheduler.expire_reserved(60.0, now=stale.arrival_time + 30) == []
+    stale.arrival_time -= 100
+    assert scheduler.expire_reserved(60.0, now=fresh.arrival_time + 30) == ["stale"]
+    assert list(scheduler.reserved) == ["fresh"] and stale.finish_reason.value == "abort"
+    scheduler.abort("fresh")
+    scheduler.cache.check_integrity()
+    assert scheduler.cache.blocks.num_free == scheduler.cache.blocks.num_blocks

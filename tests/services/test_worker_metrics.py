@@ -42,3 +42,21 @@ def test_decode_worker_gauges_follow_the_pools(tiny_checkpoint):
             time.sleep(0.05)
     finally:
         server.stop()
+
+
+def test_a_decode_worker_frees_a_reservation_nobody_completes(tiny_checkpoint):
+    engine = EngineConfig(model=str(tiny_checkpoint("k3")), dtype="float32", num_blocks=64, max_num_seqs=4)
+    config = WorkerConfig(
+        role="decode", engine=engine, port=0, transfer_backend="grpc_bytes", reservation_ttl_s=0.5
+    )
+    server = WorkerServer(config)
+    try:
+        server.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "orphan"))
+        assert server.stats.latest().running == 1
+        deadline = time.monotonic() + 10
+        while server.stats.latest().running:
+            assert time.monotonic() < deadline, "the orphaned reservation was never freed"
+            time.sleep(0.1)
+        assert server.stats.latest().free_blocks == 64
+    finally:
+        server.stop()
