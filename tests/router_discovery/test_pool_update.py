@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 from router.discovery import Discovery
 from router.server import RouterConfig, RouterServer
-from tests.services.workers import WorkerProcess
 
 LONG_TOKENS = 1500
 
@@ -31,14 +30,6 @@ class ManualDiscovery(Discovery):
 
     def set(self, prefill: list[str], decode: list[str]) -> None:
         self.on_change(prefill, decode)
-
-
-@pytest.fixture(scope="module")
-def decode_worker(tiny_checkpoint):
-    model = tiny_checkpoint("kimi_linear")
-    process = WorkerProcess("decode", model, "--dtype", "float32")
-    yield model, process
-    process.stop()
 
 
 def generate(stub, prompt: list[int], max_tokens: int = 3, timeout_s: float = 60):

@@ -12,15 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cli.main import main
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from tests.services.workers import REPO, WorkerProcess
-
-
-@pytest.fixture(scope="module")
-def decode_worker(tiny_checkpoint):
-    model = tiny_checkpoint("kimi_linear")
-    process = WorkerProcess("decode", model, "--dtype", "float32")
-    yield model, process
-    process.stop()
+from tests.services.workers import REPO
 
 
 def start_router(*args: str) -> tuple[subprocess.Popen, dict[str, str]]:
