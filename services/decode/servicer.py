@@ -39,16 +39,23 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             raise ValueError("request_id: required")
         params = sampling_from_pb(request.sampling)
         prompt = list(request.prompt_ids)
-        if request.HasField("local_prefill_max_tokens"):
-            cached = self.loop.call(lambda engine: engine.cached_prefix_tokens(prompt, request.tenant))
-            if _prefill_here(len(prompt), cached, request.local_prefill_max_tokens, self.block_size):
-                reservation = workers_pb2.CacheReservation(
-                    request_id=request.request_id, cached_tokens=cached
-                )
-                return workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
-        reserved = self.loop.call(
-            lambda engine: reservation_of(engine.reserve(prompt, params, request.request_id, request.tenant))
+        local_limit = (
+            request.local_prefill_max_tokens if request.HasField("local_prefill_max_tokens") else None
         )
+
+        def reserve_or_decline(engine):
+            """One loop call (one wait for the running step): look up the prefix, then hold room
+            unless the prompt is cheaper to prefill here. Returns ``(reservation, cached tokens)``."""
+            if local_limit is not None:
+                cached = engine.cached_prefix_tokens(prompt, request.tenant)
+                if _prefill_here(len(prompt), cached, local_limit, engine.cache.blocks.block_size):
+                    return None, cached
+            return reservation_of(engine.reserve(prompt, params, request.request_id, request.tenant)), 0
+
+        reserved, cached = self.loop.call(reserve_or_decline)
+        if reserved is None:
+            reservation = workers_pb2.CacheReservation(request_id=request.request_id, cached_tokens=cached)
+            return workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
         return workers_pb2.ReserveResponse(
             reservation=reservation_to_pb(reserved), endpoint=endpoint_to_pb(self.transfer.endpoint())
         )
@@ -106,10 +113,6 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             yield message
             if delta.finish_reason is not None:
                 return
-
-    @property
-    def block_size(self) -> int:
-        return self.loop.engine.cache.blocks.block_size
 
     def Release(self, request, context):
         request_id = request.request_id
