@@ -11,6 +11,7 @@ from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb,
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
+from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
 
 
@@ -136,6 +137,9 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
 
     def Stats(self, request, context):
         return self.stats.latest()
+
+    def CheckIntegrity(self, request, context):
+        return self.loop.call(lambda engine: pool_integrity(self.name, engine))
 
 
 def _prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:

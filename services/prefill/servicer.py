@@ -10,6 +10,7 @@ from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
+from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
 
 
@@ -93,3 +94,6 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
 
     def Stats(self, request, context):
         return self.stats.latest()
+
+    def CheckIntegrity(self, request, context):
+        return self.loop.call(lambda engine: pool_integrity(self.name, engine))

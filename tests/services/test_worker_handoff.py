@@ -126,3 +126,21 @@ def test_release_keeps_a_reservation_a_prefill_may_still_write_until_the_grace_e
     assert time.monotonic() - released_at >= 4.5  # the grace period (5 s), not before
     idle = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
     assert idle.free_blocks == idle.total_blocks
+
+
+def test_check_integrity_shows_a_reservation_then_nothing_held(workers):
+    _, decode, prefill, _ = workers
+    reserved = decode.Reserve(
+        workers_pb2.ReserveRequest(request_id="integrity-1", prompt_ids=PROMPT), timeout=60
+    )
+    during = decode.CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10)
+    assert during.ok and during.reserved == 1 and "integrity-1" in during.request_ids
+    assert during.used_blocks == len(reserved.reservation.block_ids) and during.used_slots == 1
+    decode.Release(
+        workers_pb2.ReleaseRequest(request_id="integrity-1", no_handoff_in_flight=True), timeout=10
+    )
+    for stub in (decode, prefill):
+        after = stub.CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10)
+        assert after.ok, after.error
+        assert (after.used_blocks, after.used_slots, after.reserved, after.held) == (0, 0, 0, 0)
+        assert not after.request_ids and after.total_blocks > 0
