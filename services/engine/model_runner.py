@@ -42,7 +42,7 @@ class ModelRunner:
         if not sampling:
             return {}
         picked = [requests[chunks[i].request_id] for i in sampling]
-        result = sample(logits, [r.params for r in picked], [len(r.output_ids) for r in picked])
+        result = sample(logits, [r.params for r in picked], [r.sample_position for r in picked])
         return {
             request.request_id: SampledToken(
                 token_id=result.token_ids[j], logprob=result.logprobs[j], top_logprobs=result.top_logprobs[j]
