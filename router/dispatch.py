@@ -23,6 +23,14 @@ _LOCAL_ALWAYS = 2**32 - 1  # local_prefill_max_tokens that makes every prefill l
 DISAGGREGATION_MODES = ("conditional", "always", "never")
 _NO_DEADLINE_S = 1e8  # a "time remaining" beyond this means the caller set no deadline
 _PREFILL_ATTEMPTS = 2  # prefill workers tried before the decode worker prefills itself
+# A decode stream that ends with these lost its worker (killed, restarted, or drained past its grace
+# period); the router's own cancellations never reach the loop that sees them.
+_LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+class DecodeLost(TransferError):
+    """The decode worker's stream broke off before its last message; the request may move to another
+    decode worker (``router.migration``)."""
 
 
 class Dispatcher:
@@ -51,18 +59,33 @@ class Dispatcher:
         self.disaggregation = disaggregation
         self.local_prefill_tokens = local_prefill_tokens
 
-    def run(self, request_id: str, prompt_ids: list[int], request, context, route: generation_pb2.Route):
+    def run(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        request,
+        context,
+        route: generation_pb2.Route,
+        resumed_tokens: int = 0,
+    ):
         """Yield the decode worker's messages for one request; the last carries usage and route.
 
         ``request`` is the public ``GenerateRequest`` (sampling, session, tenant); ``context`` the
         caller's gRPC context (deadline, cancellation); ``route`` is filled in as workers are chosen
-        (for a caller that ends the stream early). Closing the generator stops the decode worker.
+        (for a caller that ends the stream early); ``resumed_tokens``: the prompt ends with that many
+        tokens this request already generated (a migrated request). Closing the generator stops the
+        decode worker.
 
         Raises:
-            ValueError, NoCapacity, TimeoutError, TransferError: mapped to status codes by the caller.
+            ValueError, NoCapacity, TimeoutError, TransferError: mapped to status codes by the caller;
+            DecodeLost (a TransferError) when the decode stream broke off.
         """
         reserve = workers_pb2.ReserveRequest(
-            request_id=request_id, prompt_ids=prompt_ids, sampling=request.sampling, tenant=request.tenant
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            sampling=request.sampling,
+            tenant=request.tenant,
+            resumed_tokens=resumed_tokens,
         )
         if self.disaggregation == "never":
             reserve.local_prefill_max_tokens = _LOCAL_ALWAYS
@@ -72,14 +95,17 @@ class Dispatcher:
         context.add_callback(lambda: _release(decode, request_id))
         route.decode_worker = decode.name
         local = workers_pb2.LocalPrefill(
-            prompt_ids=prompt_ids, sampling=request.sampling, tenant=request.tenant
+            prompt_ids=prompt_ids,
+            sampling=request.sampling,
+            tenant=request.tenant,
+            resumed_tokens=resumed_tokens,
         )
         if reserved.prefill_locally:
             self.metrics.local_prefills.labels(self._local_reason(len(prompt_ids), reserved)).inc()
             decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
             cached = reserved.reservation.cached_tokens
         else:
-            handoff = self._prefill(reserved, prompt_ids, request, context)
+            handoff = self._prefill(reserved, prompt_ids, request, context, resumed_tokens)
             if handoff is None:  # every attempt failed (and returned): decode prefills it itself
                 _release(decode, request_id, no_handoff_in_flight=True)
                 self.metrics.handoff_fallbacks.labels("decode").inc()
@@ -102,7 +128,10 @@ class Dispatcher:
                     message.usage.cached_tokens = max(message.usage.cached_tokens, cached)
                 yield message
         except grpc.RpcError as error:
-            raise self._failed(decode, error) from None
+            failure = self._failed(decode, error)
+            if error.code() in _LOST_CODES:
+                raise DecodeLost(str(failure)) from None
+            raise failure from None
         finally:
             call.cancel()  # a no-op once the stream ended; stops the worker when the caller left early
 
@@ -130,7 +159,7 @@ class Dispatcher:
         detail = last_error.details() if last_error is not None else "no decode worker is reachable"
         raise TransferError(f"decode: {detail}")
 
-    def _prefill(self, reserved, prompt_ids, request, context):
+    def _prefill(self, reserved, prompt_ids, request, context, resumed_tokens: int):
         """``(prefill worker, PrefillResponse)``, or None when every attempt failed."""
         hashes = self.pool.prefixes.block_hashes(prompt_ids, request.tenant)
         candidates = self.pool.prefill_order(hashes, _STATS_TIMEOUT_S)[:_PREFILL_ATTEMPTS]
@@ -140,6 +169,7 @@ class Dispatcher:
             prompt_ids=prompt_ids,
             sampling=request.sampling,
             tenant=request.tenant,
+            resumed_tokens=resumed_tokens,
         )
         for attempt, prefill in enumerate(candidates):
             if attempt:

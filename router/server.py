@@ -17,6 +17,7 @@ from services.rpc.errors import ErrorInterceptor
 from .admission import Admission
 from .discovery import Discovery, discovery_for
 from .dispatch import Dispatcher
+from .migration import Migrator
 from .openai import OpenAIFront
 from .servicer import GenerationServicer
 from .worker_pool import WorkerPool
@@ -75,13 +76,14 @@ class RouterServer:
         self.metrics = Metrics("router")
         self.pool = WorkerPool([], [], on_health=self._worker_health)
         dispatcher = Dispatcher(self.pool, self.metrics, config.disaggregation, config.local_prefill_tokens)
+        migrator = Migrator(dispatcher, self.metrics)
         self.discovery.start(self.pool.update)  # static: the pool is full before the port opens
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         servicer = GenerationServicer(
             Path(config.model).name,
             model_config,
             tokenizer,
-            dispatcher,
+            migrator,
             config.max_model_len,
             self.metrics,
             Admission(config.max_running, config.max_queued, self.metrics),

@@ -84,6 +84,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.migrations = Counter(
+            "baton_migrations_total",
+            "Requests whose decode stream was lost mid-stream, by what happened to them",
+            ["outcome"],
+            registry=r,
+        )
         self.worker_up = Gauge(
             "baton_worker_up",
             "Whether the router can reach a worker (1) or not (0)",

@@ -51,7 +51,10 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
                 cached = engine.cached_prefix_tokens(prompt, request.tenant)
                 if _prefill_here(len(prompt), cached, local_limit, engine.cache.blocks.block_size):
                     return None, cached
-            return reservation_of(engine.reserve(prompt, params, request.request_id, request.tenant)), 0
+            reserved = engine.reserve(
+                prompt, params, request.request_id, request.tenant, resumed_tokens=request.resumed_tokens
+            )
+            return reservation_of(reserved), 0
 
         reserved, cached = self.loop.call(reserve_or_decline)
         if reserved is None:
@@ -94,7 +97,9 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         prompt = list(local.prompt_ids)
         stream = self.loop.call(
             lambda engine: self.loop.watch(
-                engine.add_request(prompt, params, request.request_id, local.tenant)
+                engine.add_request(
+                    prompt, params, request.request_id, local.tenant, resumed_tokens=local.resumed_tokens
+                )
             )
         )
         yield from self._stream(request.request_id, stream, context)

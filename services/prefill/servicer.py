@@ -48,7 +48,9 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         prompt, request_id = list(request.prompt_ids), reservation.request_id
         stream = self.loop.call(
             lambda engine: self.loop.watch(
-                engine.add_prefill_only(prompt, params, request_id, request.tenant)
+                engine.add_prefill_only(
+                    prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
+                )
             )
         )
         context.add_callback(lambda: self.loop.call(lambda engine: engine.abort(request_id)))
