@@ -44,6 +44,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="decode: free a reservation whose prefilled state has not arrived after S seconds (default 600)",
     )
     parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM/SIGINT: admit nothing new (health NOT_SERVING) and give running requests and "
+        "handoffs S seconds to finish; the router moves streams still running to another worker "
+        "(default 30; a second signal ends the wait)",
+    )
+    parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
     parser.set_defaults(run=run)
@@ -69,11 +78,13 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         fail_transfers=args.fail_transfers,
         reservation_ttl_s=args.reservation_ttl_s,
+        grace_period_s=args.grace_period,
     )
     server = WorkerServer(config)
-    stop = threading.Event()
+    stop, hurry = threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        # The first signal starts the drain; a second one ends its wait.
+        signal.signal(sig, lambda *_: hurry.set() if stop.is_set() else stop.set())
     if args.exit_with_parent:
         threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
     print(
@@ -81,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     stop.wait()
+    server.drain(hurry)
     server.stop()
     return 0
 

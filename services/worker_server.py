@@ -1,6 +1,7 @@
 """Starts a prefill or decode worker: engine loop, transfer backend, gRPC server with health checks."""
 
 import logging
+import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from services.transfer.inbox import SharedTransfer
 
 from .decode.servicer import DecodeServicer
 from .prefill.servicer import PrefillServicer
+from .worker_drain import Drain
 from .worker_stats import StatsBoard
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,13 @@ class WorkerConfig:
     metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
     fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
     reservation_ttl_s: float = 600.0  # decode: a reservation whose state never comes is freed after this
+    grace_period_s: float = 30.0  # drain(): how long running work may take to finish after SIGTERM
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
+        if not self.grace_period_s >= 0:
+            raise ValueError(f"grace_period_s: must be >= 0, got {self.grace_period_s}")
         if not self.reservation_ttl_s > 0:
             raise ValueError(f"reservation_ttl_s: must be > 0, got {self.reservation_ttl_s}")
         if self.fail_transfers < 0:
@@ -54,7 +59,8 @@ class WorkerConfig:
 
 
 class WorkerServer:
-    """A running worker. ``stop()`` drains nothing yet: in-flight calls are cancelled."""
+    """A running worker. ``drain()`` stops it gracefully (``services.worker_drain``); ``stop()`` then
+    closes it, cancelling whatever is still in flight."""
 
     def __init__(self, config: WorkerConfig):
         self.config = config
@@ -68,6 +74,7 @@ class WorkerServer:
         backend = make_backend(config.transfer_backend)
         register_pools(backend, self.loop.engine.cache)
         self.transfer = SharedTransfer(backend)
+        self.drain_state = Drain(self.name)
         # A decode stream or a prefill call holds a handler thread while its request runs or waits:
         # room for every sequence slot twice over, and spare threads for health checks and stats.
         threads = config.max_workers or 2 * config.engine.max_num_seqs + 16
@@ -76,7 +83,8 @@ class WorkerServer:
         )
         if config.role == "decode":
             workers_pb2_grpc.add_DecodeWorkerServicer_to_server(
-                DecodeServicer(self.name, self.loop, self.transfer, self.stats), self.server
+                DecodeServicer(self.name, self.loop, self.transfer, self.stats, self.drain_state),
+                self.server,
             )
             service = "baton.v1.DecodeWorker"
         else:
@@ -87,6 +95,7 @@ class WorkerServer:
                     self.transfer,
                     self.metrics,
                     self.stats,
+                    self.drain_state,
                     fail_transfers=config.fail_transfers,
                 ),
                 self.server,
@@ -113,6 +122,26 @@ class WorkerServer:
                 log.warning("freed %d reservation(s) whose state never arrived: %s", len(expired), expired)
         self.metrics.observe_pools(engine)
         self.stats.update(engine)
+
+    def drain(self, hurry: threading.Event | None = None) -> bool:
+        """Admit nothing new (health NOT_SERVING, stats ``draining``, refusals) and wait up to
+        ``grace_period_s`` (or until ``hurry`` is set) for the work in flight: running streams,
+        reservations whose state is arriving, prefills and their handoff writes. Streams still
+        running after that end with UNAVAILABLE, for the router to move. Returns whether everything
+        finished in time."""
+        self.health.enter_graceful_shutdown()
+        self.drain_state.start()
+        self.stats.draining = True
+        self.loop.call(self._after_pass)  # the router's next Stats call sees it
+        deadline = time.monotonic() + self.config.grace_period_s
+        hurry = hurry or threading.Event()
+        while self.drain_state.admitting or self.loop.call(lambda engine: engine.has_unfinished):
+            if time.monotonic() >= deadline or hurry.wait(0.1):
+                log.warning("%s: grace period over with work in flight; ending its streams", self.name)
+                self.drain_state.expire()
+                return False
+        log.info("%s: drained", self.name)
+        return True
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()

@@ -11,13 +11,15 @@ from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb,
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
+from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
 
 
 class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
-    """Args: the worker's name, its engine loop, its transfer backend (pools registered) and its stats
-    snapshot."""
+    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its stats
+    snapshot and its drain (while draining, Reserve and local prefills are refused; a reservation whose
+    state is arriving is still decoded)."""
 
     def __init__(
         self,
@@ -25,6 +27,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         loop: EngineLoop,
         transfer: SharedTransfer,
         stats: StatsBoard,
+        drain: Drain,
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
     ):
@@ -34,6 +37,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         self.transfer_timeout_s = transfer_timeout_s
         self.release_grace_s = release_grace_s
         self.stats = stats
+        self.drain = drain
 
     def Reserve(self, request, context):
         if not request.request_id:
@@ -56,7 +60,8 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             )
             return reservation_of(reserved), 0
 
-        reserved, cached = self.loop.call(reserve_or_decline)
+        with self.drain.admit("Reserve"):
+            reserved, cached = self.loop.call(reserve_or_decline)
         if reserved is None:
             reservation = workers_pb2.CacheReservation(request_id=request.request_id, cached_tokens=cached)
             return workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
@@ -95,18 +100,20 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             raise ValueError("request_id: required")
         params = sampling_from_pb(local.sampling)
         prompt = list(local.prompt_ids)
-        stream = self.loop.call(
-            lambda engine: self.loop.watch(
-                engine.add_request(
-                    prompt, params, request.request_id, local.tenant, resumed_tokens=local.resumed_tokens
+        with self.drain.admit("Decode with a local prefill"):
+            stream = self.loop.call(
+                lambda engine: self.loop.watch(
+                    engine.add_request(
+                        prompt, params, request.request_id, local.tenant, resumed_tokens=local.resumed_tokens
+                    )
                 )
             )
-        )
         yield from self._stream(request.request_id, stream, context)
 
     def _stream(self, request_id: str, stream, context):
         context.add_callback(lambda: self.loop.call(lambda engine: engine.abort(request_id)))
         while True:
+            self.drain.check_expired(request_id)
             try:
                 delta = stream.get(timeout=1.0)
             except queue.Empty:

@@ -10,13 +10,15 @@ from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
+from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
 
 
 class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
-    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics
-    and its stats snapshot."""
+    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics,
+    its stats snapshot and its drain (while draining, new prefills are refused; running ones and their
+    handoffs complete)."""
 
     def __init__(
         self,
@@ -25,6 +27,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         transfer: SharedTransfer,
         metrics: Metrics,
         stats: StatsBoard,
+        drain: Drain,
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
     ):
@@ -35,6 +38,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         self.transfer = transfer
         self.step_timeout_s = step_timeout_s
         self.stats = stats
+        self.drain = drain
         self._faults_lock = threading.Lock()
 
     def Prefill(self, request, context):
@@ -46,13 +50,14 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
             )
         params = sampling_from_pb(request.sampling)
         prompt, request_id = list(request.prompt_ids), reservation.request_id
-        stream = self.loop.call(
-            lambda engine: self.loop.watch(
-                engine.add_prefill_only(
-                    prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
+        with self.drain.admit("Prefill"):
+            stream = self.loop.call(
+                lambda engine: self.loop.watch(
+                    engine.add_prefill_only(
+                        prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
+                    )
                 )
             )
-        )
         context.add_callback(lambda: self.loop.call(lambda engine: engine.abort(request_id)))
         deltas = [stream.get(timeout=self.step_timeout_s)]
         while deltas[-1].finish_reason is None:
