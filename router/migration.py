@@ -74,11 +74,13 @@ class Migrator:
                     yield message
                 return
             except DecodeLost as lost:
+                if not context.is_active():
+                    raise  # the client has gone: nothing to move
                 if request.no_migration:
                     self.metrics.migrations.labels("opted_out").inc()
                     raise
                 left = max_tokens - len(streamed)
-                if moves >= self.max_migrations or left < 1 or not context.is_active():
+                if moves >= self.max_migrations or left < 1:
                     self.metrics.migrations.labels("failed").inc()
                     raise
                 log.warning(

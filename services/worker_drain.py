@@ -58,10 +58,6 @@ class Drain:
             self._draining = True
 
     @property
-    def draining(self) -> bool:
-        return self._draining
-
-    @property
     def admitting(self) -> bool:
         """Whether a call that was admitted has not yet handed its work to the engine."""
         with self._lock:
