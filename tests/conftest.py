@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels.invariant.reproducible_blas import request_strict_mkl
 from services.engine.checkpoint.init_folder import init_checkpoint
+
+request_strict_mkl()  # before any test multiplies: MKL reads its reproducibility mode once, at its first call
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 # Engine tests run on this device; the GPU run sets BATON_TEST_DEVICE=cuda.

@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from kernels.invariant.reproducible_blas import ensure_strict_mkl
+
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
 from .forward_batch import ForwardBatch, ModelCache
 from .invariant_numerics import InvariantNumerics
@@ -77,7 +79,13 @@ class CausalLM(nn.Module):
         self.numerics: Numerics = Numerics()
 
     def set_batch_invariant(self, enabled: bool) -> None:
-        """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4)."""
+        """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4).
+
+        Raises:
+            RuntimeError: invariant numerics on the CPU, with MKL already running in a non-strict mode.
+        """
+        if enabled and self.lm_head.weight.device.type == "cpu":
+            ensure_strict_mkl()  # at start, not at the first request: refuse before serving anything
         self.numerics = InvariantNumerics() if enabled else Numerics()
 
     def forward_batch(
