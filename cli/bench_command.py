@@ -1,6 +1,6 @@
 """``baton bench``: ``engine`` (throughput against naive recompute), ``kv-format`` (FP8 KV error),
-``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy) and ``pd`` (decode latency under long
-prefills, colocated against disaggregated)."""
+``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy), ``pd`` (decode latency under long
+prefills, colocated against disaggregated) and ``faults`` (``bench_faults_command``)."""
 
 import argparse
 import json
@@ -20,6 +20,7 @@ from services.transfer import known_backends
 from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidth
 
 from .arguments import DTYPES
+from .bench_faults_command import register_faults
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -73,6 +74,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     transfer.add_argument("--json", type=Path, help="also write the rows as JSON here")
     transfer.set_defaults(run=run_transfer)
     _register_pd(kinds)
+    register_faults(kinds)
 
 
 def _register_pd(kinds: argparse._SubParsersAction) -> None:
