@@ -47,6 +47,7 @@ def _indexer_scores_kernel(
     BLOCK_N: tl.constexpr,
     FP8: tl.constexpr,
     PRECISION: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -61,6 +62,8 @@ def _indexer_scores_kernel(
         q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :], mask=mask_h[:, None], other=0.0
     )
     w = tl.load(weights_ptr + t * stride_wt + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+    if COMPUTE_F32:  # the interpreter multiplies bf16 / fp16 wrongly: upcast, the math is the same
+        q = q.to(tl.float32)
 
     safe = tl.where(valid, pos, 0)
     block = tl.load(block_tables_ptr + seq * stride_bt + safe // PAGE, mask=valid, other=0).to(tl.int64)
@@ -103,12 +106,13 @@ def _launch_indexer_scores(
     if tokens == 0 or width == 0:
         return out
     block_n = block_n or (64 if q.device.type == "cuda" else 16)
+    compute_f32 = q.device.type != "cuda" or q.dtype == torch.float32
     _indexer_scores_kernel[(tokens, triton.cdiv(width, block_n))](
         q, weights, key_cache, block_tables, query_seq, query_pos, out,
         q.stride(0), q.stride(1), weights.stride(0), key_cache.stride(0), key_cache.stride(1),
         block_tables.stride(0), out.stride(0), heads, width, scale,
         PAGE=key_cache.shape[1], DI=index_dim, BLOCK_HI=max(16, triton.next_power_of_2(heads)),
-        BLOCK_N=block_n, FP8=fp8, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_N=block_n, FP8=fp8, PRECISION="ieee" if compute_f32 else "tf32", COMPUTE_F32=compute_f32,
         num_warps=num_warps,
     )  # fmt: skip
     return out

@@ -153,6 +153,7 @@ def _mla_split_kernel(
     DIRECT: tl.constexpr,
     PRECISION: tl.constexpr,
     LOOP_WHILE: tl.constexpr,
+    COMPUTE_F32: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     head_group = tl.program_id(1)
@@ -174,6 +175,9 @@ def _mla_split_kernel(
         mask=mask_h[:, None],
         other=0.0,
     )
+    if COMPUTE_F32:  # the interpreter multiplies bf16 / fp16 wrongly: upcast, the math is the same
+        q_lat = q_lat.to(tl.float32)
+        q_rope = q_rope.to(tl.float32)
 
     lo = split * keys_per_split
     if SPARSE:
@@ -323,6 +327,8 @@ def _launch_mla(
     keys_per_split = triton.cdiv(triton.cdiv(max(keys, 1), num_splits), block_n) * block_n
     num_warps = num_warps or (4 if block_h * latent_dim <= 16 * 512 else 8)
     direct = num_splits == 1
+    interpreted = device.type != "cuda"
+    compute_f32 = interpreted or q_latent.dtype == torch.float32
     if direct:
         dest, dest_lse = out, lse
         stride_os, stride_et, stride_eh = 0, lse.stride(0), lse.stride(1)
@@ -342,7 +348,7 @@ def _launch_mla(
         PAGE=latent_cache.shape[1], DC=latent_dim, DR=rope_dim,
         GROUP=latent_fp8_group_size(latent_dim) if fp8 else latent_dim,
         BLOCK_H=block_h, BLOCK_N=block_n, SPARSE=sparse, FP8=fp8, DIRECT=direct,
-        PRECISION="ieee" if q_latent.dtype == torch.float32 else "tf32", LOOP_WHILE=device.type != "cuda",
+        PRECISION="ieee" if compute_f32 else "tf32", LOOP_WHILE=interpreted, COMPUTE_F32=compute_f32,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if not direct:

@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.fp8.naive import index_key_fp8_bytes, latent_fp8_bytes, pack_index_key_fp8, pack_latent_fp8
+from kernels.fp8.naive import (
+    index_key_fp8_bytes,
+    latent_fp8_bytes,
+    pack_index_key_fp8,
+    pack_latent_fp8,
+    unpack_index_key_fp8,
+    unpack_latent_fp8,
+)
 
 ALIGN = 64
 
@@ -79,8 +86,6 @@ def build_cache(
             packed_index = pack_index_key_fp8(index)
             views[0][blk, row] = packed.to(device)
             views[1][blk, row] = packed_index.to(device)
-            from kernels.fp8.naive import unpack_index_key_fp8, unpack_latent_fp8
-
             latent, rope = unpack_latent_fp8(packed, latent_dim, rope_dim)
             index = unpack_index_key_fp8(packed_index, index_dim)
         else:
