@@ -318,7 +318,8 @@ def _launch_mla(
         return out, lse
     sparse = topk_positions is not None
     keys = topk_positions.shape[1] if sparse else max_seq_len
-    block_n = block_n or (32 if device.type == "cuda" else 16)
+    # fp32 tiles are twice as wide in shared memory: halve the key tile so two pipeline stages fit
+    block_n = block_n or (16 if device.type != "cuda" or q_latent.element_size() > 2 else 32)
     block_h = block_h or max(16, min(triton.next_power_of_2(heads), 32))
     head_groups = triton.cdiv(heads, block_h)
     if num_splits is None:
