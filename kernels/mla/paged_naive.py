@@ -117,7 +117,8 @@ def paged_mla_decode(
         block_tables: ``[S, max_blocks]`` int32.
         query_seq: ``[T]`` int32 sequence of each query.
         query_pos: ``[T]`` int32 position of each query (its own key is already cached).
-        topk_positions: ``[T, K]`` int32 DSA selection (-1 entries skipped), or None for dense causal.
+        topk_positions: ``[T, K]`` int32 DSA selection (-1 entries skipped), or None for dense causal;
+            entries are trusted to be cached positions (the indexer picks only ``s <= query_pos``).
         scale: softmax scale.
         max_seq_len: bound on every ``query_pos + 1`` (sizes the fast kernel's grid; unused here).
         num_splits: how the fast kernel splits keys (unused here: the result does not depend on it).
