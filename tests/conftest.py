@@ -6,6 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # Triton picks compiled or interpreted mode when a kernel module is first imported: without a GPU
+    # every Triton kernel the tests reach runs under the interpreter.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from kernels.invariant.reproducible_blas import request_strict_mkl
 from services.engine.checkpoint.init_folder import init_checkpoint
 
