@@ -241,6 +241,8 @@ def run_attention_kernel_bench(
     dev = torch.device(device)
     if dev.type != "cuda":
         raise RuntimeError(f"the attention kernel benchmark needs a CUDA device, got {device!r}")
+    if dev.index is None:  # "cuda": the current device, named by index so set_device accepts it
+        dev = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(dev)
     copy_bw = measure_copy_bandwidth(dev)
     rows, prefill, sweep = [], [], []
