@@ -13,7 +13,8 @@ from router.limits import MAX_LABEL_CHARS, MAX_STOP_CHARS, MAX_STOP_STRINGS, Fie
 UINT32_MAX = 2**32 - 1
 _MISSING = object()
 # Quotes a client's value in an error message: bounded in length and depth, whatever it sent.
-_QUOTE = reprlib.Repr(maxlevel=2, maxstring=40, maxother=40, maxlist=4, maxdict=4)
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlist, _QUOTE.maxdict = 2, 40, 40, 4, 4
 
 
 class RequestError(Exception):
