@@ -49,6 +49,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         last_token_at, first_token_at, tokens, status = None, None, 0, "error"
         admitted = False
         try:
+            # before the queue: a request that breaks a limit neither waits nor holds a seat
+            check_generate(request, self.config.vocab_size, self.max_token_bytes, self.max_model_len)
             self.admission.enter(time_left(context))
             self.metrics.queue_time.observe(time.monotonic() - started)
             admitted = True
@@ -94,7 +96,6 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.metrics.cached_tokens.inc(final.usage.cached_tokens)
 
     def _generate(self, request, context):
-        check_generate(request, self.config.vocab_size, self.max_token_bytes, self.max_model_len)
         if request.model and request.model != self.model_id:
             raise ValueError(f"model: {request.model!r} is not served here (serving {self.model_id!r})")
         prompt_ids = self._prompt_ids(request)
