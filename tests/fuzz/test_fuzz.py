@@ -10,7 +10,7 @@ from services.benchmark.fuzz_cases import CHAT, COMPLETIONS, grpc_case, http_cas
 # derandomize: the same cases on every run, so CI is repeatable; a local run with a different
 # --hypothesis-seed explores others.
 _SETTINGS = settings(
-    max_examples=150,
+    max_examples=120,
     deadline=None,
     derandomize=True,
     database=None,
