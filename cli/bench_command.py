@@ -1,6 +1,7 @@
 """``baton bench``: ``engine`` (throughput against naive recompute), ``kv-format`` (FP8 KV error),
 ``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy), ``pd`` (decode latency under long
-prefills, colocated against disaggregated) and ``faults`` (``bench_faults_command``)."""
+prefills, colocated against disaggregated), ``faults`` (``bench_faults_command``) and ``fuzz`` (bad
+requests: never a 5xx, still serving)."""
 
 import argparse
 import json
@@ -11,6 +12,8 @@ from pathlib import Path
 import torch
 
 from services.benchmark import PDWorkload, measure_pd
+from services.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
+from services.benchmark.fuzz_client import FuzzClient
 from services.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
 from services.engine.benchmark.engine_bench import format_table, run_engine_bench
 from services.engine.benchmark.kv_format_bench import measure_kv_format
@@ -75,6 +78,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     transfer.set_defaults(run=run_transfer)
     _register_pd(kinds)
     register_faults(kinds)
+    _register_fuzz(kinds)
 
 
 def _register_pd(kinds: argparse._SubParsersAction) -> None:
@@ -110,6 +114,24 @@ def _register_pd(kinds: argparse._SubParsersAction) -> None:
     pd.add_argument("--seed", type=int, default=0, help="fixes every prompt (default 0)")
     pd.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     pd.set_defaults(run=run_pd)
+
+
+def _register_fuzz(kinds: argparse._SubParsersAction) -> None:
+    fuzz = kinds.add_parser(
+        "fuzz", help="random bad requests over gRPC and HTTP: no 5xx, no hang, named fields, still serving"
+    )
+    fuzz.add_argument("--cases", type=int, default=10_000, help="cases to send (default 10000)")
+    fuzz.add_argument("--seed", type=int, default=0, help="replays a run (default 0)")
+    fuzz.add_argument("--target", help="router gRPC host:port (default: start a local cluster)")
+    fuzz.add_argument("--http-target", help="router OpenAI HTTP host:port (default: the local cluster's)")
+    fuzz.add_argument(
+        "--allow-remote", action="store_true", help="allow targets that are not loopback addresses"
+    )
+    fuzz.add_argument("--deadline-s", type=float, default=30.0, help="per-case deadline (default 30)")
+    fuzz.add_argument("--model", type=Path, help="local cluster's checkpoint (default: a random tiny one)")
+    fuzz.add_argument("--family", default="kimi_linear", choices=("k3", "kimi_linear", "deepseek_v32"))
+    fuzz.add_argument("--json", type=Path, help="also write the report as JSON here")
+    fuzz.set_defaults(run=run_fuzz_bench)
 
 
 def _positive_list(text: str, flag: str) -> list[int]:
@@ -264,3 +286,40 @@ def run_pd(args: argparse.Namespace) -> int:
         report = replace(report, model=f"random {args.family} ({args.preset})")
     print(json.dumps(report.as_dict()) if args.json else report.format_table())
     return 0
+
+
+def run_fuzz_bench(args: argparse.Namespace) -> int:
+    """Fuzz the given targets, or a local cluster when none is given; exit 1 on any finding."""
+    check_target(args.target, "--target", args.allow_remote)
+    check_target(args.http_target, "--http-target", args.allow_remote)
+    if not args.deadline_s > 0:
+        raise ValueError(f"--deadline-s: must be > 0, got {args.deadline_s}")
+
+    def progress(done: int) -> None:
+        print(f"  {done} cases", flush=True)
+
+    if args.target or args.http_target:
+        client = FuzzClient(args.target, args.http_target, args.deadline_s)
+        try:
+            report = run_fuzz(client, args.cases, args.seed, progress)
+        finally:
+            client.close()
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            model_dir = args.model
+            if model_dir is None:
+                model_dir = Path(scratch) / f"{args.family}-tiny"
+                init_checkpoint(model_dir, args.family, "tiny", seed=0)
+            with fuzz_cluster(str(model_dir), ("--dtype", "float32")) as cluster:
+                client = FuzzClient(
+                    f"127.0.0.1:{cluster.port}", f"127.0.0.1:{cluster.router.http_port}", args.deadline_s
+                )
+                try:
+                    report = run_fuzz(client, args.cases, args.seed, progress)
+                finally:
+                    client.close()
+                report.worker_restarts = sum(worker.restarts for worker in cluster.workers)
+    print(report.format())
+    if args.json:
+        args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0 if report.passed else 1

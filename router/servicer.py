@@ -12,6 +12,8 @@ from services.rpc.errors import status_for
 
 from .admission import Admission
 from .dispatch import Dispatcher, time_left
+from .limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
+from .validation import check_generate, check_tokenize
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -40,12 +42,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.tokenizer = tokenizer
         self.dispatcher = dispatcher
         self.max_model_len = max_model_len
+        self.max_token_bytes = tokenizer.max_token_bytes if tokenizer is not None else None
 
     def Generate(self, request, context):
         started = time.monotonic()
         last_token_at, first_token_at, tokens, status = None, None, 0, "error"
         admitted = False
         try:
+            # before the queue: a request that breaks a limit neither waits nor holds a seat
+            check_generate(request, self.config.vocab_size, self.max_token_bytes, self.max_model_len)
             self.admission.enter(time_left(context))
             self.metrics.queue_time.observe(time.monotonic() - started)
             admitted = True
@@ -126,6 +131,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def Tokenize(self, request, context):
         if self.tokenizer is None:
             raise ValueError("text: this model has no tokenizer; send token ids")
+        check_tokenize(request)
         if request.WhichOneof("input") == "chat":
             ids = self.tokenizer.encode_chat(
                 _messages(request.chat), add_generation_prompt=request.chat.add_generation_prompt
@@ -145,6 +151,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         if kind is None:
             raise ValueError("prompt: give text, token_ids or chat")
         if kind == "token_ids":
+            check_prompt_tokens(len(request.token_ids.ids), "token_ids", self.max_model_len)
             ids = list(request.token_ids.ids)
             for position, token in enumerate(ids):
                 if token >= self.config.vocab_size:
@@ -156,10 +163,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise ValueError(f"{kind}: this model has no tokenizer; send token_ids")
         elif kind == "text":
             ids = self.tokenizer.encode(request.text, add_special_tokens=True)
-        else:
-            ids = self.tokenizer.encode_chat(_messages(request.chat), add_generation_prompt=True)
+        else:  # rendered, then bounded by its bytes before the (costlier) tokenization
+            text = self.tokenizer.apply_chat_template(_messages(request.chat), add_generation_prompt=True)
+            check_prompt_bytes(utf8_bytes(text, "chat"), "chat", self.max_token_bytes, self.max_model_len)
+            ids = self.tokenizer.encode(text)
         if not ids:
             raise ValueError(f"{kind}: the prompt is empty")
+        check_prompt_tokens(len(ids), kind, self.max_model_len)
         return ids
 
 
