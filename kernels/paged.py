@@ -1,4 +1,4 @@
-"""Shared pieces of the paged-cache kernels: the row addressing rule and the Triton device check.
+"""Shared pieces of the paged-cache kernels: the row addressing rule.
 
 A sequence's token at position ``p`` lives in block ``block_table[p // B]``, row ``p % B``, of a
 strided per-field view ``[num_blocks, B, dim]`` (``BlockPool.view``)::
@@ -9,9 +9,9 @@ strided per-field view ``[num_blocks, B, dim]`` (``BlockPool.view``)::
 The references gather rows with plain indexing; the Triton kernels compute the same addresses.
 """
 
-import os
-
 import torch
+
+from kernels.triton_env import require_triton_device  # noqa: F401  (the paged kernels' device check)
 
 
 def gather_rows(view: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -29,29 +29,3 @@ def gather_rows(view: torch.Tensor, block_table: torch.Tensor, positions: torch.
     positions = positions.to(device=view.device, dtype=torch.long)
     blocks = block_table.to(device=view.device, dtype=torch.long)[positions // block_size]
     return view[blocks, positions % block_size]
-
-
-def require_triton_device(op: str, *tensors: torch.Tensor) -> None:
-    """Raise a clear error when ``op``'s Triton kernel cannot run on the tensors' device.
-
-    CUDA tensors run compiled kernels; CPU tensors run only under the Triton interpreter, which
-    must be switched on with ``TRITON_INTERPRET=1`` before ``triton`` is first imported.
-
-    Raises:
-        ValueError: tensors on different devices.
-        RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``, or another device type.
-    """
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
-    device = devices.pop()
-    if device.type == "cuda":
-        return
-    if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError(
-                f"{op}: the Triton kernel got CPU tensors; CPU runs need the Triton interpreter "
-                "(set TRITON_INTERPRET=1 before triton is imported) or the reference backend"
-            )
-        return
-    raise RuntimeError(f"{op}: the Triton kernel does not run on device type {device.type!r}")

@@ -2,7 +2,7 @@
 
 Triton decides at ``@triton.jit`` time (module import) whether a kernel is interpreted, so
 ``TRITON_INTERPRET=1`` must be in the environment before a kernel module is imported. Launchers
-call ``check_triton_device`` so a CPU tensor without the interpreter is a clear error, not a
+call ``require_triton_device`` so a CPU tensor without the interpreter is a clear error, not a
 driver traceback.
 """
 
@@ -16,13 +16,24 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-def check_triton_device(tensor: torch.Tensor, op: str) -> None:
-    """Raise unless ``tensor`` lives where a Triton kernel can run (CUDA, or CPU with the interpreter)."""
-    if tensor.device.type == "cuda":
+def require_triton_device(op: str, *tensors: torch.Tensor) -> None:
+    """Raise a clear error when ``op``'s Triton kernel cannot run on the tensors' device.
+
+    CUDA tensors run compiled kernels; CPU tensors run only under the Triton interpreter.
+
+    Raises:
+        ValueError: tensors on different devices.
+        RuntimeError: CPU tensors without ``TRITON_INTERPRET=1``, or another device type.
+    """
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
+    device = devices.pop()
+    if device.type == "cuda" or (device.type == "cpu" and interpreter_enabled()):
         return
-    if tensor.device.type == "cpu" and interpreter_enabled():
-        return
-    raise RuntimeError(
-        f"{op}: Triton kernels need a CUDA tensor, or TRITON_INTERPRET=1 set before the kernel modules "
-        f"are imported to run on CPU under the interpreter (got a {tensor.device.type} tensor)"
-    )
+    if device.type == "cpu":
+        raise RuntimeError(
+            f"{op}: the Triton kernel got CPU tensors; CPU runs need the Triton interpreter "
+            "(set TRITON_INTERPRET=1 before triton is imported) or the reference backend"
+        )
+    raise RuntimeError(f"{op}: the Triton kernel does not run on device type {device.type!r}")

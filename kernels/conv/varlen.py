@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_env import check_triton_device
+from kernels.triton_env import require_triton_device
 
 
 @triton.jit
@@ -152,7 +152,7 @@ def causal_conv1d_varlen(
     Returns:
         ``y [N, C]`` in ``x.dtype``, ``silu(conv)`` computed in float32.
     """
-    check_triton_device(x, "causal_conv1d_varlen")
+    require_triton_device("causal_conv1d_varlen", x)
     if x.stride(-1) != 1:
         x = x.contiguous()
     weight = weight.contiguous()

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels.kda import naive
-from kernels.triton_env import check_triton_device
+from kernels.triton_env import require_triton_device
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def zero_fresh_slots(state_pool: torch.Tensor, slots: torch.Tensor, has_state: t
         slots: ``[S]`` int32.
         has_state: ``[S]`` bool.
     """
-    check_triton_device(state_pool, "zero_fresh_slots")
+    require_triton_device("zero_fresh_slots", state_pool)
     size = state_pool[0].numel()
     if not state_pool[0].is_contiguous():
         raise ValueError("state_pool: each slot's state must be contiguous")

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_env import check_triton_device
+from kernels.triton_env import require_triton_device
 
 
 def moe_align(
@@ -215,7 +215,7 @@ def moe_grouped(
         ``[N, D]`` in ``x.dtype``: ``sum_j weights[:, j] * down(silu(gate x) * up x)``, each pair's
         product accumulated in float32, the k pairs of a token summed in float32 in choice order.
     """
-    check_triton_device(x, "moe_grouped")
+    require_triton_device("moe_grouped", x)
     if w_gate_up.stride(-1) != 1 or w_down.stride(-1) != 1:
         raise ValueError("w_gate_up, w_down: the last dim must have unit stride")
     x = x.contiguous()

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.sampling.naive import SERIES_BELOW
-from kernels.triton_env import check_triton_device
+from kernels.triton_env import require_triton_device
 
 _MASK64 = (1 << 64) - 1
 _SYSTEM_RANDOM = random.SystemRandom()
@@ -154,7 +154,7 @@ def sample_batch(
         ``(token_ids [B] int64, logprobs [B] float32, top_ids [B, n] int64, top_logprobs [B, n] float32)``,
         logprobs from the unmodified float32 logits.
     """
-    check_triton_device(logits, "sample_batch")
+    require_triton_device("sample_batch", logits)
     batch, vocab = logits.shape
     values, ids = torch.sort(logits.to(torch.float32), dim=-1, descending=True, stable=True)
     device = logits.device
