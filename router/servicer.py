@@ -13,6 +13,8 @@ from services.rpc.errors import status_for
 from .admission import Admission
 from .dispatch import Dispatcher, time_left
 
+_DEADLINE_SLACK_S = 0.05
+
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """Args: the served model's id and config, its tokenizer (or None), the dispatcher (workers), the
@@ -170,8 +172,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
 
 def _deadline_passed(context) -> bool:
+    """The call ended at its deadline: the client's own timer may cancel it a moment before ours."""
     remaining = context.time_remaining()
-    return remaining is not None and remaining <= 0
+    return remaining is not None and remaining <= _DEADLINE_SLACK_S
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -89,6 +89,7 @@ class WorkerServer:
                 self.loop,
                 self.transfer,
                 self.stats,
+                self.metrics,
                 release_grace_s=config.release_grace_s,
                 faults=faults,
             )

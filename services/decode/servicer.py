@@ -13,6 +13,7 @@ from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import reservation_of
 from services.engine.scheduler import SampledToken
+from services.metrics import Metrics
 from services.rpc.callbacks import when_call_ends
 from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb, sampling_from_pb
 from services.transfer import TransferError
@@ -29,8 +30,8 @@ _STATE_POLL_S = 0.25  # how often a Decode call waiting for its state checks tha
 
 class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
     """Args: the worker's name, its engine loop, its transfer backend (pools registered), its stats
-    snapshot, how long a Decode call waits for its handoff's state, how long a released reservation
-    waits for a handoff that may still be writing into it, and the injected fault delays."""
+    snapshot, its metrics, how long a Decode call waits for its handoff's state, how long a released
+    reservation waits for a handoff that may still be writing into it, and the injected fault delays."""
 
     def __init__(
         self,
@@ -38,6 +39,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         loop: EngineLoop,
         transfer: SharedTransfer,
         stats: StatsBoard,
+        metrics: Metrics,
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
         faults: FaultDelays = NO_FAULTS,
@@ -47,6 +49,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         self.transfer = transfer
         self.transfer_timeout_s = transfer_timeout_s
         self.stats = stats
+        self.metrics = metrics
         self.faults = faults
         self.leases = Leases()
         self.releaser = ReservationReleaser(loop, transfer, release_grace_s)
@@ -92,6 +95,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         lease = self.leases.end(request_id, how)
         if lease is None:
             return None  # already claimed or ended by someone else
+        self.metrics.reservations_freed.labels(how.value).inc()
         if handoff_may_be_in_flight is None:
             handoff_may_be_in_flight = lease.may_have_reached_caller
         return self.releaser.release(request_id, handoff_may_be_in_flight)
@@ -100,6 +104,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         """The reservation TTL freed these (loop thread): their Reserve streams end."""
         for request_id in request_ids:
             self.leases.end(request_id, LeaseEnd.EXPIRED)
+            self.metrics.reservations_freed.labels(LeaseEnd.EXPIRED.value).inc()
 
     def Decode(self, request, context):
         request_id = request.request_id
