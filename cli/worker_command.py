@@ -41,7 +41,24 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=float,
         default=600.0,
         metavar="S",
-        help="decode: free a reservation whose prefilled state has not arrived after S seconds (default 600)",
+        help="decode: backstop: free a reservation still waiting for its state after S seconds, even if its "
+        "router's lease looks alive (default 600)",
+    )
+    parser.add_argument(
+        "--release-grace-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="decode: a reservation whose router left waits up to S seconds for a handoff that may still "
+        "be writing into it (default 5)",
+    )
+    parser.add_argument(
+        "--fault-delay",
+        action="append",
+        default=[],
+        metavar="PHASE=S",
+        help="fault injection for tests and chaos drills: pause S seconds at PHASE (decode: reserve, "
+        "decode_start; prefill: prefill, handoff); repeatable",
     )
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
@@ -69,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         fail_transfers=args.fail_transfers,
         reservation_ttl_s=args.reservation_ttl_s,
+        release_grace_s=args.release_grace_s,
+        fault_delays=tuple(args.fault_delay),
     )
     server = WorkerServer(config)
     stop = threading.Event()

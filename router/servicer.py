@@ -1,7 +1,7 @@
 """The public ``Generation`` servicer: validate, tokenize, run through the workers, detokenize."""
 
+import secrets
 import time
-import uuid
 
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from services.engine.model.config import ModelConfig
@@ -14,6 +14,8 @@ from .admission import Admission
 from .dispatch import Dispatcher, time_left
 from .limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
 from .validation import check_generate, check_tokenize
+
+_DEADLINE_SLACK_S = 0.05
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -47,7 +49,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def Generate(self, request, context):
         started = time.monotonic()
         last_token_at, first_token_at, tokens, status = None, None, 0, "error"
-        admitted = False
+        admitted = ended = False
         try:
             # before the queue: a request that breaks a limit neither waits nor holds a seat
             check_generate(request, self.config.vocab_size, self.max_token_bytes, self.max_model_len)
@@ -67,6 +69,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                     status = generation_pb2.FinishReason.Name(message.finish_reason).removeprefix(
                         "FINISH_REASON_"
                     )
+                    ended = True
                     self._count(message)
                 yield message
         except Exception as error:
@@ -75,8 +78,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         finally:
             if admitted:
                 self.admission.leave()
-            if not context.is_active() and status == "error":
-                status = "CANCELLED"
+            if not ended and not context.is_active():
+                # The client left (or its deadline passed) first: whatever error that caused in the
+                # workers (a cancelled prefill reads as UNAVAILABLE) is not a failure of the service.
+                status = "DEADLINE_EXCEEDED" if _deadline_passed(context) else "CANCELLED"
             self.metrics.requests.labels(status.lower()).inc()
             if first_token_at is not None:
                 self.metrics.e2e.observe(last_token_at - started)
@@ -100,7 +105,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise ValueError(f"model: {request.model!r} is not served here (serving {self.model_id!r})")
         prompt_ids = self._prompt_ids(request)
         params = sampling_from_pb(request.sampling)  # validated here, before any worker is involved
-        request_id = request.request_id or uuid.uuid4().hex
+        # The client's request_id is only a label, echoed back: workers key the request by an id of
+        # our own, so one client can neither collide with nor reach (Release, abort) another's request.
+        request_id = secrets.token_hex(16)
+        label = request.request_id or request_id
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True) if self.tokenizer else None
         )
@@ -108,7 +116,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         messages = self.dispatcher.run(request_id, prompt_ids, request, context, route)
         try:
             for message in messages:
-                message.request_id = request_id
+                message.request_id = label
                 generated += len(message.token_ids)
                 if detokenizer is not None:
                     piece = "".join(detokenizer.push(token) for token in message.token_ids)
@@ -171,6 +179,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise ValueError(f"{kind}: the prompt is empty")
         check_prompt_tokens(len(ids), kind, self.max_model_len)
         return ids
+
+
+def _deadline_passed(context) -> bool:
+    """The call ended at its deadline: the client's own timer may cancel it a moment before ours."""
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= _DEADLINE_SLACK_S
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

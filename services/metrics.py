@@ -84,6 +84,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.reservations_freed = Counter(
+            "baton_reservations_freed_total",
+            "Decode reservations freed before any Decode call took them over, by why",
+            ["reason"],
+            registry=r,
+        )
         self.worker_up = Gauge(
             "baton_worker_up",
             "Whether the router can reach a worker (1) or not (0)",
