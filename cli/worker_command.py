@@ -9,7 +9,7 @@ from pathlib import Path
 from services.engine.engine_config import EngineConfig
 from services.worker_server import ROLES, WorkerConfig, WorkerServer
 
-from .arguments import DTYPES
+from .arguments import DTYPES, add_engine_kernel_flags
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -43,6 +43,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="S",
         help="decode: free a reservation whose prefilled state has not arrived after S seconds (default 600)",
     )
+    add_engine_kernel_flags(parser)
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        kernels=args.kernels,
+        cuda_graphs=args.cuda_graphs,
     )
     config = WorkerConfig(
         role=args.role,
