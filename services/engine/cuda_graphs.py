@@ -68,16 +68,16 @@ class DecodeGraphs:
         self.sampler = model.kernels.sampling if isinstance(model.kernels.sampling, TritonSampling) else None
         self.device = cache.blocks.storage.device
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs = {size: self._static(size) for size in sizes}
         self.pad = SequenceStep((0,), 0, (cache.blocks.scratch_id,), cache.slots.scratch_id)
+        self.graphs = {size: self._static(size) for size in sizes}
+        self.replays = 0  # steps served from a graph (benchmarks and tests read it)
 
     @property
     def max_size(self) -> int:
         return max(self.graphs)
 
     def _static(self, size: int) -> _Graph:
-        pads = [SequenceStep((0,), 0, (self.cache.blocks.scratch_id,), self.cache.slots.scratch_id)] * size
-        meta = self._metadata(pads, None)
+        meta = self._metadata([self.pad] * size, None)
         sampling = None
         if self.sampler is not None:
             sampling = self.sampler.inputs([_GREEDY] * size, [0] * size, self.device, MAX_LOGPROBS)
@@ -146,6 +146,7 @@ class DecodeGraphs:
                 out=graph.sampling.packed,
             )
         graph.graph.replay()
+        self.replays += 1
         if self.sampler is not None:
             return self.sampler.to_output(graph.sampled, params)
         return self.model.kernels.sampling.sample(graph.logits[: len(steps)], params, positions)
