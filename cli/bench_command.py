@@ -1,7 +1,8 @@
-"""``baton bench``: ``engine`` (throughput against naive recompute), ``kv-format`` (FP8 KV error),
-``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy), ``pd`` (decode latency under long
-prefills, colocated against disaggregated), ``faults`` (``bench_faults_command``) and ``fuzz`` (bad
-requests: never a 5xx, still serving)."""
+"""``baton bench``: ``engine`` (decode and prefill throughput per kernel backend, against the weights-once
+bound and transformers' model), ``kernels`` (per-op kernels at real shapes against their limits),
+``kv-format`` (FP8 KV error), ``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy), ``pd``
+(decode latency under long prefills, colocated against disaggregated), ``faults``
+(``bench_faults_command``) and ``fuzz`` (bad requests: never a 5xx, still serving)."""
 
 import argparse
 import json
@@ -16,9 +17,12 @@ from services.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
 from services.benchmark.fuzz_client import FuzzClient
 from services.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
 from services.engine.benchmark.engine_bench import format_table, run_engine_bench
+from services.engine.benchmark.kernel_bench import KERNEL_BENCHES, format_results, make_context, resolve
 from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.loader import load_model
+from services.engine.checkpoint.random_model import build_random_model
+from services.engine.model.backends import KERNEL_BACKENDS
 from services.transfer import known_backends
 from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidth
 
@@ -31,13 +35,22 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("bench", help="benchmarks (ratios against a baseline, in one run)")
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    engine = kinds.add_parser("engine", help="engine prefill/decode tokens/s vs naive full recompute")
+    engine = kinds.add_parser(
+        "engine", help="engine tokens/s per kernel backend vs the weights-once bound and transformers"
+    )
     engine.add_argument(
         "--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)"
     )
     engine.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
-    engine.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    engine.add_argument(
+        "--preset",
+        default="tiny",
+        help="random model size when --model is not given: tiny, small (written to disk), full (real "
+        "per-layer shapes, built on the device; with --layers)",
+    )
+    engine.add_argument("--layers", type=int, help="layers of a --preset full model (default 4)")
     engine.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    engine.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="--preset full dtype")
     engine.add_argument("--batches", default="1,4", help="comma-separated batch sizes (default 1,4)")
     engine.add_argument(
         "--contexts", default="128,512", help="comma-separated prompt lengths (default 128,512)"
@@ -45,9 +58,35 @@ def register(commands: argparse._SubParsersAction) -> None:
     engine.add_argument(
         "--decode-tokens", type=int, default=16, help="decoded tokens per request (default 16)"
     )
-    engine.add_argument("--modes", default="default,invariant", help="default,invariant (default both)")
-    engine.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    engine.add_argument("--modes", default="default", help="default and/or invariant (default: default)")
+    engine.add_argument(
+        "--kernels",
+        default=None,
+        help="comma-separated backends to compare (default: reference,triton on CUDA, reference on the CPU)",
+    )
+    engine.add_argument(
+        "--cuda-graphs",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="decode CUDA graphs (default on)",
+    )
+    engine.add_argument(
+        "--peer", default=True, action=argparse.BooleanOptionalAction, help="run transformers' model too"
+    )
+    engine.add_argument("--json", type=Path, help="also write the report as JSON here")
     engine.set_defaults(run=run_engine)
+    kernels = kinds.add_parser(
+        "kernels", help="per-op kernels at real shapes vs copy bandwidth / matrix rate"
+    )
+    kernels.add_argument(
+        "--ops",
+        default="copy,matmul",
+        help=f"comma-separated, from {','.join(KERNEL_BENCHES)} (default copy,matmul)",
+    )
+    kernels.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    kernels.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="(default bfloat16)")
+    kernels.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    kernels.set_defaults(run=run_kernels)
     kv = kinds.add_parser(
         "kv-format", help="FP8 vs model-dtype KV blocks: DSA selection overlap and logprob error"
     )
@@ -150,21 +189,65 @@ def run_engine(args: argparse.Namespace) -> int:
     modes = args.modes.split(",")
     if any(mode not in ("default", "invariant") for mode in modes):
         raise ValueError(f"--modes: expected default and/or invariant, got {args.modes!r}")
+    default_kernels = "reference,triton" if args.device.startswith("cuda") else "reference"
+    backends = (args.kernels or default_kernels).split(",")
+    if any(name not in KERNEL_BACKENDS for name in backends) or len(set(backends)) != len(backends):
+        raise ValueError(
+            f"--kernels: expected distinct names from {', '.join(KERNEL_BACKENDS)}, got {args.kernels!r}"
+        )
     if args.decode_tokens < 1:
         raise ValueError(f"--decode-tokens: must be >= 1, got {args.decode_tokens}")
+    if args.layers is not None and args.preset != "full":
+        raise ValueError("--layers: only with --preset full (the other presets fix their layers)")
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model
-        if model_dir is None:
+        model_dir, prebuilt = args.model, None
+        if model_dir is None and args.preset == "full":
+            model_dir = f"{args.family}-full-{args.layers or 4}-layers"
+            prebuilt = build_random_model(
+                args.family, "full", args.device, DTYPES[args.dtype], args.layers or 4
+            )
+        elif model_dir is None:
             model_dir = Path(scratch) / "model"
             init_checkpoint(model_dir, args.family, args.preset, seed=0)
-        rows = run_engine_bench(str(model_dir), args.device, batches, contexts, args.decode_tokens, modes)
+        report = run_engine_bench(
+            str(model_dir),
+            args.device,
+            batches,
+            contexts,
+            args.decode_tokens,
+            modes,
+            backends,
+            cuda_graphs=args.cuda_graphs,
+            prebuilt=prebuilt,
+            peer=args.peer,
+        )
     print(
         f"engine benchmark: {args.family if args.model is None else args.model} ({args.preset}), "
-        f"device {args.device}, {args.decode_tokens} decoded tokens per request"
+        f"device {args.device}, {args.decode_tokens} decoded tokens per request, "
+        f"CUDA graphs {'on' if args.cuda_graphs else 'off'}"
     )
-    print(format_table(rows))
+    print(format_table(report))
     if args.json:
-        args.json.write_text(json.dumps([row.as_dict() for row in rows], indent=2) + "\n")
+        args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    ops = [op.strip() for op in args.ops.split(",")]
+    functions = resolve(ops)  # a bad name fails before anything is measured
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device: {args.device!r} needs a CUDA GPU, and none is visible")
+    context = make_context(args.device, DTYPES[args.dtype])
+    results = [result for function in functions for result in function(context)]
+    print(
+        format_results(
+            results,
+            f"kernel benchmark: device {args.device}, {args.dtype}, K3-shaped layers; measured limits: copy "
+            f"{context.copy_bytes_per_s / 1e9:.0f} GB/s, matmul {context.matmul_flops / 1e12:.1f} TFLOP/s",
+        )
+    )
+    if args.json:
+        args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
     return 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from services.engine.engine_config import EngineConfig
 from services.worker_server import ROLES, WorkerConfig, WorkerServer
 
-from .arguments import DTYPES
+from .arguments import DTYPES, add_engine_kernel_flags
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -60,6 +60,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="fault injection for tests and chaos drills: pause S seconds at PHASE (decode: reserve, "
         "decode_start; prefill: prefill, handoff); repeatable",
     )
+    add_engine_kernel_flags(parser)
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        kernels=args.kernels,
+        cuda_graphs=args.cuda_graphs,
     )
     config = WorkerConfig(
         role=args.role,

@@ -68,6 +68,7 @@ class WorkerServer:
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         engine = EngineCore(config.engine)
+        self.metrics.record_engine(engine)
         self.stats = StatsBoard(self.name, engine)
         self.loop = EngineLoop(engine, after_step=self._after_pass)
         self.loop.call(self._after_pass)
