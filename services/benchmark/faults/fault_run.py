@@ -32,8 +32,8 @@ def run_faults(
     """Run ``scenario`` against ``cluster`` (serving ``model``) and report.
 
     ``scenario.fail_transfers`` is the cluster's business (its prefill workers' flag); the report
-    only names it. ``leak_bound_s``: how long after the last client's end the workers have to let
-    go of everything.
+    only names it. ``leak_bound_s``: how long after the last client's end (or the last killed
+    worker's restart, if later) the workers have to let go of everything.
 
     Raises:
         RuntimeError, TimeoutError: the clients or a kill could not run (not a fault finding).
@@ -55,7 +55,10 @@ def run_faults(
         raise
     clients_done = max((o.ended for o in outcomes), default=time.monotonic())
     kills = injector.join()
-    leaks = wait_until_released(cluster.workers, clients_done, leak_bound_s)
+    # A worker still restarting after its SIGKILL cannot answer, but holds nothing either: the clock
+    # starts once the last client is done and every killed worker is back.
+    back = [kill.killed_at + kill.restarted_s for kill in kills if kill.restarted_s is not None]
+    leaks = wait_until_released(cluster.workers, max([clients_done, *back]), leak_bound_s)
     availability = probe.stop()
     router_outcomes = delta(before, requests_by_status(metrics_url))
     served_after = _plain_request(address, load_model_config(model).vocab_size)

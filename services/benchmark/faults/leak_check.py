@@ -42,7 +42,8 @@ class WorkerHeld:
 
 @dataclass(frozen=True)
 class LeakCheck:
-    """``seconds``: from the last client's end until every worker was clean (None: not by the bound)."""
+    """``seconds``: from the last client's end (or the last killed worker's restart, if later) until every
+    worker was clean (None: not by the bound)."""
 
     bound_s: float
     seconds: float | None
