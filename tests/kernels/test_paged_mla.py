@@ -96,6 +96,36 @@ def test_split_count_does_not_change_the_result(num_splits):
     )
 
 
+@pytest.mark.parametrize("num_splits", [1, 20], ids=["direct", "splits20_two_combine_chunks"])
+@pytest.mark.parametrize("heads_minor", [False, True], ids=["heads_major", "heads_minor"])
+@pytest.mark.parametrize("fmt", ["fp32", "fp8"])
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_tile_forms_agree(mode, fmt, heads_minor, num_splits):
+    """Both matrix forms of the split kernel (the GPU picks per format), whole-block and per-row key
+    tiles (block 16 vs 8 rows), and a split count above the combine kernel's 16-split chunk."""
+    case = "mixed_order_B16_H3" if mode == "dense" else "chunk_after_prefix_B8_H2"
+    cache, query_seq, query_pos, q_latent, q_rope, max_len = make_step(case, fmt == "fp8")
+    topk = random_topk(query_pos, 12, seed=3) if mode == "sparse" else None
+    args = (
+        q_latent,
+        q_rope,
+        cache.latent,
+        cache.rope,
+        cache.block_tables,
+        query_seq,
+        query_pos,
+        topk,
+        SCALE,
+        max_len,
+    )
+    config = paged_triton.MlaKernelConfig(block_n=16, num_warps=4, num_stages=1, heads_minor=heads_minor)
+    check_against_reference(
+        paged_triton.paged_mla_decode(*args, num_splits=num_splits, config=config),
+        paged_naive.paged_mla_decode(*args),
+        "tile form",
+    )
+
+
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_reference_matches_per_sequence_absorbed_mla(case, mode):

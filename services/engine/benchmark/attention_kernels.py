@@ -13,7 +13,9 @@ one decode query each, blocks shuffled in a pool laid out like ``BlockPool``):
 - a chunked-prefill row: a chunk of ``prefill_chunk`` tokens of one sequence after a prefix of
   ``N - prefill_chunk`` (absorbed form, one program per query token), in TFLOP/s.
 
-Timings are ``triton.testing.do_bench`` medians (L2 flushed between runs). Run on a GPU::
+Timings are ``triton.testing.do_bench`` medians (L2 flushed between runs); decode steps are timed
+as CUDA-graph replays (how the engine runs them: without the graph, Python launch cost of about
+45 us hides every small step). Run on a GPU::
 
     python -m services.engine.benchmark.attention_kernels --contexts 2048,8192,32768,131072 --batches 1,32
 """
@@ -26,7 +28,7 @@ import triton
 
 from kernels.dsa.paged_triton import paged_indexer_scores, paged_indexer_topk, topk_by_score
 from kernels.fp8.naive import index_key_fp8_bytes, latent_fp8_bytes
-from kernels.mla.paged_triton import default_num_splits, paged_mla_decode, paged_mla_prefill
+from kernels.mla.paged_triton import default_config, default_num_splits, paged_mla_decode, paged_mla_prefill
 
 ISSUE_BANDWIDTH = 4.3e12  # bytes/s, the H200 copy bandwidth the issue's targets refer to
 
@@ -97,6 +99,21 @@ def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
+def _bench_graph(fn) -> float:
+    """Median microseconds of one CUDA-graph replay of ``fn()`` (as the engine runs a decode step:
+    no Python launch cost, which otherwise dominates small steps), L2 flushed before each replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile and warm outside the capture
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _bench(graph.replay)
+
+
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 31) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting the bytes read and the bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -165,8 +182,8 @@ def _measure(shapes: AttentionShapes, kv_format: str, context: int, batch: int, 
     if keys < shapes.topk:
         topk = torch.cat([topk, topk.new_full((batch, shapes.topk - keys), -1)], dim=1)
     mla = (q_latent, q_rope, pool.latent, pool.rope, tables, query_seq, query_pos)
-    dense_us = _bench(lambda: paged_mla_decode(*mla, None, scale, context))
-    sparse_us = _bench(lambda: paged_mla_decode(*mla, topk, scale, context))
+    dense_us = _bench_graph(lambda: paged_mla_decode(*mla, None, scale, context))
+    sparse_us = _bench_graph(lambda: paged_mla_decode(*mla, topk, scale, context))
 
     q_index = torch.randn(batch, shapes.index_heads, shapes.index_dim, device=device).to(torch.bfloat16)
     weights = torch.randn(batch, shapes.index_heads, device=device) * shapes.index_heads**-0.5
@@ -181,7 +198,8 @@ def _measure(shapes: AttentionShapes, kv_format: str, context: int, batch: int, 
     sparse_bytes = batch * keys * (pool.row_bytes + 4)
     dense_bps = dense_bytes / (dense_us * 1e-6)
     head_groups = triton.cdiv(h, max(16, min(triton.next_power_of_2(h), 32)))
-    splits = default_num_splits(batch, head_groups, context, 32, torch.device(device))
+    block_n = default_config(torch.device(device), torch.bfloat16, pool.fp8, False).block_n
+    splits = default_num_splits(batch, head_groups, context, block_n, torch.device(device))
     row = AttentionKernelRow(
         kv_format, context, batch, splits, dense_us, dense_bytes, dense_bps / 1e9, dense_bps / copy_bw,
         dense_bps / ISSUE_BANDWIDTH, sparse_us, sparse_bytes, sparse_us / dense_us,
@@ -205,7 +223,7 @@ def _sweep_splits(
     args = (q_latent, q_rope, pool.latent, pool.rope, tables, one, pos, None, 0.07, context)
     rows = []
     for count in splits:
-        us = _bench(lambda count=count: paged_mla_decode(*args, num_splits=count))
+        us = _bench_graph(lambda count=count: paged_mla_decode(*args, num_splits=count))
         rows.append(SplitSweepRow(context, count, us, context * pool.row_bytes / (us * 1e-6) / 1e9))
     return rows
 
