@@ -11,8 +11,6 @@ The references gather rows with plain indexing; the Triton kernels compute the s
 
 import torch
 
-from kernels.triton_env import require_triton_device  # noqa: F401  (the paged kernels' device check)
-
 
 def gather_rows(view: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rows of one sequence at ``positions``.

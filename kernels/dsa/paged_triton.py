@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.dsa.paged_naive import check_indexer_inputs
-from kernels.paged import require_triton_device
+from kernels.triton_env import require_triton_device
 
 
 @triton.jit

@@ -35,7 +35,7 @@ import triton.language as tl
 from kernels.fp8.naive import latent_fp8_group_size
 from kernels.mla.paged_naive import check_mla_inputs
 from kernels.mla.paged_rows_triton import mla_row_offsets
-from kernels.paged import require_triton_device
+from kernels.triton_env import require_triton_device
 
 MIN_KEYS_PER_SPLIT = 256  # a split's partial [H, Dc] fp32 write must stay small beside its key reads
 
