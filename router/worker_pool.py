@@ -16,6 +16,10 @@ from .prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)
 _PROBE_TIMEOUT_S = 0.5
+# What the background prober gives a worker it believes up: a dead process answers at once (the
+# connection is refused), a live one on a loaded machine may take a while; marking it down for that
+# would fail requests it could have served.
+_UP_PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -87,7 +91,7 @@ class WorkerPool:
 
     def _probe(self) -> None:
         while not self._stop_probing.wait(self.probe_interval_s):
-            self._stats(self.prefill + self.decode, _PROBE_TIMEOUT_S)  # marks down, and up again
+            self._stats(self.prefill + self.decode, _UP_PROBE_TIMEOUT_S)  # marks down, and up again
 
     def update(self, prefill: list[str], decode: list[str]) -> None:
         """Make the pool exactly these workers: connect the new addresses, drop the vanished ones.
