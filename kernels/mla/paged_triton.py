@@ -55,6 +55,7 @@ def _mla_tile(
     PAGE: tl.constexpr,
     DC: tl.constexpr,
     DR: tl.constexpr,
+    DRP: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPARSE: tl.constexpr,
@@ -64,7 +65,8 @@ def _mla_tile(
     """One tile of ``BLOCK_N`` keys ``[start, start + BLOCK_N) ∩ [.., hi)``: online-softmax update."""
     dtype = q_lat.dtype
     offs_c = tl.arange(0, DC)
-    offs_r = tl.arange(0, DR)
+    offs_r = tl.arange(0, DRP)
+    mask_r = offs_r < DR
     idx = start + tl.arange(0, BLOCK_N)
     if SPARSE:
         pos = tl.load(topk_ptr + t * stride_kt + idx, mask=idx < hi, other=-1)
@@ -85,7 +87,9 @@ def _mla_tile(
         values = tl.reshape(values, [BLOCK_N, DC // GROUP, GROUP]) * scales[:, :, None]
         lat = tl.reshape(values, [BLOCK_N, DC]).to(dtype)
         rope_bytes = row_ptr[:, None] + DC + 4 * (DC // GROUP) + offs_r[None, :] * 2
-        k_rope = tl.load(rope_bytes.to(tl.pointer_type(tl.bfloat16)), mask=valid[:, None], other=0.0)
+        k_rope = tl.load(
+            rope_bytes.to(tl.pointer_type(tl.bfloat16)), mask=valid[:, None] & mask_r[None, :], other=0.0
+        )
         k_rope = k_rope.to(dtype)
     else:
         lat = tl.load(
@@ -95,7 +99,7 @@ def _mla_tile(
         ).to(dtype)
         k_rope = tl.load(
             rope_ptr + (block * stride_rb + row * stride_rr)[:, None] + offs_r[None, :],
-            mask=valid[:, None],
+            mask=valid[:, None] & mask_r[None, :],
             other=0.0,
         ).to(dtype)
     scores = tl.dot(q_lat, tl.trans(lat), input_precision=PRECISION)
@@ -145,6 +149,7 @@ def _mla_split_kernel(
     PAGE: tl.constexpr,
     DC: tl.constexpr,
     DR: tl.constexpr,
+    DRP: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -164,7 +169,7 @@ def _mla_split_kernel(
     offs_h = head_group * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < heads
     offs_c = tl.arange(0, DC)
-    offs_r = tl.arange(0, DR)
+    offs_r = tl.arange(0, DRP)
     q_lat = tl.load(
         q_latent_ptr + t * stride_qlt + offs_h[:, None] * stride_qlh + offs_c[None, :],
         mask=mask_h[:, None],
@@ -172,7 +177,7 @@ def _mla_split_kernel(
     )
     q_rope = tl.load(
         q_rope_ptr + t * stride_qrt + offs_h[:, None] * stride_qrh + offs_r[None, :],
-        mask=mask_h[:, None],
+        mask=mask_h[:, None] & (offs_r < DR)[None, :],
         other=0.0,
     )
     if COMPUTE_F32:  # the interpreter multiplies bf16 / fp16 wrongly: upcast, the math is the same
@@ -195,7 +200,7 @@ def _mla_split_kernel(
             m_i, l_i, acc = _mla_tile(
                 q_lat, q_rope, m_i, l_i, acc, start, hi, t, seq, latent_ptr, rope_ptr, block_tables_ptr,
                 topk_ptr, stride_lb, stride_lr, stride_rb, stride_rr, stride_bt, stride_kt, sm_scale_log2,
-                PAGE, DC, DR, GROUP, BLOCK_N, SPARSE, FP8, PRECISION,
+                PAGE, DC, DR, DRP, GROUP, BLOCK_N, SPARSE, FP8, PRECISION,
             )  # fmt: skip
             start += BLOCK_N
     else:
@@ -203,7 +208,7 @@ def _mla_split_kernel(
             m_i, l_i, acc = _mla_tile(
                 q_lat, q_rope, m_i, l_i, acc, start, hi, t, seq, latent_ptr, rope_ptr, block_tables_ptr,
                 topk_ptr, stride_lb, stride_lr, stride_rb, stride_rr, stride_bt, stride_kt, sm_scale_log2,
-                PAGE, DC, DR, GROUP, BLOCK_N, SPARSE, FP8, PRECISION,
+                PAGE, DC, DR, DRP, GROUP, BLOCK_N, SPARSE, FP8, PRECISION,
             )  # fmt: skip
 
     attended = l_i > 0
@@ -302,9 +307,8 @@ def _launch_mla(
     require_triton_device("paged MLA attention", *tensors)
     tokens, heads, latent_dim = q_latent.shape
     rope_dim = q_rope.shape[2]
-    for name, dim in (("Dc", latent_dim), ("Dr", rope_dim)):
-        if dim < 16 or dim & (dim - 1):
-            raise ValueError(f"paged MLA attention: {name}={dim} must be a power of two >= 16")
+    if latent_dim < 16 or latent_dim & (latent_dim - 1):
+        raise ValueError(f"paged MLA attention: Dc={latent_dim} must be a power of two >= 16")
     if q_latent.stride(2) != 1 or q_rope.stride(2) != 1 or latent_cache.stride(2) != 1:
         raise ValueError(
             "paged MLA attention: the last dim of q_latent, q_rope and the caches must be contiguous"
@@ -347,6 +351,7 @@ def _launch_mla(
         dest.stride(0), dest.stride(1), stride_os, stride_et, stride_eh,
         heads, keys if sparse else 0, keys_per_split, scale * 1.4426950408889634,
         PAGE=latent_cache.shape[1], DC=latent_dim, DR=rope_dim,
+        DRP=max(16, triton.next_power_of_2(rope_dim)),
         GROUP=latent_fp8_group_size(latent_dim) if fp8 else latent_dim,
         BLOCK_H=block_h, BLOCK_N=block_n, SPARSE=sparse, FP8=fp8, DIRECT=direct,
         PRECISION="ieee" if compute_f32 else "tf32", LOOP_WHILE=interpreted, COMPUTE_F32=compute_f32,
@@ -392,7 +397,8 @@ def paged_mla_decode(
 
     Returns:
         ``(out [T, H, Dc] in q_latent's dtype, lse [T, H] float32)``; a query with nothing to attend
-        gets zeros and ``-inf``. Dc and Dr must be powers of two >= 16.
+        gets zeros and ``-inf``. Dc must be a power of two >= 16; Dr may be any width (the kernel
+        pads it to a power of two >= 16 in registers with masked loads).
     """
     return _launch_mla(
         q_latent,
