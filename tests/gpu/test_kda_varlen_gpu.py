@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 CASES = {  # name: (lengths, has_state, heads, dim)
     "decode_b5": ([1] * 5, [True, True, False, True, True], 4, 64),
+    "decode_b4_all_stateful": ([1] * 4, [True] * 4, 4, 64),  # any_fresh False: no zeroing launch
     "decode_b3_d128": ([1, 1, 1], [True, False, True], 2, 128),
     "prefill_ragged": ([37, 1, 130, 5], [False, True, True, False], 4, 64),
     "prefill_long": ([300, 64], [True, False], 2, 128),
@@ -35,7 +36,8 @@ def test_fla_kda_varlen_matches_oracle(case, dtype):
     pool = strided_pool(8, heads, dim, "cuda", seed=1)
     before = pool.clone()
     want, finals = per_sequence_loop(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu)
-    o = fast.kda_varlen(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu, max(lengths))
+    args = (q, k, v, g, beta, dim**-0.5, pool, slots, states, cu, max(lengths))
+    o = fast.kda_varlen(*args, not all(has_state))
     assert o.dtype == dtype
     assert_rel(o.float().cpu(), want, TOL[dtype], "o")
     for slot, final in finals.items():
