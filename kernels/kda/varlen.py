@@ -75,6 +75,9 @@ def _decode(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, a
 
     if any_fresh:
         zero_fresh_slots(state_pool, slots, has_state)
+    # This entry of fla has no input guard: its kernel addresses rows as contiguous [N, H, K] (the
+    # layer's v is a strided slice of the conv output).
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     out = torch.empty(v[None].shape, dtype=v.dtype, device=v.device)
     fused_recurrent_kda_fwd(
         q=q[None],

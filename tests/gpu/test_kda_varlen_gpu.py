@@ -46,6 +46,25 @@ def test_fla_kda_varlen_matches_oracle(case, dtype):
     assert torch.equal(pool[others], before[others]), "a slot outside the batch changed"
 
 
+@pytest.mark.parametrize("length", [1, 40], ids=["decode", "prefill"])
+def test_fla_kda_varlen_takes_strided_rows(length):
+    """The KDA layer hands over v (and q, k before normalising) as slices of the conv output."""
+    heads, dim = 4, 64
+    lengths, has_state = [length, length], [True, True]
+    (q, k, v, g, beta), (slots, states, cu) = packed_inputs(
+        lengths, has_state, heads, dim, torch.float32, "cuda"
+    )
+    wide = torch.cat([q, k, v], dim=-1)  # [N, H, 3K]: each part a strided view, as in the layer
+    q_s, k_s, v_s = wide.split(dim, dim=-1)
+    assert not v_s.is_contiguous()
+    pool = strided_pool(4, heads, dim, "cuda", seed=1)
+    want, finals = per_sequence_loop(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu)
+    o = fast.kda_varlen(q_s, k_s, v_s, g, beta, dim**-0.5, pool, slots, states, cu, length, False)
+    assert_rel(o.cpu(), want, TOL[torch.float32], "o")
+    for slot, final in finals.items():
+        assert_rel(pool[slot].cpu(), final, TOL[torch.float32], f"state of slot {slot}")
+
+
 @pytest.mark.parametrize("split", [1, 64, 100], ids=["decode_after_prefill", "split64", "split100"])
 def test_fla_chunked_prefill_from_a_slot_equals_one_shot(split):
     length, heads, dim = 300, 4, 64
