@@ -92,6 +92,7 @@ def kda_varlen(
     has_state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     max_query_len: int,
+    any_fresh: bool = True,
 ) -> torch.Tensor:
     """KDA over a packed batch, each sequence's recurrent state read from and written to its slot.
 
@@ -112,12 +113,16 @@ def kda_varlen(
         has_state: ``[S]`` bool.
         cu_seqlens: ``[S + 1]`` int32.
         max_query_len: the longest sequence (host int; unused by the reference).
+        any_fresh: whether some ``has_state`` entry is False (host bool, e.g. from the step's host
+            copies); False lets the fast kernel skip zeroing fresh slots. The reference checks it.
 
     Returns:
         ``o [N, H, V]`` in ``v.dtype``. A sequence with no rows leaves its slot as it was (zeroed when
         it had no state).
     """
     del max_query_len
+    if not any_fresh and not bool(has_state.all()):
+        raise ValueError("any_fresh: False, but has_state marks a sequence without state")
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     bounds = cu_seqlens.tolist()
     for seq, slot in enumerate(slots.tolist()):

@@ -3,7 +3,9 @@
 Decode steps (``max_query_len == 1``) run fla's ``fused_recurrent_kda`` kernel with
 ``ssm_state_indices = slots``: it reads each sequence's state from its slot and writes the new one
 back in place (the slot stride comes from the pool view, so no copy). Sequences without a state
-get their slot zeroed first by a small kernel of ours (fla's kernel has no "fresh" flag).
+get their slot zeroed first by a small kernel of ours (fla's kernel has no "fresh" flag); the caller
+says on the host whether any sequence is fresh (``any_fresh``), so a step of continuing sequences
+(every decode step but a request's first) skips that launch.
 
 Prefill / mixed steps run fla's ``chunk_kda`` over the whole packed batch. Its chunk path takes
 a dense ``[S, H, K, V]`` initial state and returns a dense final state (no index input in
@@ -68,10 +70,14 @@ def _say_reference_on_cpu() -> None:
     )
 
 
-def _decode(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens):
+def _decode(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh):
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-    zero_fresh_slots(state_pool, slots, has_state)
+    if any_fresh:
+        zero_fresh_slots(state_pool, slots, has_state)
+    # This entry of fla has no input guard: its kernel addresses rows as contiguous [N, H, K] (the
+    # layer's v is a strided slice of the conv output).
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     out = torch.empty(v[None].shape, dtype=v.dtype, device=v.device)
     fused_recurrent_kda_fwd(
         q=q[None],
@@ -89,12 +95,13 @@ def _decode(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens):
     return out[0]
 
 
-def _prefill(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens):
+def _prefill(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh):
     from fla.ops.kda import chunk_kda
 
     index = slots.long()
     initial = state_pool.index_select(0, index)
-    initial = torch.where(has_state.view(-1, 1, 1, 1), initial, 0.0)
+    if any_fresh:
+        initial = torch.where(has_state.view(-1, 1, 1, 1), initial, 0.0)
     out, final = chunk_kda(
         q[None],
         k[None],
@@ -122,6 +129,7 @@ def kda_varlen(
     has_state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     max_query_len: int,
+    any_fresh: bool = True,
 ) -> torch.Tensor:
     """KDA over a packed batch on fla-core, reading and writing each sequence's state in its slot.
 
@@ -139,6 +147,8 @@ def kda_varlen(
         cu_seqlens: ``[S + 1]`` int32.
         max_query_len: the longest sequence (host int): 1 runs the in-place recurrent kernel, more
             the chunked one.
+        any_fresh: whether some ``has_state`` entry is False (host bool); False skips zeroing the
+            fresh slots (one launch per decode step). Must agree with ``has_state``.
 
     Returns:
         ``o [N, H, V]`` in ``v.dtype``.
@@ -146,8 +156,8 @@ def kda_varlen(
     if q.device.type == "cpu":
         _say_reference_on_cpu()
         args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens)
-        return naive.kda_varlen(*args, max_query_len)
+        return naive.kda_varlen(*args, max_query_len, any_fresh)
     if state_pool.dtype != torch.float32 or not state_pool[0].is_contiguous():
         raise ValueError("state_pool: expected float32 slots, each [H, K, V] contiguous")
-    args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens)
+    args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh)
     return _decode(*args) if max_query_len <= 1 else _prefill(*args)

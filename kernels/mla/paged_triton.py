@@ -50,14 +50,16 @@ def _mla_rows(
     dtype: tl.constexpr,
     DC: tl.constexpr,
     DR: tl.constexpr,
+    DRP: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP8: tl.constexpr,
 ):
-    """The rows at ``lat_off`` / ``rope_off``: ``(latent [BLOCK_N, DC], rope [BLOCK_N, DR])`` in
-    ``dtype`` (FP8 rows dequantised), invalid rows zero."""
+    """The rows at ``lat_off`` / ``rope_off``: ``(latent [BLOCK_N, DC], rope [BLOCK_N, DRP])`` in
+    ``dtype`` (FP8 rows dequantised), invalid rows and the rope padding past ``DR`` zero."""
     offs_c = tl.arange(0, DC)
-    offs_r = tl.arange(0, DR)
+    offs_r = tl.arange(0, DRP)
+    rope_mask = valid[:, None] & (offs_r < DR)[None, :]
     if FP8:
         # packed row: DC e4m3 bytes | DC / GROUP fp32 scales | DR bf16 rope (kernels.fp8.naive)
         row_ptr = latent_ptr + lat_off
@@ -75,10 +77,10 @@ def _mla_rows(
         )
         lat = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scales, [BLOCK_N, DC]).to(dtype)
         rope_row = (row_ptr + DC + 4 * (DC // GROUP)).to(tl.pointer_type(tl.bfloat16))
-        k_rope = tl.load(rope_row[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0).to(dtype)
+        k_rope = tl.load(rope_row[:, None] + offs_r[None, :], mask=rope_mask, other=0.0).to(dtype)
     else:
         lat = tl.load(latent_ptr + lat_off[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(rope_ptr + rope_off[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(rope_ptr + rope_off[:, None] + offs_r[None, :], mask=rope_mask, other=0.0)
         lat = lat.to(dtype)
         k_rope = k_rope.to(dtype)
     return lat, k_rope
@@ -160,6 +162,7 @@ def _mla_split_kernel(
     PAGE: tl.constexpr,
     DC: tl.constexpr,
     DR: tl.constexpr,
+    DRP: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -181,7 +184,7 @@ def _mla_split_kernel(
     offs_h = head_group * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < heads
     offs_c = tl.arange(0, DC)
-    offs_r = tl.arange(0, DR)
+    offs_r = tl.arange(0, DRP)  # the rope width padded to a power of two, masked
     q_lat = tl.load(
         q_latent_ptr + t * stride_qlt + offs_h[:, None] * stride_qlh + offs_c[None, :],
         mask=mask_h[:, None],
@@ -189,7 +192,7 @@ def _mla_split_kernel(
     )
     q_rope = tl.load(
         q_rope_ptr + t * stride_qrt + offs_h[:, None] * stride_qrh + offs_r[None, :],
-        mask=mask_h[:, None],
+        mask=mask_h[:, None] & (offs_r < DR)[None, :],
         other=0.0,
     )
     if COMPUTE_F32:  # the interpreter multiplies bf16 / fp16 wrongly: upcast, the math is the same
@@ -220,7 +223,7 @@ def _mla_split_kernel(
                 stride_bt, stride_kt, PAGE, BLOCK_N, SPARSE, PAGE_TILE,
             )  # fmt: skip
             lat, k_rope = _mla_rows(
-                lat_off, rope_off, valid, latent_ptr, rope_ptr, dtype, DC, DR, GROUP, BLOCK_N, FP8
+                lat_off, rope_off, valid, latent_ptr, rope_ptr, dtype, DC, DR, DRP, GROUP, BLOCK_N, FP8
             )
             m_i, l_i, acc = _mla_update(
                 q_lat, q_rope, m_i, l_i, acc, lat, k_rope, valid, sm_scale_log2, HEADS_MINOR, PRECISION
@@ -233,7 +236,7 @@ def _mla_split_kernel(
                 stride_bt, stride_kt, PAGE, BLOCK_N, SPARSE, PAGE_TILE,
             )  # fmt: skip
             lat, k_rope = _mla_rows(
-                lat_off, rope_off, valid, latent_ptr, rope_ptr, dtype, DC, DR, GROUP, BLOCK_N, FP8
+                lat_off, rope_off, valid, latent_ptr, rope_ptr, dtype, DC, DR, DRP, GROUP, BLOCK_N, FP8
             )
             m_i, l_i, acc = _mla_update(
                 q_lat, q_rope, m_i, l_i, acc, lat, k_rope, valid, sm_scale_log2, HEADS_MINOR, PRECISION
@@ -374,9 +377,8 @@ def _launch_mla(
     require_triton_device("paged MLA attention", *tensors)
     tokens, heads, latent_dim = q_latent.shape
     rope_dim = q_rope.shape[2]
-    for name, dim in (("Dc", latent_dim), ("Dr", rope_dim)):
-        if dim < 16 or dim & (dim - 1):
-            raise ValueError(f"paged MLA attention: {name}={dim} must be a power of two >= 16")
+    if latent_dim < 16 or latent_dim & (latent_dim - 1):
+        raise ValueError(f"paged MLA attention: Dc={latent_dim} must be a power of two >= 16")
     if q_latent.stride(2) != 1 or q_rope.stride(2) != 1 or latent_cache.stride(2) != 1:
         raise ValueError(
             "paged MLA attention: the last dim of q_latent, q_rope and the caches must be contiguous"
@@ -419,8 +421,8 @@ def _launch_mla(
         block_tables.stride(0), topk.stride(0),
         dest.stride(0), dest.stride(1), stride_os, stride_et, stride_eh,
         heads, keys if sparse else 0, keys_per_split, scale * 1.4426950408889634,
-        PAGE=page, DC=latent_dim, DR=rope_dim, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n,
-        SPARSE=sparse, FP8=fp8,
+        PAGE=page, DC=latent_dim, DR=rope_dim, DRP=max(16, triton.next_power_of_2(rope_dim)), GROUP=group,
+        BLOCK_H=block_h, BLOCK_N=block_n, SPARSE=sparse, FP8=fp8,
         PAGE_TILE=not sparse and page % block_n == 0, HEADS_MINOR=config.heads_minor, DIRECT=direct,
         PRECISION="ieee" if compute_f32 else "tf32", LOOP_WHILE=interpreted, COMPUTE_F32=compute_f32,
         num_warps=config.num_warps, num_stages=config.num_stages,
@@ -468,7 +470,8 @@ def paged_mla_decode(
 
     Returns:
         ``(out [T, H, Dc] in q_latent's dtype, lse [T, H] float32)``; a query with nothing to attend
-        gets zeros and ``-inf``. Dc and Dr must be powers of two >= 16.
+        gets zeros and ``-inf``. Dc must be a power of two >= 16; Dr may be any width (the kernel
+        pads it to a power of two >= 16 in registers with masked loads).
     """
     return _launch_mla(
         q_latent,

@@ -9,9 +9,14 @@ cache-restored request draws the same tokens. Same contract as
 ``services.engine.sampling.sampler`` (which uses torch generators); the streams differ.
 """
 
+import random
+
 import torch
 
 MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1
+# SystemRandom reads the OS entropy source; it has no state of its own to share or reseed.
+_SYSTEM_RANDOM = random.SystemRandom()
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 SERIES_BELOW = 0.01  # below this uniform, -log(1 - e) by its series (1 - e would lose e's bits)
@@ -54,6 +59,16 @@ def race_noise(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tenso
     seed_t = torch.tensor(seed, dtype=torch.int64, device=ids.device)
     word = philox_word(seed_t, ids, pos & MASK32, (pos >> 32) & MASK32)
     return exponential_from_word(word)
+
+
+def host_seeds(seeds: list[int | None]) -> list[int]:
+    """Philox keys for a batch's rows, on the host: a seeded row's key is its seed as a signed 64-bit
+    int; an unseeded row gets a fresh key from the OS each step (this is no sync of the forward)."""
+    keys = []
+    for seed in seeds:
+        key = _SYSTEM_RANDOM.getrandbits(64) if seed is None else seed & _MASK64
+        keys.append(key - (1 << 64) if key >= 1 << 63 else key)
+    return keys
 
 
 def allowed_tokens(row: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float):

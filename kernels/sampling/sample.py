@@ -16,17 +16,12 @@ whatever the batch), and ``q`` only on (seed, position, token id) through Philox
 Same signature and rules as ``kernels.sampling.naive.sample_batch``.
 """
 
-import random
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.sampling.naive import SERIES_BELOW
 from kernels.triton_env import require_triton_device
-
-_MASK64 = (1 << 64) - 1
-_SYSTEM_RANDOM = random.SystemRandom()
 
 
 @triton.jit
@@ -121,16 +116,6 @@ def _sample_rows_kernel(
     tl.store(log_sum_out + row, log_sum)
 
 
-def host_seeds(seeds: list[int | None]) -> list[int]:
-    """Philox keys for a batch's rows, on the host: a seeded row's key is its seed as a signed 64-bit
-    int; an unseeded row gets a fresh key from the OS each step (this is no sync of the forward)."""
-    keys = []
-    for seed in seeds:
-        key = _SYSTEM_RANDOM.getrandbits(64) if seed is None else seed & _MASK64
-        keys.append(key - (1 << 64) if key >= 1 << 63 else key)
-    return keys
-
-
 def sample_batch(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -147,7 +132,7 @@ def sample_batch(
         logits: ``[B, V]`` any float dtype, computed on in float32.
         temperature: ``[B]`` float32, 0 = greedy. top_k: ``[B]`` int32, 0 = off.
         top_p: ``[B]`` float32, 1 = off. min_p: ``[B]`` float32, 0 = off.
-        seeds: ``[B]`` int64 Philox keys (``host_seeds``). positions: ``[B]`` int64.
+        seeds: ``[B]`` int64 Philox keys (``kernels.sampling.naive.host_seeds``). positions: ``[B]`` int64.
         num_logprobs: n (host int, may be 0).
 
     Returns:

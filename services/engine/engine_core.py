@@ -44,7 +44,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, model: CausalLM | None = None):
         self.config = config
-        check_kernels(config.kernel_backend, config.device, config.kv_format, config.batch_invariant)
+        check_kernels(config.kernel_backend, config.device, config.batch_invariant)
         dtype = getattr(torch, config.dtype) if config.dtype else None
         self.model = model or load_model(config.model, device=config.device, dtype=dtype)
         self.model.set_batch_invariant(config.batch_invariant)

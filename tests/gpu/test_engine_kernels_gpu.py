@@ -2,24 +2,22 @@
 what the eager forward computes on the same static inputs (padded and exact batch sizes), and the
 ``triton`` backend matches the ``reference`` oracle (issue 12: relative error <= 1e-4 in float32 and
 <= 2e-2 in bfloat16 on the logits and every layer's output; greedy tokens equal for 64 steps in
-float32), both with the stand-in kernels (the glue) and with this build's library kernels."""
+float32), all with this build's library kernels (each test checks that they ran)."""
 
 import pytest
 import torch
 
 import services.engine.model.backends.kernel_set as kernel_set
 from services.engine import LLM, SamplingParams
-from services.engine.cache.contiguous_cache import ContiguousCache
 from services.engine.checkpoint.loader import load_model
-from services.engine.model import build_step_metadata
-from services.engine.model.backends import PENDING_KERNELS, TritonKernels, build_kernels, library_kernels
+from services.engine.model.backends import build_kernels, library_kernels
 from services.engine.model.step_metadata import SequenceStep
-from tests.batch_kernels import STAND_INS
 from tests.conftest import FAMILIES, relative_error
+from tests.counted_kernels import KERNEL_FIELDS, counting
+from tests.model.ragged_steps import ragged_chunks, run_ragged
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICE = "cuda:0"
-LIBRARIES = {"stand-ins": lambda: STAND_INS, "library": library_kernels}
 
 
 def _prompts(count: int, length: int = 40) -> list[list[int]]:
@@ -30,7 +28,8 @@ def _prompts(count: int, length: int = 40) -> list[list[int]]:
 @pytest.mark.parametrize("batch", [3, 4], ids=["padded-3-to-4", "exact-4"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_graph_replay_equals_eager_bitwise(family, batch, tiny_checkpoint, monkeypatch):
-    monkeypatch.setattr(kernel_set, "library_kernels", lambda: STAND_INS)
+    library, calls = counting(library_kernels())
+    monkeypatch.setattr(kernel_set, "library_kernels", lambda: library)
     llm = LLM(str(tiny_checkpoint(family)), device=DEVICE, dtype="float32", kernels="triton", max_num_seqs=8)
     engine, graphs = llm.engine, llm.engine.runner.graphs
     assert graphs is not None and graphs.padded_size(batch) == 4
@@ -54,14 +53,14 @@ def test_graph_replay_equals_eager_bitwise(family, batch, tiny_checkpoint, monke
     assert torch.equal(replayed_logits.view(torch.int32), eager_logits.view(torch.int32))
     assert all(torch.equal(a, b) for a, b in zip(replayed_pools, pools, strict=True))
     assert sampled.token_ids == eager_logits[:batch].argmax(-1).tolist()
+    assert calls["paged_mla_decode"] > 0 and calls["moe_grouped"] > 0 and calls["sample_batch"] > 0
     for request in requests:
         engine.abort(request.request_id)
     engine.check_integrity()
 
 
 @pytest.mark.parametrize("batch", [3, 4], ids=["padded-3-to-4", "exact-4"])
-def test_engine_with_graphs_equals_engine_without(batch, tiny_checkpoint, monkeypatch):
-    monkeypatch.setattr(kernel_set, "library_kernels", lambda: STAND_INS)
+def test_engine_with_graphs_equals_engine_without(batch, tiny_checkpoint):
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=0)
     outputs = {}
     for graphs in (True, False):
@@ -76,67 +75,33 @@ def test_engine_with_graphs_equals_engine_without(batch, tiny_checkpoint, monkey
         assert relative_error(torch.tensor(with_graphs.logprobs), torch.tensor(eager.logprobs)) <= 1e-5
 
 
-def _library(name: str) -> TritonKernels:
-    library = LIBRARIES[name]()
-    if name == "library" and len(PENDING_KERNELS) == len(TritonKernels().names()):
-        pytest.skip(f"every triton kernel is pending in this build: {', '.join(PENDING_KERNELS)}")
-    return library
-
-
-def _layer_outputs_and_logits(model, kernels, chunks) -> tuple[list[torch.Tensor], torch.Tensor]:
-    model.kernels = kernels
-    outputs: list[list[torch.Tensor]] = [[] for _ in model.model.layers]
-    hooks = [
-        layer.register_forward_hook(lambda _m, _a, out, i=i: outputs[i].append(out.float()))
-        for i, layer in enumerate(model.model.layers)
-    ]
-    weight = model.lm_head.weight
-    cache = ContiguousCache(len(chunks[0]), model.config, weight.dtype, weight.device)
-    logits = []
-    try:
-        with torch.no_grad():
-            for pieces in chunks:
-                steps = cache.steps(pieces)
-                rows = list(range(sum(len(p) for p in pieces)))
-                meta = build_step_metadata(steps, cache.block_size, weight.device, rows, model.index_topk)
-                logits.append(model.forward_step(meta, cache).float())
-                cache.advance(pieces)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return [torch.cat(o) for o in outputs], torch.cat(logits)
-
-
-@pytest.mark.parametrize("library", list(LIBRARIES))
 @pytest.mark.parametrize(
     "dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"]
 )
-@pytest.mark.parametrize("family", FAMILIES)
-def test_triton_matches_the_reference_per_layer(family, dtype, tolerance, library, tiny_checkpoint):
-    kernels_library = _library(library)
+@pytest.mark.parametrize(
+    "family, kv_format", [(f, "auto") for f in FAMILIES] + [("k3", "fp8")], ids=[*FAMILIES, "k3-fp8"]
+)
+def test_triton_matches_the_reference_per_layer(family, kv_format, dtype, tolerance, tiny_checkpoint):
     model = load_model(tiny_checkpoint(family), device=DEVICE, dtype=dtype)
-    ids = torch.randint(0, 1024, (3, 40), generator=torch.Generator().manual_seed(5)).tolist()
-    chunks = [
-        [ids[0][:13], ids[1][:1], ids[2][:30]],
-        [ids[0][13:30], ids[1][1:2], []],
-        [ids[0][30:31], ids[1][2:3], ids[2][30:31]],
-        [ids[0][31:32], ids[1][3:20], ids[2][31:32]],
-    ]
-    want_layers, want = _layer_outputs_and_logits(
-        model, build_kernels("reference", model.numerics, DEVICE), chunks
-    )
-    triton = build_kernels("triton", model.numerics, DEVICE, library=kernels_library)
-    got_layers, got = _layer_outputs_and_logits(model, triton, chunks)
-    print(f"{family} {dtype} {library}: reference families {triton.reference_families()}")
-    for index, (g, w) in enumerate(zip(got_layers, want_layers, strict=True)):
-        assert relative_error(g, w) <= tolerance, f"layer {index}"
+    chunks = ragged_chunks()
+    reference = build_kernels("reference", model.numerics, DEVICE)
+    want_layers, want = run_ragged(model, reference, chunks, kv_format)
+    library, calls = counting(library_kernels())
+    triton = build_kernels("triton", model.numerics, DEVICE, kv_format, library=library)
+    assert triton.reference_families() == ()
+    got_layers, got = run_ragged(model, triton, chunks, kv_format)
+    errors = [relative_error(g, w) for g, w in zip(got_layers, want_layers, strict=True)]
+    print(f"{family} {kv_format} {dtype}: per layer {[f'{e:.1e}' for e in errors]}")
+    assert {"paged_mla_decode", "moe_grouped"} <= set(calls)
+    assert ("kda_varlen" in calls) == ("kda" in model.config.layer_types)
+    for index, error in enumerate(errors):
+        assert error <= tolerance, f"layer {index}: relative error {error:.2e}"
     assert relative_error(got, want) <= tolerance
 
 
-@pytest.mark.parametrize("library", list(LIBRARIES))
-def test_greedy_tokens_equal_the_reference_for_64_steps(library, tiny_checkpoint, monkeypatch):
-    kernels_library = _library(library)
-    monkeypatch.setattr(kernel_set, "library_kernels", lambda: kernels_library)
+def test_greedy_tokens_equal_the_reference_for_64_steps(tiny_checkpoint, monkeypatch):
+    library, calls = counting(library_kernels())
+    monkeypatch.setattr(kernel_set, "library_kernels", lambda: library)
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     tokens = {}
     for backend in ("reference", "triton"):
@@ -148,4 +113,5 @@ def test_greedy_tokens_equal_the_reference_for_64_steps(library, tiny_checkpoint
             max_num_batched_tokens=24,
         )
         tokens[backend] = [o.token_ids for o in llm.generate(_prompts(3), params)]
+    assert set(calls) == KERNEL_FIELDS, "a kernel did not run"
     assert tokens["triton"] == tokens["reference"]

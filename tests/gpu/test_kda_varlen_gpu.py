@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 CASES = {  # name: (lengths, has_state, heads, dim)
     "decode_b5": ([1] * 5, [True, True, False, True, True], 4, 64),
+    "decode_b4_all_stateful": ([1] * 4, [True] * 4, 4, 64),  # any_fresh False: no zeroing launch
     "decode_b3_d128": ([1, 1, 1], [True, False, True], 2, 128),
     "prefill_ragged": ([37, 1, 130, 5], [False, True, True, False], 4, 64),
     "prefill_long": ([300, 64], [True, False], 2, 128),
@@ -35,13 +36,33 @@ def test_fla_kda_varlen_matches_oracle(case, dtype):
     pool = strided_pool(8, heads, dim, "cuda", seed=1)
     before = pool.clone()
     want, finals = per_sequence_loop(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu)
-    o = fast.kda_varlen(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu, max(lengths))
+    args = (q, k, v, g, beta, dim**-0.5, pool, slots, states, cu, max(lengths))
+    o = fast.kda_varlen(*args, not all(has_state))
     assert o.dtype == dtype
     assert_rel(o.float().cpu(), want, TOL[dtype], "o")
     for slot, final in finals.items():
         assert_rel(pool[slot].cpu(), final, TOL[dtype], f"state of slot {slot}")
     others = [s for s in range(8) if s not in finals]
     assert torch.equal(pool[others], before[others]), "a slot outside the batch changed"
+
+
+@pytest.mark.parametrize("length", [1, 40], ids=["decode", "prefill"])
+def test_fla_kda_varlen_takes_strided_rows(length):
+    """The KDA layer hands over v (and q, k before normalising) as slices of the conv output."""
+    heads, dim = 4, 64
+    lengths, has_state = [length, length], [True, True]
+    (q, k, v, g, beta), (slots, states, cu) = packed_inputs(
+        lengths, has_state, heads, dim, torch.float32, "cuda"
+    )
+    wide = torch.cat([q, k, v], dim=-1)  # [N, H, 3K]: each part a strided view, as in the layer
+    q_s, k_s, v_s = wide.split(dim, dim=-1)
+    assert not v_s.is_contiguous()
+    pool = strided_pool(4, heads, dim, "cuda", seed=1)
+    want, finals = per_sequence_loop(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu)
+    o = fast.kda_varlen(q_s, k_s, v_s, g, beta, dim**-0.5, pool, slots, states, cu, length, False)
+    assert_rel(o.cpu(), want, TOL[torch.float32], "o")
+    for slot, final in finals.items():
+        assert_rel(pool[slot].cpu(), final, TOL[torch.float32], f"state of slot {slot}")
 
 
 @pytest.mark.parametrize("split", [1, 64, 100], ids=["decode_after_prefill", "split64", "split100"])

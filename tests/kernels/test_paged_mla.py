@@ -74,6 +74,25 @@ def test_triton_matches_reference(case, fmt, mode):
         assert torch.isinf(want[1][0]).all() and (want[0][0] == 0).all()
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "fp8"])
+@pytest.mark.parametrize("rope_dim", [8, 24], ids=["Dr8", "Dr24"])
+def test_rope_width_that_is_no_power_of_two_above_16_is_padded(rope_dim, fmt):
+    """The tiny presets have Dr = 8: the kernel pads the rope part with masked loads."""
+    torch.manual_seed(0)
+    lengths, block, pieces, heads = CASES["chunk_after_prefix_B8_H2"]
+    cache = build_cache(lengths, block, (DC, rope_dim, DI), torch.float32, fmt == "fp8")
+    query_seq, query_pos = step_queries(pieces)
+    q_latent, q_rope = (
+        torch.randn(query_seq.numel(), heads, DC),
+        torch.randn(query_seq.numel(), heads, rope_dim),
+    )
+    args = (q_latent, q_rope, cache.latent, cache.rope, cache.block_tables, query_seq, query_pos)
+    for topk in (None, random_topk(query_pos, 12, seed=1)):
+        want = paged_naive.paged_mla_decode(*args, topk, SCALE, max(lengths))
+        got = paged_triton.paged_mla_decode(*args, topk, SCALE, max(lengths))
+        check_against_reference(got, want, f"Dr={rope_dim} {'dense' if topk is None else 'sparse'}")
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 7], ids=["direct", "splits2", "splits7_some_empty"])
 def test_split_count_does_not_change_the_result(num_splits):
     cache, query_seq, query_pos, q_latent, q_rope, max_len = make_step("chunk_after_prefix_B8_H2", False)

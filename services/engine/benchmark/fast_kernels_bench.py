@@ -89,7 +89,8 @@ def _kda_decode_case(batch: int, copy_gbs: float) -> list[Row]:
     state_bytes = 2 * batch * HEADS * HEAD_DIM * HEAD_DIM * 4
     scale = HEAD_DIM**-0.5
     dense = pool.contiguous()
-    ours = _bench(lambda: kda_varlen(q, k, v, g, beta, scale, pool, slots, has_state, cu, 1))
+    # Every sequence continues its state (any_fresh False): the engine's decode step, no zeroing launch.
+    ours = _bench(lambda: kda_varlen(q, k, v, g, beta, scale, pool, slots, has_state, cu, 1, False))
     fla = _bench(
         lambda: fused_recurrent_kda(
             q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=dense,
@@ -127,7 +128,7 @@ def _kda_prefill_case(seqs: int, length: int) -> list[Row]:
             output_final_state=True, cu_seqlens=cu_long,
         )
     )  # fmt: skip
-    ours = _bench(lambda: kda_varlen(q, k, v, g, beta, scale, pool, slots, has_state, cu, length))
+    ours = _bench(lambda: kda_varlen(q, k, v, g, beta, scale, pool, slots, has_state, cu, length, False))
     label = f"{seqs}x{length}"
     return [
         Row("kda prefill", f"{label} fla chunk_kda", fla),

@@ -96,6 +96,12 @@ class StepMetadata:
         return len(self.past_lens_host)
 
     @property
+    def any_fresh(self) -> bool:
+        """Some sequence starts without state (a False in ``has_state``); host side, so kernels can skip
+        work for fresh slots without reading the device. In a CUDA graph it is the capture's value."""
+        return any(past == 0 for past in self.past_lens_host)
+
+    @property
     def is_pure_decode(self) -> bool:
         """Every sequence brings exactly one token after a cached prefix (what CUDA graphs replay)."""
         return self.num_decode_tokens == self.num_seqs

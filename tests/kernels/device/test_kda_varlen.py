@@ -15,6 +15,7 @@ from tests.kernels.kernel_testing import assert_rel
 HEADS, DIM = 2, 8
 CASES = {  # name: (lengths, has_state)
     "decode": ([1, 1, 1], [True, True, False]),
+    "decode_all_stateful": ([1, 1], [True, True]),
     "prefill_ragged": ([5, 1, 9, 2], [False, True, True, False]),
     "long_chunks": ([70, 3], [True, False]),
     "empty_seq": ([4, 0], [True, False]),
@@ -31,7 +32,7 @@ def test_kda_varlen_matches_per_sequence_loop(case, entry):
     before = pool.clone()
     want, finals = per_sequence_loop(q, k, v, g, beta, DIM**-0.5, pool, slots, states, cu)
     run = naive.kda_varlen if entry == "reference" else fast.kda_varlen
-    o = run(q, k, v, g, beta, DIM**-0.5, pool, slots, states, cu, max(lengths))
+    o = run(q, k, v, g, beta, DIM**-0.5, pool, slots, states, cu, max(lengths), not all(has_state))
     assert_rel(o, want, 1e-4, "o")
     for slot, final in finals.items():
         assert_rel(pool[slot], final, 1e-4, f"state of slot {slot}")
@@ -61,6 +62,15 @@ def test_kda_chunked_prefill_from_a_slot_equals_one_shot(split):
         pieces.append(run(pool_chunks, slice(start, stop), True))
     assert_rel(torch.cat(pieces), once, 1e-4, "o")
     assert_rel(pool_chunks[4], pool_once[4], 1e-4, "final state")
+
+
+def test_any_fresh_false_with_a_fresh_sequence_is_refused():
+    (q, k, v, g, beta), (slots, states, cu) = packed_inputs(
+        [1, 1], [True, False], HEADS, DIM, torch.float32, "cpu"
+    )
+    pool = strided_pool(4, HEADS, DIM, "cpu", seed=1)
+    with pytest.raises(ValueError, match="any_fresh"):
+        naive.kda_varlen(q, k, v, g, beta, DIM**-0.5, pool, slots, states, cu, 1, False)
 
 
 def test_zero_fresh_slots_only_touches_fresh_slots(device):

@@ -8,12 +8,11 @@ from .kernel_set import (
     check_kernels,
     default_kernels,
 )
-from .triton_kernels import PENDING_KERNELS, TritonKernels, library_kernels
+from .triton_kernels import TritonKernels, library_kernels
 
 __all__ = [
     "INTERPRETER_VARIABLE",
     "KERNEL_BACKENDS",
-    "PENDING_KERNELS",
     "KernelSet",
     "TritonKernels",
     "build_kernels",

@@ -142,4 +142,5 @@ class TritonKda(KdaBackend):
             meta.has_state,
             meta.query_start_loc,
             meta.max_query_len,
+            meta.any_fresh,
         )

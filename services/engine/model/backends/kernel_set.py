@@ -5,9 +5,9 @@ sampling) runs, checked against the device at start.
   the oracle and the CPU path; it loops over sequences from the step's host copies. In
   batch-invariant mode its numerics are the invariant ones, and it is the only backend allowed.
 - ``triton``: the batch-level kernels of ``triton_kernels``. On the CPU it needs the Triton
-  interpreter (``TRITON_INTERPRET=1`` set before triton is imported). A family whose kernel is
-  pending, cannot run under the interpreter, or cannot read the KV format runs its reference,
-  and the log says so once.
+  interpreter (``TRITON_INTERPRET=1`` set before triton is imported). A family whose kernel cannot
+  run under the interpreter or cannot read the KV format runs its reference, and the log says so
+  once (the library's kernels all run interpreted and its attention kernels read FP8 rows).
 """
 
 import importlib.util
@@ -66,7 +66,7 @@ def default_kernels(device: str, batch_invariant: bool = False) -> str:
     return "triton" if device.startswith("cuda") and not batch_invariant else "reference"
 
 
-def check_kernels(name: str, device: str, kv_format: str = "auto", batch_invariant: bool = False) -> None:
+def check_kernels(name: str, device: str, batch_invariant: bool = False) -> None:
     """Refuse, at start, a backend that does not exist or cannot run here.
 
     Raises:
@@ -92,11 +92,6 @@ def check_kernels(name: str, device: str, kv_format: str = "auto", batch_invaria
             f"--kernels: triton on the CPU runs under the Triton interpreter; set {INTERPRETER_VARIABLE}=1 "
             "in the environment before starting (it must be set before triton is imported)"
         )
-    if kv_format == "fp8":
-        raise ValueError(
-            "--kernels: triton on the CPU cannot read --kv-format fp8 rows (the Triton interpreter has no "
-            "float8 arithmetic); use --kernels reference or --kv-format auto"
-        )
 
 
 def build_kernels(
@@ -113,7 +108,7 @@ def build_kernels(
         nx: the model's numerics (what the reference families compute with).
         device: where the model runs.
         kv_format: the block storage format.
-        library: the Triton kernels (default: ``library_kernels()``; tests pass stand-ins).
+        library: the Triton kernels (default: ``library_kernels()``).
     """
     reference = {
         "attention": ReferenceAttention(nx),
@@ -138,9 +133,6 @@ def build_kernels(
 def _why_reference(
     library: TritonKernels, needed: tuple[str, ...], reads_kv: bool, device: str, kv_format: str
 ) -> str:
-    missing = [kernel for kernel in needed if getattr(library, kernel) is None]
-    if missing:
-        return f"kernel pending: {', '.join(missing)}"
     if not device.startswith("cuda"):
         blocked = [kernel for kernel in needed if kernel not in library.interpretable]
         if blocked:

@@ -1,24 +1,22 @@
 """Sampling backends: ``reference`` is ``services.engine.sampling.sample`` (row by row, on the host
 side of the device); ``triton`` runs ``sample_batch`` on the whole batch on the device (Philox with
 (seed, position) as the counter, so a token still depends only on its row, seed and position).
+The two draw from different random streams (torch generators, Philox), so a seeded request repeats
+its tokens within a backend, not across them; greedy tokens agree.
 
 The triton path is split so CUDA graphs can capture the device part: ``inputs`` packs the rows'
 parameters into device tensors (one copy), ``sample_device`` runs the kernel, ``to_output`` reads
 the result back once.
 """
 
-import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from kernels.sampling.naive import host_seeds
 from services.engine.sampling import SampleOutput, SamplingParams, sample
-
-# SystemRandom reads the OS entropy source; unseeded rows get a fresh seed every step.
-_SYSTEM_RANDOM = random.SystemRandom()
-_SEED_LIMIT = 1 << 63
 
 
 class SamplingBackend(ABC):
@@ -82,7 +80,7 @@ class TritonSampling(SamplingBackend):
     ) -> SamplingInputs:
         """Pack the rows' parameters and copy them to ``device`` at once (into ``out`` when given: a
         CUDA graph's static buffer, which also fixes ``num_logprobs``)."""
-        seeds = [p.seed if p.seed is not None else _SYSTEM_RANDOM.randrange(_SEED_LIMIT) for p in params]
+        seeds = host_seeds([p.seed for p in params])  # unseeded rows: a fresh key from the OS each step
         host = torch.cat(
             [
                 torch.tensor(seeds + list(positions), dtype=torch.int64).view(torch.uint8),
