@@ -159,5 +159,8 @@ def kda_varlen(
         return naive.kda_varlen(*args, max_query_len, any_fresh)
     if state_pool.dtype != torch.float32 or not state_pool[0].is_contiguous():
         raise ValueError("state_pool: expected float32 slots, each [H, K, V] contiguous")
+    # fla's kernels multiply q, k, v and beta in one dtype (a bf16 model's layer normalises q and k
+    # in float32): everything but the float32 gate goes to v's dtype.
+    q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
     args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh)
     return _decode(*args) if max_query_len <= 1 else _prefill(*args)
