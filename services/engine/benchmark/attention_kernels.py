@@ -20,6 +20,7 @@ top-k. Decode steps are timed as CUDA-graph replays (``timing.graph_us``: how th
 prefill chunks with ``timing.device_us``. Tile and split sweeps: ``attention_tuning``.
 """
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -122,14 +123,25 @@ class _Step:
 
 def bench_mla(context: KernelBenchContext) -> list[KernelResult]:
     """Dense and DSA decode per (format, N, B), then a chunked prefill per (format, N)."""
+    results = _each_step(context, _decode_rows)
+    for kv_format, seq_len in itertools.product(KV_FORMATS, SEQ_LENS):
+        results.append(_prefill_row(AttentionShapes.of(context.config), kv_format, seq_len, context))
+        torch.cuda.empty_cache()
+    return results
+
+
+def bench_indexer(context: KernelBenchContext) -> list[KernelResult]:
+    """The scores kernel alone and scores + device top-k per (format, N, B), GB/s of index keys."""
+    return _each_step(context, _indexer_rows)
+
+
+def _each_step(context: KernelBenchContext, rows_of) -> list[KernelResult]:
+    """``rows_of(shapes, kv_format, seq_len, batch, context)`` for every decode step, in order, each
+    step's pool freed before the next."""
     shapes, results = AttentionShapes.of(context.config), []
-    for kv_format in KV_FORMATS:
-        for seq_len in SEQ_LENS:
-            for batch in BATCHES:
-                results += _decode_rows(shapes, kv_format, seq_len, batch, context)
-                torch.cuda.empty_cache()
-            results.append(_prefill_row(shapes, kv_format, seq_len, context))
-            torch.cuda.empty_cache()
+    for kv_format, seq_len, batch in itertools.product(KV_FORMATS, SEQ_LENS, BATCHES):
+        results += rows_of(shapes, kv_format, seq_len, batch, context)
+        torch.cuda.empty_cache()
     return results
 
 
@@ -181,17 +193,6 @@ def _prefill_row(shapes, kv_format, seq_len, context: KernelBenchContext) -> Ker
         "mla", f"{kv_format} prefill {chunk} after {seq_len - chunk}", flops / us / 1e6, "TFLOP/s",
         context.matmul_flops / 1e12, "matmul",
     )  # fmt: skip
-
-
-def bench_indexer(context: KernelBenchContext) -> list[KernelResult]:
-    """The scores kernel alone and scores + device top-k per (format, N, B), GB/s of index keys."""
-    shapes, results = AttentionShapes.of(context.config), []
-    for kv_format in KV_FORMATS:
-        for seq_len in SEQ_LENS:
-            for batch in BATCHES:
-                results += _indexer_rows(shapes, kv_format, seq_len, batch, context)
-                torch.cuda.empty_cache()
-    return results
 
 
 def _indexer_rows(shapes, kv_format, seq_len, batch, context: KernelBenchContext) -> list[KernelResult]:
