@@ -6,7 +6,9 @@ bound and transformers' model), ``kernels`` (per-op kernels at real shapes again
 
 import argparse
 import json
+import re
 import tempfile
+import textwrap
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -76,14 +78,24 @@ def register(commands: argparse._SubParsersAction) -> None:
     engine.add_argument("--json", type=Path, help="also write the report as JSON here")
     engine.set_defaults(run=run_engine)
     kernels = kinds.add_parser(
-        "kernels", help="per-op kernels at real shapes vs copy bandwidth / matrix rate"
+        "kernels",
+        help="per-op kernels at real shapes vs copy bandwidth / matrix rate (CUDA only)",
+        description=textwrap.fill(
+            "Per-op kernels at the full preset's shapes (K3: Kimi-Linear-48B-A3B layers plus the DSA "
+            "indexer) on a CUDA device, each row against a limit measured in the same run (copy bandwidth "
+            "or matrix rate) and, where there is one, a peer kernel. Ops (--ops):",
+            88,
+        )
+        + "\n"
+        + "\n".join(f"  {name:<9} {bench.summary}" for name, bench in KERNEL_BENCHES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kernels.add_argument(
         "--ops",
-        default="copy,matmul",
-        help=f"comma-separated, from {','.join(KERNEL_BENCHES)} (default copy,matmul)",
+        default=",".join(KERNEL_BENCHES),
+        help=f"comma-separated, from the list above (default: all, {','.join(KERNEL_BENCHES)})",
     )
-    kernels.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    kernels.add_argument("--device", default="cuda", help="cuda or cuda:N (default cuda)")
     kernels.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="(default bfloat16)")
     kernels.add_argument("--json", type=Path, help="also write the rows as JSON here")
     kernels.set_defaults(run=run_kernels)
@@ -235,20 +247,36 @@ def run_engine(args: argparse.Namespace) -> int:
 def run_kernels(args: argparse.Namespace) -> int:
     ops = [op.strip() for op in args.ops.split(",")]
     functions = resolve(ops)  # a bad name fails before anything is measured
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device: {args.device!r} needs a CUDA GPU, and none is visible")
-    context = make_context(args.device, DTYPES[args.dtype])
-    results = [result for function in functions for result in function(context)]
-    print(
-        format_results(
-            results,
-            f"kernel benchmark: device {args.device}, {args.dtype}, K3-shaped layers; measured limits: copy "
-            f"{context.copy_bytes_per_s / 1e9:.0f} GB/s, matmul {context.matmul_flops / 1e12:.1f} TFLOP/s",
+    _check_cuda_device(args.device)
+    if ":" in args.device:  # Triton and CUDA graphs run on the current device
+        torch.cuda.set_device(torch.device(args.device))
+    results = []
+    with torch.inference_mode():
+        context = make_context(args.device, DTYPES[args.dtype])
+        print(
+            f"kernel benchmark: {args.device} ({torch.cuda.get_device_name(args.device)}), {args.dtype}, "
+            f"K3-shaped layers; measured limits: copy {context.copy_bytes_per_s / 1e9:.0f} GB/s, matmul "
+            f"{context.matmul_flops / 1e12:.1f} TFLOP/s",
+            flush=True,
         )
-    )
+        for function in functions:  # each op's table as soon as it is done
+            rows = function(context)
+            print(format_results(rows, ""), flush=True)
+            results += rows
     if args.json:
         args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
     return 0
+
+
+def _check_cuda_device(device: str) -> None:
+    """Refuse, at start, a ``--device`` that is not a visible CUDA device (every op runs GPU kernels)."""
+    need = "--device: baton bench kernels needs a CUDA device"
+    if not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ValueError(f"{need} (cuda or cuda:N), got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{need}, and none is visible here (got {device!r})")
+    if ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+        raise ValueError(f"{need}: {device!r}, and {torch.cuda.device_count()} are visible")
 
 
 def run_kv_format(args: argparse.Namespace) -> int:

@@ -182,15 +182,29 @@ def test_kernel_flags_are_checked_at_start(k3_dir):
     assert "TRITON_INTERPRET=1" in result.stderr
 
 
-def test_bench_kernels_refuses_unknown_and_absent_ops():
+def test_bench_kernels_refuses_unknown_ops_and_non_cuda_devices():
     result = baton("bench", "kernels", "--ops", "copy,warp")
     assert result.returncode == 2 and "--ops: unknown op 'warp'" in result.stderr
-    result = baton("bench", "kernels", "--ops", "mla")
+    result = baton("bench", "kernels", "--ops", "mla", "--device", "cpu")
     assert result.returncode == 2
-    assert (
-        "--ops: mla's benchmark (services/engine/benchmark/attention_kernels.py) is not in this build yet"
-        in (result.stderr)
+    assert "--device: baton bench kernels needs a CUDA device (cuda or cuda:N), got 'cpu'" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "bench", "kernels", "--ops", "kda"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES=""),
+        timeout=120,
+        cwd=REPO,
     )
+    assert result.returncode == 2
+    assert "--device: baton bench kernels needs a CUDA device, and none is visible" in result.stderr
+
+
+def test_bench_kernels_help_lists_every_op():
+    result = baton("bench", "kernels", "--help")
+    assert result.returncode == 0
+    for op in ("copy", "matmul", "mla", "indexer", "kda", "moe", "sampling"):
+        assert f"\n  {op} " in result.stdout
 
 
 def test_bench_engine_compares_backends_side_by_side(tmp_path):

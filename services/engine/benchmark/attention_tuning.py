@@ -1,4 +1,4 @@
-"""Tile / split sweep of the paged MLA split kernel on a GPU (issue 12 tuning), one compact table.
+"""Tile / split sweeps of the paged MLA split kernel on a GPU (issue 12 tuning), one compact table.
 
 Each variant is a ``MlaKernelConfig`` (key tile, warps, pipeline stages, heads-minor or heads-major
 matrix shape); each point a (format, mode, batch, context, splits). Kernels are compiled first in
@@ -6,6 +6,10 @@ parallel worker processes on small inputs with the same specialisation (same str
 counts), so the timed process only loads them from Triton's cache. Timings: ``do_bench`` medians.
 
     python -m services.engine.benchmark.attention_tuning --out /tmp/tune.json
+
+``--splits``: the default tile's dense bf16-row decode at batch 1 for each split count (to tune
+``default_num_splits``); ``--compare MODULE``: a before / after table against another module's
+``paged_mla_decode``. The per-op rows at default settings are ``baton bench kernels --ops mla``.
 """
 
 import argparse
@@ -17,13 +21,9 @@ import time
 import torch
 
 from kernels.mla.paged_triton import MlaKernelConfig, _launch_mla, paged_mla_decode
-from services.engine.benchmark.attention_kernels import (
-    AttentionShapes,
-    _bench,
-    _bench_graph,
-    _Pool,
-    measure_copy_bandwidth,
-)
+from services.engine.benchmark.attention_kernels import AttentionShapes, _Pool
+from services.engine.benchmark.hardware import copy_bandwidth
+from services.engine.benchmark.timing import device_us, graph_us
 
 VARIANTS = {
     "hm_n64_w8_s2": MlaKernelConfig(64, 8, 2, True),
@@ -98,7 +98,7 @@ def warm(kv_formats, workers):
 def run(kv_formats, out_path):
     device = torch.device("cuda", 0)
     shapes = AttentionShapes()
-    copy_bw = measure_copy_bandwidth(device)
+    copy_bw = copy_bandwidth(str(device))
     rows = []
     cache = {}
     for fmt, mode, batch, context, count in _points(kv_formats):
@@ -122,7 +122,8 @@ def run(kv_formats, out_path):
             if ref is None:
                 ref = out.float()
             err = ((out.float() - ref).norm() / ref.norm()).item()
-            us = _bench(lambda a=args, s=sel, n=context, k=count, c=config: _launch_mla(*a, s, 0.07, n, k, c))
+            call = lambda a=args, s=sel, n=context, k=count, c=config: _launch_mla(*a, s, 0.07, n, k, c)  # noqa: E731
+            us = device_us(call)
             rows.append(
                 dict(
                     fmt=fmt,
@@ -188,7 +189,7 @@ def compare(baseline_module: str, kv_formats, out_path) -> None:
     each timed plainly (``do_bench``: Python launch cost included) and as a CUDA-graph replay."""
     before = importlib.import_module(baseline_module).paged_mla_decode
     device, shapes = torch.device("cuda", 0), AttentionShapes()
-    copy_bw = measure_copy_bandwidth(device)
+    copy_bw = copy_bandwidth(str(device))
     rows = []
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s; us (fraction of copy bandwidth); plain | graph")
     for fmt in kv_formats:
@@ -205,8 +206,8 @@ def compare(baseline_module: str, kv_formats, out_path) -> None:
                     row["err"] = ((got - want).norm() / want.norm()).item()
                     for name, fn in (("before", before), ("after", paged_mla_decode)):
                         call = lambda f=fn, a=args, s=sel, n=context: f(*a, s, 0.07, n)  # noqa: E731
-                        row[f"{name}_plain"] = _bench(call)
-                        row[f"{name}_graph"] = _bench_graph(call)
+                        row[f"{name}_plain"] = device_us(call)
+                        row[f"{name}_graph"] = graph_us(call)
                     rows.append(row)
                     cells = " | ".join(
                         f"{row[k]:8.1f} ({nbytes / (row[k] * 1e-6) / copy_bw:4.2f})"
@@ -220,6 +221,23 @@ def compare(baseline_module: str, kv_formats, out_path) -> None:
         json.dump(dict(copy_bw=copy_bw, rows=rows), f)
 
 
+def sweep_splits(seq_lens=(2048, 8192, 32768, 131072), splits=(1, 16, 32, 64, 132, 264, 528)) -> None:
+    """Dense bf16-row decode at batch 1, default tile, for each split count and length (graph replays)."""
+    device, shapes = torch.device("cuda", 0), AttentionShapes()
+    copy_bw = copy_bandwidth(str(device))
+    print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s; dense bf16 rows, batch 1")
+    print(f"{'N':>7} {'splits':>6} | {'us':>8} {'GB/s':>6} {'/copy':>6}")
+    for seq_len in seq_lens:
+        torch.cuda.empty_cache()
+        pool, args, _ = _inputs(shapes, "bf16", seq_len, 1, device)
+        nbytes = seq_len * pool.row_bytes
+        for count in splits:
+            call = lambda a=args, n=seq_len, k=count: paged_mla_decode(*a, None, 0.07, n, num_splits=k)  # noqa: E731
+            us = graph_us(call)
+            bps = nbytes / us * 1e6
+            print(f"{seq_len:>7} {count:>6} | {us:>8.1f} {bps / 1e9:>6.0f} {bps / copy_bw:>6.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kv-formats", default="bf16,fp8")
@@ -227,9 +245,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--warm-only", action="store_true", help="only compile (in worker processes)")
     parser.add_argument("--compare", metavar="MODULE", help="before / after table against MODULE")
+    parser.add_argument("--splits", action="store_true", help="split-count sweep of the default tile")
     args = parser.parse_args()
     formats = tuple(args.kv_formats.split(","))
-    if args.compare and args.warm_only:
+    if args.splits:
+        sweep_splits()
+    elif args.compare and args.warm_only:
         warm_compare(args.compare, formats, args.workers)
     elif args.compare:
         compare(args.compare, formats, args.out)

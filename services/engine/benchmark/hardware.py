@@ -4,29 +4,11 @@ Both are measured in the same run as what they bound (a datasheet number is not 
 reaches today). ``HBM_BYTES_PER_S`` is the H200 figure the issue's table uses, printed beside them.
 """
 
-import time
-from collections.abc import Callable
-
 import torch
 
+from .timing import timed
+
 HBM_BYTES_PER_S = 4.3e12  # H200 HBM3e, what a device-to-device copy reaches (issue 12's table)
-_REPEATS = 10
-
-
-def timed(device: str, work: Callable[[], object], repeats: int = _REPEATS) -> float:
-    """Median seconds of ``work()`` on ``device`` (after one warm-up call), synchronised around each."""
-    on_gpu = device.startswith("cuda")
-    work()
-    times = []
-    for _ in range(repeats):
-        if on_gpu:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        work()
-        if on_gpu:
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def copy_bandwidth(device: str, nbytes: int | None = None) -> float:

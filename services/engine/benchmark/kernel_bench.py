@@ -5,28 +5,53 @@ Benchmarks are registered by name (``--ops``) as ``module:function``; each funct
 are measured once per run and handed to every benchmark, so each row reads "what the kernel
 reaches / what the device allows" and "/ what the peer kernel reaches" on the same GPU. The op
 benchmarks live beside this file (``attention_kernels``, ``kda_kernels``, ``moe_kernels``,
-``sampling_kernels``); an op whose module is not in this build is refused by name.
+``sampling_kernels``) and time their work with ``timing``.
 """
 
 import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 
-from services.engine.checkpoint.presets import preset_config
+from services.engine.checkpoint.presets import preset_config, with_layers
 from services.engine.model.config import ModelConfig
 from services.engine.model.config_loader import load_model_config
 
-from .hardware import HBM_BYTES_PER_S, copy_bandwidth, matmul_rate, timed
+from .hardware import HBM_BYTES_PER_S, copy_bandwidth, matmul_rate
+from .timing import timed
 
+
+class KernelBench(NamedTuple):
+    """A registered benchmark: where its function is (``module:function``) and what it measures."""
+
+    target: str
+    summary: str
+
+
+_HERE = "services.engine.benchmark"
 KERNEL_BENCHES = {
-    "copy": "services.engine.benchmark.kernel_bench:bench_copy",
-    "matmul": "services.engine.benchmark.kernel_bench:bench_matmul",
-    "mla": "services.engine.benchmark.attention_kernels:bench_mla",
-    "indexer": "services.engine.benchmark.attention_kernels:bench_indexer",
-    "kda": "services.engine.benchmark.kda_kernels:bench_kda",
-    "moe": "services.engine.benchmark.moe_kernels:bench_moe",
-    "sampling": "services.engine.benchmark.sampling_kernels:bench_sampling",
+    "copy": KernelBench(f"{_HERE}.kernel_bench:bench_copy", "device copy GB/s vs the H200 HBM figure"),
+    "matmul": KernelBench(
+        f"{_HERE}.kernel_bench:bench_matmul", "expert-shaped GEMM TFLOP/s vs the square-GEMM rate"
+    ),
+    "mla": KernelBench(
+        f"{_HERE}.attention_kernels:bench_mla",
+        "paged MLA decode (dense, DSA top-k; bf16 and FP8 rows) GB/s vs copy; chunked prefill TFLOP/s",
+    ),
+    "indexer": KernelBench(
+        f"{_HERE}.attention_kernels:bench_indexer", "DSA indexer scores and top-k GB/s vs copy"
+    ),
+    "kda": KernelBench(
+        f"{_HERE}.kda_kernels:bench_kda", "KDA decode state GB/s and chunked prefill TFLOP/s vs fla's kernels"
+    ),
+    "moe": KernelBench(
+        f"{_HERE}.moe_kernels:bench_moe", "grouped expert GEMMs TFLOP/s vs matmul rate and torch._grouped_mm"
+    ),
+    "sampling": KernelBench(
+        f"{_HERE}.sampling_kernels:bench_sampling", "device sampling GB/s of logits vs the per-row sampler"
+    ),
 }
 
 
@@ -63,28 +88,23 @@ class KernelResult:
 
 def make_context(device: str, dtype: torch.dtype) -> KernelBenchContext:
     """Measure the limits and build the real-shape config (four layers: one MLA)."""
-    config = load_model_config(preset_config("k3", "full") | {"num_hidden_layers": 4})
+    config = load_model_config(with_layers(preset_config("k3", "full"), 4))
     return KernelBenchContext(device, dtype, config, copy_bandwidth(device), matmul_rate(device, dtype))
 
 
-def resolve(ops: list[str]):
-    """The benchmark function of each name.
+def resolve(ops: list[str]) -> list[Callable[[KernelBenchContext], list[KernelResult]]]:
+    """The benchmark function of each name (importing its module).
 
     Raises:
-        ValueError: an unknown name, or one whose module is not in this build, naming ``--ops``.
+        ValueError: an unknown name, naming ``--ops``.
     """
+    unknown = [op for op in ops if op not in KERNEL_BENCHES]
+    if unknown:
+        raise ValueError(f"--ops: unknown op {unknown[0]!r} (choose from {', '.join(KERNEL_BENCHES)})")
     functions = []
     for op in ops:
-        if op not in KERNEL_BENCHES:
-            raise ValueError(f"--ops: unknown op {op!r} (choose from {', '.join(KERNEL_BENCHES)})")
-        module_name, function = KERNEL_BENCHES[op].split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError:
-            raise ValueError(
-                f"--ops: {op}'s benchmark ({module_name.replace('.', '/')}.py) is not in this build yet"
-            ) from None
-        functions.append(getattr(module, function))
+        module_name, function = KERNEL_BENCHES[op].target.split(":")
+        functions.append(getattr(importlib.import_module(module_name), function))
     return functions
 
 
