@@ -145,6 +145,10 @@ def _measure(llm: LLM, mode: str, backend: str, prompts: list[list[int]], decode
     batch, context = len(prompts), len(prompts[0])
     prefill_only = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     full = SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True)
+    # Untimed first: kernels compile and autotune per shape (fla's chunk kernels, Triton launches),
+    # which would land in whichever timed run met the shape first and make decode = total - prefill
+    # meaningless.
+    llm.generate(prompts, full)
     prefill_time = _timed(device, llm.generate, prompts, prefill_only)
     total_time = _timed(device, llm.generate, prompts, full)
     decode_time = max(total_time - prefill_time, 1e-9)

@@ -49,6 +49,7 @@ class PeerModel:
         None when the peer fails at this size (its error is printed)."""
         ids = torch.tensor(prompts, device=self.device)
         try:
+            self._generate_seconds(ids, decode_tokens + 1)  # untimed: fla's kernels autotune per shape
             prefill = self._generate_seconds(ids, 1)
             total = self._generate_seconds(ids, decode_tokens + 1)
         except (RuntimeError, ValueError) as error:  # e.g. out of memory at batch 32
