@@ -1,25 +1,35 @@
-"""``baton bench``: ``engine`` (throughput against naive recompute), ``kv-format`` (FP8 KV error),
-``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy) and ``pd`` (decode latency under long
-prefills, colocated against disaggregated)."""
+"""``baton bench``: ``engine`` (decode and prefill throughput per kernel backend, against the weights-once
+bound and transformers' model), ``kernels`` (per-op kernels at real shapes against their limits),
+``kv-format`` (FP8 KV error), ``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy), ``pd``
+(decode latency under long prefills, colocated against disaggregated), ``faults``
+(``bench_faults_command``) and ``fuzz`` (bad requests: never a 5xx, still serving)."""
 
 import argparse
 import json
+import re
 import tempfile
+import textwrap
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from services.benchmark import PDWorkload, measure_pd
+from services.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
+from services.benchmark.fuzz_client import FuzzClient
 from services.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
 from services.engine.benchmark.engine_bench import format_table, run_engine_bench
+from services.engine.benchmark.kernel_bench import KERNEL_BENCHES, format_results, make_context, resolve
 from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.loader import load_model
+from services.engine.checkpoint.random_model import build_random_model
+from services.engine.model.backends import KERNEL_BACKENDS
 from services.transfer import known_backends
 from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidth
 
 from .arguments import DTYPES
+from .bench_faults_command import register_faults
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -27,13 +37,22 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("bench", help="benchmarks (ratios against a baseline, in one run)")
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    engine = kinds.add_parser("engine", help="engine prefill/decode tokens/s vs naive full recompute")
+    engine = kinds.add_parser(
+        "engine", help="engine tokens/s per kernel backend vs the weights-once bound and transformers"
+    )
     engine.add_argument(
         "--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)"
     )
     engine.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
-    engine.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    engine.add_argument(
+        "--preset",
+        default="tiny",
+        help="random model size when --model is not given: tiny, small (written to disk), full (real "
+        "per-layer shapes, built on the device; with --layers)",
+    )
+    engine.add_argument("--layers", type=int, help="layers of a --preset full model (default 4)")
     engine.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    engine.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="--preset full dtype")
     engine.add_argument("--batches", default="1,4", help="comma-separated batch sizes (default 1,4)")
     engine.add_argument(
         "--contexts", default="128,512", help="comma-separated prompt lengths (default 128,512)"
@@ -41,9 +60,45 @@ def register(commands: argparse._SubParsersAction) -> None:
     engine.add_argument(
         "--decode-tokens", type=int, default=16, help="decoded tokens per request (default 16)"
     )
-    engine.add_argument("--modes", default="default,invariant", help="default,invariant (default both)")
-    engine.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    engine.add_argument("--modes", default="default", help="default and/or invariant (default: default)")
+    engine.add_argument(
+        "--kernels",
+        default=None,
+        help="comma-separated backends to compare (default: reference,triton on CUDA, reference on the CPU)",
+    )
+    engine.add_argument(
+        "--cuda-graphs",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="decode CUDA graphs (default on)",
+    )
+    engine.add_argument(
+        "--peer", default=True, action=argparse.BooleanOptionalAction, help="run transformers' model too"
+    )
+    engine.add_argument("--json", type=Path, help="also write the report as JSON here")
     engine.set_defaults(run=run_engine)
+    kernels = kinds.add_parser(
+        "kernels",
+        help="per-op kernels at real shapes vs copy bandwidth / matrix rate (CUDA only)",
+        description=textwrap.fill(
+            "Per-op kernels at the full preset's shapes (K3: Kimi-Linear-48B-A3B layers plus the DSA "
+            "indexer) on a CUDA device, each row against a limit measured in the same run (copy bandwidth "
+            "or matrix rate) and, where there is one, a peer kernel. Ops (--ops):",
+            88,
+        )
+        + "\n"
+        + "\n".join(f"  {name:<9} {bench.summary}" for name, bench in KERNEL_BENCHES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    kernels.add_argument(
+        "--ops",
+        default=",".join(KERNEL_BENCHES),
+        help=f"comma-separated, from the list above (default: all, {','.join(KERNEL_BENCHES)})",
+    )
+    kernels.add_argument("--device", default="cuda", help="cuda or cuda:N (default cuda)")
+    kernels.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="(default bfloat16)")
+    kernels.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    kernels.set_defaults(run=run_kernels)
     kv = kinds.add_parser(
         "kv-format", help="FP8 vs model-dtype KV blocks: DSA selection overlap and logprob error"
     )
@@ -73,6 +128,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     transfer.add_argument("--json", type=Path, help="also write the rows as JSON here")
     transfer.set_defaults(run=run_transfer)
     _register_pd(kinds)
+    register_faults(kinds)
+    _register_fuzz(kinds)
 
 
 def _register_pd(kinds: argparse._SubParsersAction) -> None:
@@ -110,6 +167,24 @@ def _register_pd(kinds: argparse._SubParsersAction) -> None:
     pd.set_defaults(run=run_pd)
 
 
+def _register_fuzz(kinds: argparse._SubParsersAction) -> None:
+    fuzz = kinds.add_parser(
+        "fuzz", help="random bad requests over gRPC and HTTP: no 5xx, no hang, named fields, still serving"
+    )
+    fuzz.add_argument("--cases", type=int, default=10_000, help="cases to send (default 10000)")
+    fuzz.add_argument("--seed", type=int, default=0, help="replays a run (default 0)")
+    fuzz.add_argument("--target", help="router gRPC host:port (default: start a local cluster)")
+    fuzz.add_argument("--http-target", help="router OpenAI HTTP host:port (default: the local cluster's)")
+    fuzz.add_argument(
+        "--allow-remote", action="store_true", help="allow targets that are not loopback addresses"
+    )
+    fuzz.add_argument("--deadline-s", type=float, default=30.0, help="per-case deadline (default 30)")
+    fuzz.add_argument("--model", type=Path, help="local cluster's checkpoint (default: a random tiny one)")
+    fuzz.add_argument("--family", default="kimi_linear", choices=("k3", "kimi_linear", "deepseek_v32"))
+    fuzz.add_argument("--json", type=Path, help="also write the report as JSON here")
+    fuzz.set_defaults(run=run_fuzz_bench)
+
+
 def _positive_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",")]
@@ -126,22 +201,82 @@ def run_engine(args: argparse.Namespace) -> int:
     modes = args.modes.split(",")
     if any(mode not in ("default", "invariant") for mode in modes):
         raise ValueError(f"--modes: expected default and/or invariant, got {args.modes!r}")
+    default_kernels = "reference,triton" if args.device.startswith("cuda") else "reference"
+    backends = (args.kernels or default_kernels).split(",")
+    if any(name not in KERNEL_BACKENDS for name in backends) or len(set(backends)) != len(backends):
+        raise ValueError(
+            f"--kernels: expected distinct names from {', '.join(KERNEL_BACKENDS)}, got {args.kernels!r}"
+        )
     if args.decode_tokens < 1:
         raise ValueError(f"--decode-tokens: must be >= 1, got {args.decode_tokens}")
+    if args.layers is not None and args.preset != "full":
+        raise ValueError("--layers: only with --preset full (the other presets fix their layers)")
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model
-        if model_dir is None:
+        model_dir, prebuilt = args.model, None
+        if model_dir is None and args.preset == "full":
+            model_dir = f"{args.family}-full-{args.layers or 4}-layers"
+            prebuilt = build_random_model(
+                args.family, "full", args.device, DTYPES[args.dtype], args.layers or 4
+            )
+        elif model_dir is None:
             model_dir = Path(scratch) / "model"
             init_checkpoint(model_dir, args.family, args.preset, seed=0)
-        rows = run_engine_bench(str(model_dir), args.device, batches, contexts, args.decode_tokens, modes)
+        report = run_engine_bench(
+            str(model_dir),
+            args.device,
+            batches,
+            contexts,
+            args.decode_tokens,
+            modes,
+            backends,
+            cuda_graphs=args.cuda_graphs,
+            prebuilt=prebuilt,
+            peer=args.peer,
+        )
     print(
         f"engine benchmark: {args.family if args.model is None else args.model} ({args.preset}), "
-        f"device {args.device}, {args.decode_tokens} decoded tokens per request"
+        f"device {args.device}, {args.decode_tokens} decoded tokens per request, "
+        f"CUDA graphs {'on' if args.cuda_graphs else 'off'}"
     )
-    print(format_table(rows))
+    print(format_table(report))
     if args.json:
-        args.json.write_text(json.dumps([row.as_dict() for row in rows], indent=2) + "\n")
+        args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     return 0
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    ops = [op.strip() for op in args.ops.split(",")]
+    functions = resolve(ops)  # a bad name fails before anything is measured
+    _check_cuda_device(args.device)
+    if ":" in args.device:  # Triton and CUDA graphs run on the current device
+        torch.cuda.set_device(torch.device(args.device))
+    results = []
+    with torch.inference_mode():
+        context = make_context(args.device, DTYPES[args.dtype])
+        print(
+            f"kernel benchmark: {args.device} ({torch.cuda.get_device_name(args.device)}), {args.dtype}, "
+            f"K3-shaped layers; measured limits: copy {context.copy_bytes_per_s / 1e9:.0f} GB/s, matmul "
+            f"{context.matmul_flops / 1e12:.1f} TFLOP/s",
+            flush=True,
+        )
+        for function in functions:  # each op's table as soon as it is done
+            rows = function(context)
+            print(format_results(rows, ""), flush=True)
+            results += rows
+    if args.json:
+        args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+    return 0
+
+
+def _check_cuda_device(device: str) -> None:
+    """Refuse, at start, a ``--device`` that is not a visible CUDA device (every op runs GPU kernels)."""
+    need = "--device: baton bench kernels needs a CUDA device"
+    if not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ValueError(f"{need} (cuda or cuda:N), got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{need}, and none is visible here (got {device!r})")
+    if ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+        raise ValueError(f"{need}: {device!r}, and {torch.cuda.device_count()} are visible")
 
 
 def run_kv_format(args: argparse.Namespace) -> int:
@@ -262,3 +397,40 @@ def run_pd(args: argparse.Namespace) -> int:
         report = replace(report, model=f"random {args.family} ({args.preset})")
     print(json.dumps(report.as_dict()) if args.json else report.format_table())
     return 0
+
+
+def run_fuzz_bench(args: argparse.Namespace) -> int:
+    """Fuzz the given targets, or a local cluster when none is given; exit 1 on any finding."""
+    check_target(args.target, "--target", args.allow_remote)
+    check_target(args.http_target, "--http-target", args.allow_remote)
+    if not args.deadline_s > 0:
+        raise ValueError(f"--deadline-s: must be > 0, got {args.deadline_s}")
+
+    def progress(done: int) -> None:
+        print(f"  {done} cases", flush=True)
+
+    if args.target or args.http_target:
+        client = FuzzClient(args.target, args.http_target, args.deadline_s)
+        try:
+            report = run_fuzz(client, args.cases, args.seed, progress)
+        finally:
+            client.close()
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            model_dir = args.model
+            if model_dir is None:
+                model_dir = Path(scratch) / f"{args.family}-tiny"
+                init_checkpoint(model_dir, args.family, "tiny", seed=0)
+            with fuzz_cluster(str(model_dir), ("--dtype", "float32")) as cluster:
+                client = FuzzClient(
+                    f"127.0.0.1:{cluster.port}", f"127.0.0.1:{cluster.router.http_port}", args.deadline_s
+                )
+                try:
+                    report = run_fuzz(client, args.cases, args.seed, progress)
+                finally:
+                    client.close()
+                report.worker_restarts = sum(worker.restarts for worker in cluster.workers)
+    print(report.format())
+    if args.json:
+        args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0 if report.passed else 1

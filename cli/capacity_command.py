@@ -21,6 +21,7 @@ from services.engine.capacity import (
     format_bytes,
     ledger_dict,
 )
+from services.engine.model.backends import KERNEL_BACKENDS, default_kernels
 from services.engine.model.config_loader import load_model_config
 
 from .arguments import DTYPES
@@ -68,6 +69,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=256,
         help="sequences per step, for the logits workspace (default 256)",
     )
+    parser.add_argument(
+        "--device", default="cuda", help="the device the engine would run on (default cuda): picks --kernels"
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=KERNEL_BACKENDS,
+        help="op backends the engine would run (default: triton on CUDA, reference on the CPU and with "
+        "--batch-invariant)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (bytes as integers)")
     parser.set_defaults(run=run)
 
@@ -78,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+    args.kernels = args.kernels or default_kernels(args.device, args.batch_invariant)
+    if args.kernels == "triton" and args.batch_invariant:
+        raise ValueError("--kernels: triton cannot run with --batch-invariant (it keeps its own kernels)")
     context_lens = parse_context_lens(args.context_len)
     config = load_model_config(args.model)  # the only file read
     dtype = DTYPES[args.dtype or config.torch_dtype]
@@ -136,6 +149,7 @@ def _json_report(args, ledger: CapacityLedger, memory: int, fits: list[ContextFi
     return {
         "model": str(args.model),
         "memory_bytes": memory,
+        "kernels": args.kernels,
         "ledger": ledger_dict(ledger),
         "fits": [fit_dict(result) for result in fits],
         "nothing_fits": message is not None,
@@ -151,6 +165,7 @@ def _human_report(
         f"{ledger.family} at {args.model}: {len(layer_types)} layers ({ledger.kda_layers} KDA,"
         f" {ledger.mla_layers} MLA), {ledger.dtype}, block {ledger.block_size} tokens,"
         f" KV format {ledger.kv_format}{', batch-invariant' if ledger.batch_invariant else ''},"
+        f" kernels {args.kernels},"
         f" --memory-gib {args.memory_gib:g} ({b(memory)})",
         "",
         "Persistent state",

@@ -12,7 +12,7 @@ from pathlib import Path
 from services.engine import LLM, SamplingParams
 from services.engine.model.config_loader import load_model_config
 
-from .arguments import DTYPES, check_vocabulary, parse_token_ids
+from .arguments import DTYPES, add_engine_kernel_flags, check_vocabulary, parse_token_ids
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -48,6 +48,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--dtype", default=None, choices=sorted(DTYPES), help="compute dtype (default: checkpoint's)"
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_engine_kernel_flags(parser)
     parser.set_defaults(run=run)
 
 
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
+        kernels=args.kernels,
+        cuda_graphs=args.cuda_graphs,
     )
     if args.chat:
         if llm.tokenizer is None or args.prompt is None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from services.launcher import LocalCluster
 
+from .arguments import add_engine_kernel_flags, engine_kernel_args
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("serve", help="run a local cluster: prefill and decode workers and a router")
@@ -66,6 +68,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="cpu", help="every worker's device: cpu or cuda:N (default cpu)")
     parser.add_argument("--prefill-device", default=None, help="prefill workers' device (default: --device)")
     parser.add_argument("--decode-device", default=None, help="decode workers' device (default: --device)")
+    add_engine_kernel_flags(parser)
     ray = parser.add_argument_group("on Ray (pip install 'baton[ray]')")
     ray.add_argument("--ray", action="store_true", help="run the workers and router as Ray actors")
     ray.add_argument(
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         worker_args.append("--batch-invariant")
     if args.dtype:
         worker_args += ["--dtype", args.dtype]
+    worker_args += engine_kernel_args(args)
     logging.getLogger("services.launcher").setLevel(logging.INFO)
     cluster = LocalCluster(
         str(args.model),

@@ -9,7 +9,7 @@ from pathlib import Path
 from services.engine.engine_config import EngineConfig
 from services.worker_server import ROLES, WorkerConfig, WorkerServer
 
-from .arguments import DTYPES
+from .arguments import DTYPES, add_engine_kernel_flags
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -41,7 +41,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=float,
         default=600.0,
         metavar="S",
-        help="decode: free a reservation whose prefilled state has not arrived after S seconds (default 600)",
+        help="decode: backstop: free a reservation still waiting for its state after S seconds, even if its "
+        "router's lease looks alive (default 600)",
     )
     parser.add_argument(
         "--grace-period",
@@ -52,6 +53,23 @@ def register(commands: argparse._SubParsersAction) -> None:
         "handoffs S seconds to finish; the router moves streams still running to another worker "
         "(default 30; a second signal ends the wait)",
     )
+    parser.add_argument(
+        "--release-grace-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="decode: a reservation whose router left waits up to S seconds for a handoff that may still "
+        "be writing into it (default 5)",
+    )
+    parser.add_argument(
+        "--fault-delay",
+        action="append",
+        default=[],
+        metavar="PHASE=S",
+        help="fault injection for tests and chaos drills: pause S seconds at PHASE (decode: reserve, "
+        "decode_start; prefill: prefill, handoff); repeatable",
+    )
+    add_engine_kernel_flags(parser)
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
@@ -67,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        kernels=args.kernels,
+        cuda_graphs=args.cuda_graphs,
     )
     config = WorkerConfig(
         role=args.role,
@@ -79,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         fail_transfers=args.fail_transfers,
         reservation_ttl_s=args.reservation_ttl_s,
         grace_period_s=args.grace_period,
+        release_grace_s=args.release_grace_s,
+        fault_delays=tuple(args.fault_delay),
     )
     server = WorkerServer(config)
     stop, hurry = threading.Event(), threading.Event()

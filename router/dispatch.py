@@ -7,24 +7,35 @@
 Conditional disaggregation: a prompt whose uncached part is short (or a full cache hit on the decode
 worker) is prefilled by the decode worker itself. A failed prefill or handoff is retried once on
 another prefill worker, then prefilled locally on decode; either way the output is unchanged.
+
+Every worker call is tied to the client's call (``when_call_ends``: a non-blocking cancel), and the
+reservation is a lease: the Reserve stream stays open until the Decode call takes the reservation
+over. So a client that leaves at any point, or this process dying, ends every worker call, and the
+workers free what the request held (services/decode/leases.py).
 """
+
+import time
 
 import grpc
 
 from proto.baton.v1 import generation_pb2, workers_pb2
 from services.engine.scheduler import NoCapacity
 from services.metrics import Metrics
+from services.rpc.callbacks import when_call_ends
 from services.transfer import TransferError
 
+from .admission import Admission
 from .worker_pool import Worker, WorkerPool
 
 _STATS_TIMEOUT_S = 5.0
+_RELEASE_TIMEOUT_S = 2.0
 _LOCAL_ALWAYS = 2**32 - 1  # local_prefill_max_tokens that makes every prefill local
 DISAGGREGATION_MODES = ("conditional", "always", "never")
 _NO_DEADLINE_S = 1e8  # a "time remaining" beyond this means the caller set no deadline
 _PREFILL_ATTEMPTS = 2  # prefill workers tried before the decode worker prefills itself
 # A decode stream that ends with these lost its worker (killed, restarted, or drained past its grace
-# period); the router's own cancellations never reach the loop that sees them.
+# period). The router cancels the call itself only when the caller has left (``when_call_ends``), which
+# the migrator tells apart by the caller's context.
 _LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
@@ -43,10 +54,17 @@ class Dispatcher:
             (every prompt is handed off) or ``never`` (colocated: decode workers prefill everything).
             With no prefill worker in the pool (discovery has found none yet), decode prefills.
         local_prefill_tokens: in ``conditional`` mode, the most uncached prompt tokens decode prefills.
+        admission: where a request waits while every decode worker is full (None: it fails at once
+            with ``NoCapacity``).
     """
 
     def __init__(
-        self, pool: WorkerPool, metrics: Metrics, disaggregation: str = "conditional", local_prefill_tokens=16
+        self,
+        pool: WorkerPool,
+        metrics: Metrics,
+        disaggregation: str = "conditional",
+        local_prefill_tokens=16,
+        admission: Admission | None = None,
     ):
         if disaggregation not in DISAGGREGATION_MODES:
             raise ValueError(
@@ -58,6 +76,7 @@ class Dispatcher:
         self.metrics = metrics
         self.disaggregation = disaggregation
         self.local_prefill_tokens = local_prefill_tokens
+        self.admission = admission
 
     def run(
         self,
@@ -70,11 +89,13 @@ class Dispatcher:
     ):
         """Yield the decode worker's messages for one request; the last carries usage and route.
 
-        ``request`` is the public ``GenerateRequest`` (sampling, session, tenant); ``context`` the
-        caller's gRPC context (deadline, cancellation); ``route`` is filled in as workers are chosen
-        (for a caller that ends the stream early); ``resumed_tokens``: the prompt ends with that many
-        tokens this request already generated (a migrated request). Closing the generator stops the
-        decode worker.
+        ``request_id`` is the router's internal id for the request (unique, unguessable: every worker
+        keys the request by it), never the client's label. ``request`` is the public
+        ``GenerateRequest`` (sampling, session, tenant); ``context`` the caller's gRPC context
+        (deadline, cancellation); ``route`` is filled in as workers are chosen (for a caller that ends
+        the stream early); ``resumed_tokens``: the prompt ends with that many tokens this request
+        already generated (a migrated request). Closing the generator, or the caller leaving, stops
+        every worker call.
 
         Raises:
             ValueError, NoCapacity, TimeoutError, TransferError: mapped to status codes by the caller;
@@ -91,8 +112,19 @@ class Dispatcher:
             reserve.local_prefill_max_tokens = _LOCAL_ALWAYS
         elif self.disaggregation == "conditional":
             reserve.local_prefill_max_tokens = self.local_prefill_tokens
-        decode, reserved = self._reserve(reserve, request.session_id, time_left(context))
-        context.add_callback(lambda: _release(decode, request_id))
+        decode, lease, reserved = self._reserve(reserve, request.session_id, context)
+        try:
+            yield from self._run_reserved(
+                decode, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
+            )
+        finally:
+            # The lease ended by itself once Decode took the reservation over (or at once, for a local
+            # prefill); otherwise this frees the reservation (after any handoff still writing into it).
+            lease.cancel()
+
+    def _run_reserved(
+        self, decode: Worker, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
+    ):
         route.decode_worker = decode.name
         local = workers_pb2.LocalPrefill(
             prompt_ids=prompt_ids,
@@ -107,7 +139,7 @@ class Dispatcher:
         else:
             handoff = self._prefill(reserved, prompt_ids, request, context, resumed_tokens)
             if handoff is None:  # every attempt failed (and returned): decode prefills it itself
-                _release(decode, request_id, no_handoff_in_flight=True)
+                _release(decode, request_id)
                 self.metrics.handoff_fallbacks.labels("decode").inc()
                 decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
                 cached = 0
@@ -119,6 +151,7 @@ class Dispatcher:
                 route.transfer_bytes = first.transfer_bytes
                 cached = first.cached_tokens
         call = decode.stub.Decode(decode_request, timeout=time_left(context))
+        when_call_ends(context, call.cancel)  # the client left: the decode worker frees the request
         try:
             for message in call:
                 if message.finish_reason:
@@ -141,16 +174,40 @@ class Dispatcher:
         uncached = prompt_tokens - reserved.reservation.cached_tokens
         return "short_prompt" if uncached <= self.local_prefill_tokens else "cache_hit"
 
-    def _reserve(self, reserve, session_id: str, timeout):
+    def _reserve(self, reserve, session_id: str, context):
+        """``(decode worker, lease call, ReserveResponse)``. While every decode worker is full, the
+        request waits in the router queue and tries again as room frees, until its deadline."""
+        started = time.monotonic()
+        while True:
+            try:
+                return self._reserve_once(reserve, session_id, context)
+            except NoCapacity:
+                if self.admission is None:
+                    raise
+                if not context.is_active():
+                    raise TransferError("the caller left while waiting for a decode worker") from None
+                self.admission.wait_for_capacity(time_left(context), time.monotonic() - started)
+
+    def _reserve_once(self, reserve, session_id: str, context):
         last_error = None
         for decode in self.pool.decode_order(session_id, _STATS_TIMEOUT_S):
+            # The reservation lives while this stream is open: cancelling it (the caller left, or the
+            # request ended before decoding) frees it on the worker, and so does this process dying.
+            lease = decode.stub.Reserve(reserve, timeout=time_left(context))
+            when_call_ends(context, lease.cancel)
             try:
-                return decode, decode.stub.Reserve(reserve, timeout=timeout)
+                return decode, lease, next(lease)
+            except StopIteration:
+                last_error = None  # the worker ended the lease unanswered: it is stopping
+                self.pool.check(decode)
+                continue
             except grpc.RpcError as error:
                 if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise ValueError(error.details()) from None
                 if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise TimeoutError("deadline passed while reserving on a decode worker") from None
+                if error.code() == grpc.StatusCode.CANCELLED and not context.is_active():
+                    raise TransferError("the caller left while reserving on a decode worker") from None
                 if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     self.pool.check(decode)
                 last_error = error  # full or unreachable: try the next one
@@ -175,7 +232,7 @@ class Dispatcher:
             if attempt:
                 self.metrics.handoff_fallbacks.labels("prefill").inc()
             call = prefill.stub.Prefill.future(prefill_request, timeout=time_left(context))
-            context.add_callback(call.cancel)  # the client left: the prefill worker stops too
+            when_call_ends(context, call.cancel)  # the client left: the prefill worker stops too
             try:
                 first = call.result()
             except grpc.FutureCancelledError:
@@ -184,6 +241,8 @@ class Dispatcher:
                 failure = self._failed(prefill, error)
                 if not isinstance(failure, TransferError):
                     raise failure from None  # the request itself is bad, or its time is up
+                if not context.is_active():
+                    raise failure from None  # the caller left: no other attempt
                 continue
             self.pool.prefilled(prefill, hashes)
             self.metrics.transfer_bytes.labels(reserved.endpoint.backend).inc(first.transfer_bytes)
@@ -224,9 +283,10 @@ def _decode_request(request_id: str, first) -> workers_pb2.DecodeRequest:
     return decode_request
 
 
-def _release(decode: Worker, request_id: str, no_handoff_in_flight: bool = False) -> None:
-    release = workers_pb2.ReleaseRequest(request_id=request_id, no_handoff_in_flight=no_handoff_in_flight)
+def _release(decode: Worker, request_id: str) -> None:
+    """Free a reservation no handoff can still be writing into (every attempt has returned)."""
+    release = workers_pb2.ReleaseRequest(request_id=request_id, no_handoff_in_flight=True)
     try:
-        decode.stub.Release(release, timeout=5)
+        decode.stub.Release(release, timeout=_RELEASE_TIMEOUT_S)
     except grpc.RpcError:
-        pass  # the worker is gone or the request already finished: nothing left to free
+        pass  # the worker is gone (its memory with it), or the lease has already ended

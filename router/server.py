@@ -75,9 +75,13 @@ class RouterServer:
             tokenizer = None
         self.metrics = Metrics("router")
         self.pool = WorkerPool([], [], on_health=self._worker_health)
-        dispatcher = Dispatcher(self.pool, self.metrics, config.disaggregation, config.local_prefill_tokens)
+        admission = Admission(config.max_running, config.max_queued, self.metrics)
+        dispatcher = Dispatcher(
+            self.pool, self.metrics, config.disaggregation, config.local_prefill_tokens, admission
+        )
         migrator = Migrator(dispatcher, self.metrics)
         self.discovery.start(self.pool.update)  # static: the pool is full before the port opens
+        self.pool.start_probing()  # a worker that dies with no traffic is marked down all the same
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         servicer = GenerationServicer(
             Path(config.model).name,
@@ -86,7 +90,7 @@ class RouterServer:
             migrator,
             config.max_model_len,
             self.metrics,
-            Admission(config.max_running, config.max_queued, self.metrics),
+            admission,
             config.slo_ttft_s,
             config.slo_tpot_s,
         )
@@ -107,6 +111,7 @@ class RouterServer:
         self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
         if self.port == 0:
             self.discovery.stop()
+            self.pool.close()
             raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -1,7 +1,7 @@
 """The public ``Generation`` servicer: validate, tokenize, run through the workers, detokenize."""
 
+import secrets
 import time
-import uuid
 
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from services.engine.model.config import ModelConfig
@@ -12,6 +12,10 @@ from services.rpc.errors import status_for
 
 from .admission import Admission
 from .dispatch import Dispatcher, time_left
+from .limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
+from .validation import check_generate, check_tokenize
+
+_DEADLINE_SLACK_S = 0.05
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -40,12 +44,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.tokenizer = tokenizer
         self.dispatcher = dispatcher
         self.max_model_len = max_model_len
+        self.max_token_bytes = tokenizer.max_token_bytes if tokenizer is not None else None
 
     def Generate(self, request, context):
         started = time.monotonic()
         last_token_at, first_token_at, tokens, status = None, None, 0, "error"
-        admitted = False
+        admitted = ended = False
         try:
+            # before the queue: a request that breaks a limit neither waits nor holds a seat
+            check_generate(request, self.config.vocab_size, self.max_token_bytes, self.max_model_len)
             self.admission.enter(time_left(context))
             self.metrics.queue_time.observe(time.monotonic() - started)
             admitted = True
@@ -62,6 +69,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                     status = generation_pb2.FinishReason.Name(message.finish_reason).removeprefix(
                         "FINISH_REASON_"
                     )
+                    ended = True
                     self._count(message)
                 yield message
         except Exception as error:
@@ -70,8 +78,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         finally:
             if admitted:
                 self.admission.leave()
-            if not context.is_active() and status == "error":
-                status = "CANCELLED"
+            if not ended and not context.is_active():
+                # The client left (or its deadline passed) first: whatever error that caused in the
+                # workers (a cancelled prefill reads as UNAVAILABLE) is not a failure of the service.
+                status = "DEADLINE_EXCEEDED" if _deadline_passed(context) else "CANCELLED"
             self.metrics.requests.labels(status.lower()).inc()
             if first_token_at is not None:
                 self.metrics.e2e.observe(last_token_at - started)
@@ -95,7 +105,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise ValueError(f"model: {request.model!r} is not served here (serving {self.model_id!r})")
         prompt_ids = self._prompt_ids(request)
         params = sampling_from_pb(request.sampling)  # validated here, before any worker is involved
-        request_id = request.request_id or uuid.uuid4().hex
+        # The client's request_id is only a label, echoed back: workers key the request by an id of
+        # our own, so one client can neither collide with nor reach (Release, abort) another's request.
+        request_id = secrets.token_hex(16)
+        label = request.request_id or request_id
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True) if self.tokenizer else None
         )
@@ -103,7 +116,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         messages = self.dispatcher.run(request_id, prompt_ids, request, context, route)
         try:
             for message in messages:
-                message.request_id = request_id
+                message.request_id = label
                 generated += len(message.token_ids)
                 if detokenizer is not None:
                     piece = "".join(detokenizer.push(token) for token in message.token_ids)
@@ -126,6 +139,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def Tokenize(self, request, context):
         if self.tokenizer is None:
             raise ValueError("text: this model has no tokenizer; send token ids")
+        check_tokenize(request)
         if request.WhichOneof("input") == "chat":
             ids = self.tokenizer.encode_chat(
                 _messages(request.chat), add_generation_prompt=request.chat.add_generation_prompt
@@ -145,6 +159,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         if kind is None:
             raise ValueError("prompt: give text, token_ids or chat")
         if kind == "token_ids":
+            check_prompt_tokens(len(request.token_ids.ids), "token_ids", self.max_model_len)
             ids = list(request.token_ids.ids)
             for position, token in enumerate(ids):
                 if token >= self.config.vocab_size:
@@ -156,11 +171,20 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise ValueError(f"{kind}: this model has no tokenizer; send token_ids")
         elif kind == "text":
             ids = self.tokenizer.encode(request.text, add_special_tokens=True)
-        else:
-            ids = self.tokenizer.encode_chat(_messages(request.chat), add_generation_prompt=True)
+        else:  # rendered, then bounded by its bytes before the (costlier) tokenization
+            text = self.tokenizer.apply_chat_template(_messages(request.chat), add_generation_prompt=True)
+            check_prompt_bytes(utf8_bytes(text, "chat"), "chat", self.max_token_bytes, self.max_model_len)
+            ids = self.tokenizer.encode(text)
         if not ids:
             raise ValueError(f"{kind}: the prompt is empty")
+        check_prompt_tokens(len(ids), kind, self.max_model_len)
         return ids
+
+
+def _deadline_passed(context) -> bool:
+    """The call ended at its deadline: the client's own timer may cancel it a moment before ours."""
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= _DEADLINE_SLACK_S
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

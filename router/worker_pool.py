@@ -16,6 +16,10 @@ from .prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)
 _PROBE_TIMEOUT_S = 0.5
+# What the background prober gives a worker it believes up: a dead process answers at once (the
+# connection is refused), a live one on a loaded machine may take a while; marking it down for that
+# would fail requests it could have served.
+_UP_PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -47,7 +51,9 @@ class WorkerPool:
 
     A worker that fails is marked down (``mark_down``) and skipped; it is probed again every
     ``probe_interval_s`` and comes back when its ``Stats`` answers. A worker whose stats say
-    ``draining`` is up but never chosen.
+    ``draining`` is up but never chosen. With ``start_probing``, a background thread also probes every
+    worker each ``probe_interval_s``, so a worker that dies while no request needs it is marked down
+    (``baton_worker_up`` 0) within about that interval.
 
     Membership changes with ``update`` (worker discovery). ``prefill`` and ``decode`` are replaced,
     never changed in place (copy-on-write under the lock), so a request thread that read a list keeps
@@ -74,7 +80,19 @@ class WorkerPool:
         self.prefixes = PrefixIndex()
         self._rotation = itertools.count()
         self._lock = threading.Lock()
+        self._stop_probing = threading.Event()
+        self._prober: threading.Thread | None = None
         self.update(prefill, decode)
+
+    def start_probing(self) -> None:
+        """Probe every worker in the background from now until ``close``."""
+        if self._prober is None:
+            self._prober = threading.Thread(target=self._probe, name="worker-prober", daemon=True)
+            self._prober.start()
+
+    def _probe(self) -> None:
+        while not self._stop_probing.wait(self.probe_interval_s):
+            self._stats(self.prefill + self.decode, _UP_PROBE_TIMEOUT_S)  # marks down, and up again
 
     def update(self, prefill: list[str], decode: list[str]) -> None:
         """Make the pool exactly these workers: connect the new addresses, drop the vanished ones.
@@ -198,6 +216,9 @@ class WorkerPool:
         return answered
 
     def close(self) -> None:
-        """Close every channel (the router is stopping)."""
+        """Stop probing and close every channel (the router is stopping)."""
+        self._stop_probing.set()
+        if self._prober is not None:
+            self._prober.join(timeout=5)
         for worker in self.prefill + self.decode:
             worker.channel.close()

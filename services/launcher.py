@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,12 +17,17 @@ from router.server import RouterConfig, RouterServer
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
+OUTPUT_TAIL_LINES = 50  # a worker's last lines kept in memory, for the error when it fails to start
 
 
 @dataclass
 class ManagedWorker:
     """One worker subprocess; ``port`` stays the same across restarts so the router's address holds.
-    ``grace_period_s``: the worker's ``--grace-period`` (how long it drains after SIGTERM)."""
+
+    Every line the worker prints goes to this module's logger as ``[name] line`` (so to ``baton
+    serve``'s log); ``output`` keeps only the last ``OUTPUT_TAIL_LINES`` of them. ``grace_period_s``:
+    the worker's ``--grace-period`` (how long it drains after SIGTERM).
+    """
 
     role: str
     name: str
@@ -30,7 +36,7 @@ class ManagedWorker:
     port: int = 0
     process: subprocess.Popen | None = None
     restarts: int = 0
-    output: list[str] = field(default_factory=list)
+    output: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL_LINES))
 
     @property
     def address(self) -> str:
@@ -70,10 +76,10 @@ class ManagedWorker:
             line = self.process.stdout.readline()
             if not line:
                 break
-            self.output = (self.output + [line])[-50:]
+            self._record(line)
             if line.startswith("READY "):
                 self.port = int(line.rsplit("port=", 1)[1])
-                threading.Thread(target=self._drain, daemon=True).start()
+                threading.Thread(target=self._drain, name=f"{self.name}-output", daemon=True).start()
                 if _serving(self.address, deadline):
                     return
                 break
@@ -82,7 +88,11 @@ class ManagedWorker:
 
     def _drain(self) -> None:
         for line in self.process.stdout:
-            self.output = (self.output + [line])[-50:]
+            self._record(line)
+
+    def _record(self, line: str) -> None:
+        self.output.append(line)
+        log.info("[%s] %s", self.name, line.rstrip("\n"))
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

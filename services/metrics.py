@@ -90,6 +90,12 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.reservations_freed = Counter(
+            "baton_reservations_freed_total",
+            "Decode reservations freed before any Decode call took them over, by why",
+            ["reason"],
+            registry=r,
+        )
         self.worker_up = Gauge(
             "baton_worker_up",
             "Whether the router can reach a worker (1) or not (0)",
@@ -103,6 +109,12 @@ class Metrics:
         self.slots_used = Gauge("baton_kda_slots_used", "KDA state slots in use", ["role"], registry=r)
         self.slots_capacity = Gauge(
             "baton_kda_slots_capacity", "KDA state slots in the pool", ["role"], registry=r
+        )
+        self.engine_info = Gauge(
+            "baton_engine_info",
+            "1, labelled with how the worker's engine runs: kernel backend and decode CUDA graphs",
+            ["role", "kernels", "cuda_graphs"],
+            registry=r,
         )
         self.running = Gauge("baton_requests_running", "Requests running or reserved", ["role"], registry=r)
         self.waiting = Gauge("baton_requests_waiting", "Requests queued", ["role"], registry=r)
@@ -123,6 +135,11 @@ class Metrics:
         self.router_inflight_limit = Gauge(
             "baton_router_inflight_requests_limit", "Admission seats (max_running)", registry=r
         )
+
+    def record_engine(self, engine) -> None:
+        """Set ``baton_engine_info`` from an engine's resolved configuration (once, at start)."""
+        graphs = "on" if engine.runner.graphs is not None else "off"
+        self.engine_info.labels(self.role, engine.config.kernel_backend, graphs).set(1)
 
     def observe_pools(self, engine) -> None:
         """Refresh the pool and queue gauges from an engine (call on its loop thread)."""

@@ -21,6 +21,7 @@ from services.transfer import make_backend
 from services.transfer.inbox import SharedTransfer
 
 from .decode.servicer import DecodeServicer
+from .fault_delays import FaultDelays
 from .prefill.servicer import PrefillServicer
 from .worker_drain import Drain
 from .worker_stats import StatsBoard
@@ -42,7 +43,9 @@ class WorkerConfig:
     max_workers: int | None = None  # gRPC handler threads; None: two per sequence slot + 16
     metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
     fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
-    reservation_ttl_s: float = 600.0  # decode: a reservation whose state never comes is freed after this
+    reservation_ttl_s: float = 600.0  # decode: backstop for a reservation whose lease outlives its router
+    release_grace_s: float = 5.0  # decode: a released reservation waits this long for an in-flight write
+    fault_delays: tuple[str, ...] = ()  # fault injection: PHASE=SECONDS pauses (services/fault_delays.py)
     grace_period_s: float = 30.0  # drain(): how long running work may take to finish after SIGTERM
 
     def __post_init__(self):
@@ -50,6 +53,9 @@ class WorkerConfig:
             raise ValueError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
         if not self.grace_period_s >= 0:
             raise ValueError(f"grace_period_s: must be >= 0, got {self.grace_period_s}")
+        if not self.release_grace_s >= 0:
+            raise ValueError(f"release_grace_s: must be >= 0, got {self.release_grace_s}")
+        FaultDelays.parse(self.role, self.fault_delays)  # names the bad field at start
         if not self.reservation_ttl_s > 0:
             raise ValueError(f"reservation_ttl_s: must be > 0, got {self.reservation_ttl_s}")
         if self.fail_transfers < 0:
@@ -68,6 +74,7 @@ class WorkerServer:
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         engine = EngineCore(config.engine)
+        self.metrics.record_engine(engine)
         self.stats = StatsBoard(self.name, engine)
         self.loop = EngineLoop(engine, after_step=self._after_pass)
         self.loop.call(self._after_pass)
@@ -75,17 +82,27 @@ class WorkerServer:
         register_pools(backend, self.loop.engine.cache)
         self.transfer = SharedTransfer(backend)
         self.drain_state = Drain(self.name)
-        # A decode stream or a prefill call holds a handler thread while its request runs or waits:
-        # room for every sequence slot twice over, and spare threads for health checks and stats.
+        # A decode stream, a reservation's lease or a prefill call holds a handler thread while its
+        # request runs or waits (a lease and a decode stream share one seat, in turn): room for every
+        # sequence slot twice over, and spare threads for health checks and stats.
         threads = config.max_workers or 2 * config.engine.max_num_seqs + 16
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads), interceptors=[ErrorInterceptor()]
         )
+        faults = FaultDelays.parse(config.role, config.fault_delays)
+        self.decode: DecodeServicer | None = None
         if config.role == "decode":
-            workers_pb2_grpc.add_DecodeWorkerServicer_to_server(
-                DecodeServicer(self.name, self.loop, self.transfer, self.stats, self.drain_state),
-                self.server,
+            self.decode = DecodeServicer(
+                self.name,
+                self.loop,
+                self.transfer,
+                self.stats,
+                self.metrics,
+                self.drain_state,
+                release_grace_s=config.release_grace_s,
+                faults=faults,
             )
+            workers_pb2_grpc.add_DecodeWorkerServicer_to_server(self.decode, self.server)
             service = "baton.v1.DecodeWorker"
         else:
             workers_pb2_grpc.add_PrefillWorkerServicer_to_server(
@@ -97,6 +114,7 @@ class WorkerServer:
                     self.stats,
                     self.drain_state,
                     fail_transfers=config.fail_transfers,
+                    faults=faults,
                 ),
                 self.server,
             )
@@ -119,6 +137,7 @@ class WorkerServer:
         if self.config.role == "decode":
             expired = engine.scheduler.expire_reserved(self.config.reservation_ttl_s, time.monotonic())
             if expired:
+                self.decode.expired(expired)
                 log.warning("freed %d reservation(s) whose state never arrived: %s", len(expired), expired)
         self.metrics.observe_pools(engine)
         self.stats.update(engine)
@@ -146,5 +165,7 @@ class WorkerServer:
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
+        if self.decode is not None:
+            self.decode.close()
         self.transfer.close()
         self.loop.close()

@@ -1,12 +1,38 @@
 """Shared fixtures: tiny random checkpoints, written once per test session."""
 
+import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from services.engine.checkpoint.init_folder import init_checkpoint
+
+def _bind_transformers_kimi_to_torch() -> None:
+    """transformers' Kimi-Linear binds its KDA functions to fla's kernels when fla is importable, once,
+    when its modeling module is imported; fla's Triton kernels cannot run on a CPU. Without a GPU the
+    module is imported here first with fla hidden, so every test compares against its torch path."""
+    saved = {name: module for name, module in sys.modules.items() if name == "fla" or name.startswith("fla.")}
+    sys.modules["fla"] = None  # ``import fla`` raises ImportError while this is in place
+    try:
+        importlib.import_module("transformers.models.kimi_linear.modeling_kimi_linear")
+    finally:
+        del sys.modules["fla"]
+        sys.modules.update(saved)
+
+
+if not torch.cuda.is_available():
+    # Triton picks compiled or interpreted mode when a kernel module is first imported: without a GPU
+    # every Triton kernel the tests reach runs under the interpreter.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    _bind_transformers_kimi_to_torch()
+
+# Imported after the set-up above: they reach Triton kernels and transformers' modeling modules.
+from kernels.invariant.reproducible_blas import request_strict_mkl  # noqa: E402
+from services.engine.checkpoint.init_folder import init_checkpoint  # noqa: E402
+
+request_strict_mkl()  # before any test multiplies: MKL reads its reproducibility mode once, at its first call
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 # Engine tests run on this device; the GPU run sets BATON_TEST_DEVICE=cuda.

@@ -27,3 +27,44 @@ def causal_conv1d(
     y = F.conv1d(padded, weight.unsqueeze(1), groups=channels)
     y = F.silu(y).transpose(1, 2).to(x.dtype)
     return y, padded[:, :, padded.shape[-1] - (kernel - 1) :].contiguous()
+
+
+def causal_conv1d_varlen(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_pool: torch.Tensor,
+    slots: torch.Tensor,
+    has_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_query_len: int,
+) -> torch.Tensor:
+    """``causal_conv1d`` (with SiLU) over a packed batch; each tail is read from and written to its slot.
+
+    Args:
+        x: ``[N, C]`` the new inputs of S sequences, packed (sequence s owns rows
+            ``cu_seqlens[s] : cu_seqlens[s + 1]``).
+        weight: ``[C, W]`` per-channel taps; tap ``W - 1`` multiplies the current input.
+        conv_pool: ``[num_slots, C, W - 1]`` every slot's last ``W - 1`` inputs (oldest first), in the
+            model dtype; the rows of ``slots`` are read, then overwritten in place with the new tails.
+        slots: ``[S]`` int32 slot of each sequence (distinct).
+        has_state: ``[S]`` bool; False starts the sequence from a zero tail (the slot's bytes are ignored).
+        cu_seqlens: ``[S + 1]`` int32 row offsets of the sequences in ``x``.
+        max_query_len: the longest sequence (unused here; the fast kernel sizes its grid with it).
+
+    Returns:
+        ``y [N, C]`` in ``x.dtype``. A sequence with no rows keeps its tail (zeroed when it had no state).
+    """
+    del max_query_len
+    y = torch.empty_like(x)
+    bounds = cu_seqlens.tolist()
+    for seq, slot in enumerate(slots.tolist()):
+        start, end = bounds[seq], bounds[seq + 1]
+        initial = conv_pool[slot][None] if bool(has_state[seq]) else None
+        if end == start:  # no new rows: the tail stays (zero if the sequence had none)
+            if initial is None:
+                conv_pool[slot] = 0
+            continue
+        out, tail = causal_conv1d(x[None, start:end], weight, initial)
+        y[start:end] = out[0]
+        conv_pool[slot] = tail[0].to(conv_pool.dtype)
+    return y

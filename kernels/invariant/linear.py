@@ -5,7 +5,9 @@ has 1, 2, 3 or 7 rows than inside a 64-row batch. Measured on torch 2.13 / MKL 2
 1 and 2 threads), any row count that is a multiple of ``TILE_ROWS`` gives a row the same bits
 whatever the count (16 ... 4096 rows tried) and whatever the row's position, for K, M from 8 to
 7168. ``fixed_linear`` therefore pads the rows to that multiple; its invariance is empirical and
-is what ``tests/kernels/test_invariant_ops.py`` checks. ``tree_linear`` is invariant by
+is what ``tests/kernels/test_invariant_ops.py`` checks. Across thread counts it holds only in MKL's
+strict reproducible mode (``reproducible_blas``): outside it, MKL on some x86 CPUs picks other
+kernels for 1 and 2 threads. ``tree_linear`` is invariant by
 construction (``tree_sum`` over products) and slow: the reference for ``fixed_linear``.
 
 One call over all the padded rows is not enough elsewhere: cuBLAS picks kernels (split-K among them)

@@ -12,6 +12,10 @@ Per head, with recurrent state ``S [K, V]`` (float32) and per-channel log-decay 
 
 import torch
 
+from kernels.kda.chunk import kda_chunked
+
+VARLEN_CHUNK_SIZE = 64
+
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2) + eps)`` over the last dim, in float32 (the fla convention, not ``max``)."""
@@ -74,3 +78,66 @@ def kda_forget_gate(gate_logits: torch.Tensor, dt_bias: torch.Tensor, a_log: tor
     x = gate_logits.to(torch.float32) + dt_bias.to(torch.float32).view(heads, k_dim)
     softplus = torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(x)))
     return -torch.exp(a_log.to(torch.float32).reshape(heads, 1)) * softplus
+
+
+def kda_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+    has_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_query_len: int,
+    any_fresh: bool = True,
+) -> torch.Tensor:
+    """KDA over a packed batch, each sequence's recurrent state read from and written to its slot.
+
+    Sequence s owns rows ``cu_seqlens[s] : cu_seqlens[s + 1]``; it starts from
+    ``state_pool[slots[s]]`` when ``has_state[s]``, else from zeros, and its final state is written
+    back to that slot in place. A single token with a state runs ``kda_recurrent``, anything else
+    ``kda_chunked`` (as ``Numerics.kda``).
+
+    Args:
+        q, k: ``[N, H, K]`` L2-normalised queries and keys.
+        v: ``[N, H, V]``.
+        g: ``[N, H, K]`` float32 log forget gate (``<= 0``).
+        beta: ``[N, H]`` write strength.
+        scale: query scale.
+        state_pool: ``[num_slots, H, K, V]`` float32 (any slot stride, e.g.
+            ``StateSlotPool.view(layer, RECURRENT)``), updated in place.
+        slots: ``[S]`` int32 distinct slots.
+        has_state: ``[S]`` bool.
+        cu_seqlens: ``[S + 1]`` int32.
+        max_query_len: the longest sequence (host int; unused by the reference).
+        any_fresh: whether some ``has_state`` entry is False (host bool, e.g. from the step's host
+            copies); False lets the fast kernel skip zeroing fresh slots. The reference checks it.
+
+    Returns:
+        ``o [N, H, V]`` in ``v.dtype``. A sequence with no rows leaves its slot as it was (zeroed when
+        it had no state).
+    """
+    del max_query_len
+    if not any_fresh and not bool(has_state.all()):
+        raise ValueError("any_fresh: False, but has_state marks a sequence without state")
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    bounds = cu_seqlens.tolist()
+    for seq, slot in enumerate(slots.tolist()):
+        start, end = bounds[seq], bounds[seq + 1]
+        initial = state_pool[slot][None] if bool(has_state[seq]) else None
+        if end == start:
+            if initial is None:
+                state_pool[slot] = 0
+            continue
+        rows = slice(start, end)
+        args = (q[None, rows], k[None, rows], v[None, rows], g[None, rows], beta[None, rows], scale, initial)
+        if end - start == 1 and initial is not None:
+            o, final = kda_recurrent(*args)
+        else:
+            o, final = kda_chunked(*args, VARLEN_CHUNK_SIZE)
+        out[rows] = o[0]
+        state_pool[slot] = final[0]
+    return out

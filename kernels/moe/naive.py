@@ -86,3 +86,73 @@ def moe_experts(
         y = linear(silu(gate) * up, w_down[expert]) * weights[token_idx, slot, None]
         out.index_add_(0, token_idx, y.to(out.dtype))
     return out
+
+
+def moe_grouped(
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """Reference for the grouped-GEMM MoE (``kernels.moe.grouped``): ``moe_experts`` with library ops.
+
+    Args:
+        x: ``[N, D]``.
+        expert_ids: ``[N, k]`` chosen experts (shared experts appended by ``with_shared_experts``
+            are ordinary ids here).
+        weights: ``[N, k]`` float32 combine weights.
+        w_gate_up: ``[E, 2I, D]`` gate rows then up rows.
+        w_down: ``[E, D, I]``.
+
+    Returns:
+        ``[N, D]`` in ``x.dtype``.
+    """
+    return moe_experts(x, expert_ids, weights, w_gate_up, w_down)
+
+
+def stack_shared_experts(
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    shared_gate: torch.Tensor,
+    shared_up: torch.Tensor,
+    shared_down: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append the shared SwiGLU MLP to the routed experts as ``m = I_s / I`` more experts (once, at load).
+
+    SwiGLU splits exactly over its intermediate columns, ``down(silu(g x) * u x) = sum_j
+    down_j(silu(g_j x) * u_j x)``, so a shared MLP of width ``I_s = m * I`` is m experts of width I
+    that every token visits with weight 1 (``with_shared_experts``); the grouped GEMM then computes
+    the shared part in the same launches as the routed experts.
+
+    Args:
+        w_gate_up: ``[E, 2I, D]``; w_down: ``[E, D, I]``.
+        shared_gate, shared_up: ``[I_s, D]``; shared_down: ``[D, I_s]`` (``DenseMLP``'s weights).
+
+    Returns:
+        ``(w_gate_up [E + m, 2I, D], w_down [E + m, D, I])``.
+    """
+    inter = w_down.shape[-1]
+    shared_inter, hidden = shared_gate.shape
+    if shared_inter % inter:
+        raise ValueError(f"shared experts: width {shared_inter} is not a multiple of the expert's {inter}")
+    m = shared_inter // inter
+    gate_up = torch.cat([shared_gate.view(m, inter, hidden), shared_up.view(m, inter, hidden)], dim=1)
+    down = shared_down.view(hidden, m, inter).transpose(0, 1)
+    return torch.cat([w_gate_up, gate_up.to(w_gate_up.dtype)]), torch.cat([w_down, down.to(w_down.dtype)])
+
+
+def with_shared_experts(
+    expert_ids: torch.Tensor, weights: torch.Tensor, num_routed: int, num_shared: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Route every token also to the shared experts ``num_routed .. num_routed + num_shared - 1``, weight 1.
+
+    Returns:
+        ``(expert_ids [N, k + m], weights [N, k + m] float32)``.
+    """
+    tokens = expert_ids.shape[0]
+    shared = torch.arange(num_routed, num_routed + num_shared, device=expert_ids.device)
+    shared = shared.to(expert_ids.dtype)
+    ids = torch.cat([expert_ids, shared.expand(tokens, num_shared)], dim=1)
+    ones = torch.ones(tokens, num_shared, dtype=torch.float32, device=weights.device)
+    return ids, torch.cat([weights.to(torch.float32), ones], dim=1)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 
+from .body import MAX_BODY_BYTES, read_json_body
 from .errors import error_body, from_request_error, from_rpc_error
 from .fields import RequestError
 from .responses import Transcript
@@ -27,7 +28,6 @@ from .translate import chat_to_pb, completion_to_pb
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 32 * 2**20
 _LIST_MODELS_TIMEOUT_S = 5.0
 
 
@@ -105,7 +105,7 @@ class _Api:
         self.inflight.add(task)
         try:
             try:
-                body = await _json_body(request)
+                body = await read_json_body(request)
                 parsed = (parse_chat if chat else parse_completion)(body, request.headers)
                 served = await self._served()
             except RequestError as error:
@@ -175,22 +175,6 @@ async def _stream(request: web.Request, call, transcript: Transcript, include_us
 
 async def _event(response: web.StreamResponse, data: dict) -> None:
     await response.write(b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n")
-
-
-async def _json_body(request: web.Request) -> dict:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestError(
-            "body", f"body: larger than the {MAX_BODY_BYTES // 2**20} MiB limit", status=413
-        ) from None
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise RequestError("body", f"body: not valid JSON ({error})") from None
-    if not isinstance(body, dict):
-        raise RequestError("body", "body: must be a JSON object")
-    return body
 
 
 def _json(status: int, body: dict) -> web.Response:

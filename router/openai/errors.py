@@ -29,6 +29,7 @@ _TYPE = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     499: "cancelled",
     503: "service_unavailable",

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from router.limits import MAX_MESSAGES, MAX_PROMPT_BYTES, MAX_STOP_TOKEN_IDS
 from services.engine.sampling.params import MAX_LOGPROBS
 
 from . import fields
@@ -115,6 +116,7 @@ def _options(body: Mapping[str, Any], headers: Mapping[str, str]) -> Options:
         except RequestError as error:
             raise RequestError("stream_options.include_usage", f"stream_options.{error.message}") from None
     fields.only(body, "n", (1,), "only n=1 is supported")
+    fields.string(body, "user")  # OpenAI's end-user label: unused, but still a bounded string
     return Options(
         model=fields.string(body, "model"),
         stream=stream,
@@ -144,7 +146,9 @@ def _sampling(body: Mapping[str, Any], length_field: str, default_length, logpro
         min_p=fields.number(body, "min_p", 0.0, 0.0, 1.0),
         seed=fields.integer(body, "seed", None, 0, 2**63 - 1),
         stop=fields.strings(body, "stop"),
-        stop_token_ids=() if stop_ids is None else fields.token_ids(stop_ids, "stop_token_ids"),
+        stop_token_ids=()
+        if stop_ids is None
+        else fields.token_ids(stop_ids, "stop_token_ids", MAX_STOP_TOKEN_IDS),
         ignore_eos=fields.boolean(body, "ignore_eos"),
         logprobs=logprobs,
     )
@@ -159,8 +163,8 @@ def _prompt(prompt: Any) -> str | tuple[int, ...]:
         prompt = prompt[0]
     if prompt is None:
         raise RequestError("prompt", "prompt: required")
-    if isinstance(prompt, str):
-        return prompt
+    if isinstance(prompt, str):  # the router caps it in bytes; here: valid Unicode, bounded
+        return fields.text(prompt, "prompt", MAX_PROMPT_BYTES)
     ids = fields.token_ids(prompt, "prompt")
     if not ids:
         raise RequestError("prompt", "prompt: must not be empty")
@@ -172,6 +176,10 @@ def _messages(messages: Any) -> tuple[ChatMessage, ...]:
         raise RequestError("messages", "messages: required")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages", "messages: must be a non-empty list of messages")
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(
+            "messages", f"messages: {len(messages)} messages, more than the limit of {MAX_MESSAGES}"
+        )
     return tuple(_message(message, f"messages[{i}]") for i, message in enumerate(messages))
 
 
@@ -179,8 +187,10 @@ def _message(message: Any, where: str) -> ChatMessage:
     if not isinstance(message, dict):
         raise RequestError(where, f"{where}: must be an object with role and content")
     role = message.get("role")
-    if role not in _ROLES:
-        raise RequestError(f"{where}.role", f"{where}.role: must be one of {sorted(_ROLES)}, got {role!r}")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise RequestError(
+            f"{where}.role", f"{where}.role: must be one of {sorted(_ROLES)}, got {fields.quote(role)}"
+        )
     if message.get("tool_calls"):
         raise RequestError(f"{where}.tool_calls", f"{where}.tool_calls: not supported yet")
     content = message.get("content")
@@ -191,7 +201,7 @@ def _message(message: Any, where: str) -> ChatMessage:
 
 def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return fields.text(content, where, MAX_PROMPT_BYTES)
     if not isinstance(content, list):
         raise RequestError(where, f"{where}: must be a string or a list of text parts")
     texts = []
@@ -201,8 +211,10 @@ def _content(content: Any, where: str) -> str:
             raise RequestError(at, f"{at}: must be an object with type and text")
         if part.get("type") != "text":
             kind = part.get("type")
-            raise RequestError(f"{at}.type", f"{at}.type: only 'text' parts are supported, got {kind!r}")
+            raise RequestError(
+                f"{at}.type", f"{at}.type: only 'text' parts are supported, got {fields.quote(kind)}"
+            )
         if not isinstance(part.get("text"), str):
             raise RequestError(f"{at}.text", f"{at}.text: must be a string")
-        texts.append(part["text"])
+        texts.append(fields.text(part["text"], f"{at}.text", MAX_PROMPT_BYTES))
     return "\n".join(texts)

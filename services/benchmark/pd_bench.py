@@ -12,12 +12,9 @@ disaggregated: P prefill + D decode workers), each with one torch thread, and th
     long prefills     [  prefill 0  ][  prefill 1  ][ ... ]   back to back, one in flight
 """
 
-import os
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import grpc
 
@@ -29,24 +26,10 @@ from services.transfer import known_backends
 from .pd_report import ModeReport, PDReport
 from .pd_workload import LOCAL_PREFILL_TOKENS, PREFILL_MAX_TOKENS, PDWorkload
 from .request_timing import RequestRecord, timed_generate
+from .worker_threads import worker_threads as torch_threads
 
 DISAGGREGATED_MODES = ("conditional", "always")
 _WARMUP_DECODE_TOKENS = 4
-
-
-@contextmanager
-def _worker_threads(threads: int) -> Iterator[None]:
-    """Worker processes inherit this process's environment (restarts included): give each
-    ``threads`` torch threads, so on a small machine the processes do not fight over cores."""
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
 
 
 def check_setup(
@@ -96,7 +79,7 @@ def measure_pd(
     vocab_size = load_model_config(model).vocab_size
     decode, prefill, warmup = workload.prompts(vocab_size, warmups=prefill_workers + decode_workers)
     reports = {}
-    with _worker_threads(worker_threads):
+    with torch_threads(worker_threads):
         for mode, setting, prefills, decodes in (
             ("colocated", "never", 0, prefill_workers + decode_workers),
             ("disaggregated", disaggregation, prefill_workers, decode_workers),

@@ -1,25 +1,41 @@
-"""``DecodeWorker`` gRPC servicer: thin ``from_pb`` -> engine loop -> ``to_pb``."""
+"""``DecodeWorker`` gRPC servicer: thin ``from_pb`` -> engine loop -> ``to_pb``.
+
+Who frees a request's room (and when): its ``Reserve`` lease until a ``Decode`` call claims it
+(``leases.py``, ``releaser.py``), then that ``Decode`` call: ending it in any way but a finish (cancel,
+deadline, the router gone) aborts the request. Cancellation callbacks only queue work
+(``EngineLoop.submit``), never wait on the engine.
+"""
 
 import queue
-import threading
+import time
 
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import reservation_of
 from services.engine.scheduler import SampledToken
+from services.metrics import Metrics
+from services.rpc.callbacks import when_call_ends
 from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb, sampling_from_pb
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
+from ..fault_delays import NO_FAULTS, FaultDelays
 from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
+from .leases import LeaseEnd, Leases
+from .releaser import ReservationReleaser
+
+_STATE_POLL_S = 0.25  # how often a Decode call waiting for its state checks that its caller is still there
 
 
 class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
     """Args: the worker's name, its engine loop, its transfer backend (pools registered), its stats
-    snapshot and its drain (while draining, Reserve and local prefills are refused; a reservation whose
-    state is arriving is still decoded)."""
+    snapshot, its metrics, its drain (while draining, Reserve and local prefills are refused; a
+    reservation whose state is arriving is still decoded; once the grace period is over, Decode calls
+    are refused and running streams end, for the router to move), how long a Decode call waits for its
+    handoff's state, how long a released reservation waits for a handoff that may still be writing
+    into it, and the injected fault delays."""
 
     def __init__(
         self,
@@ -27,23 +43,28 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         loop: EngineLoop,
         transfer: SharedTransfer,
         stats: StatsBoard,
+        metrics: Metrics,
         drain: Drain,
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
+        faults: FaultDelays = NO_FAULTS,
     ):
         self.name = name
         self.loop = loop
         self.transfer = transfer
         self.transfer_timeout_s = transfer_timeout_s
-        self.release_grace_s = release_grace_s
         self.stats = stats
+        self.metrics = metrics
         self.drain = drain
+        self.faults = faults
+        self.leases = Leases()
+        self.releaser = ReservationReleaser(loop, transfer, release_grace_s)
 
     def Reserve(self, request, context):
         if not request.request_id:
             raise ValueError("request_id: required")
         params = sampling_from_pb(request.sampling)
-        prompt = list(request.prompt_ids)
+        prompt, request_id = list(request.prompt_ids), request.request_id
         local_limit = (
             request.local_prefill_max_tokens if request.HasField("local_prefill_max_tokens") else None
         )
@@ -56,34 +77,69 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
                 if _prefill_here(len(prompt), cached, local_limit, engine.cache.blocks.block_size):
                     return None, cached
             reserved = engine.reserve(
-                prompt, params, request.request_id, request.tenant, resumed_tokens=request.resumed_tokens
+                prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
             )
             return reservation_of(reserved), 0
 
+        self.faults.pause("reserve")
         with self.drain.admit("Reserve"):
             reserved, cached = self.loop.call(reserve_or_decline)
         if reserved is None:
-            reservation = workers_pb2.CacheReservation(request_id=request.request_id, cached_tokens=cached)
-            return workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
-        return workers_pb2.ReserveResponse(
+            reservation = workers_pb2.CacheReservation(request_id=request_id, cached_tokens=cached)
+            yield workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
+            return
+        lease = self.leases.open(request_id)
+        when_call_ends(context, lambda: self._end_lease(request_id, LeaseEnd.CALLER_GONE))
+        if not context.is_active():  # gone before the answer (a 1 ms deadline): nobody can write here
+            self._end_lease(request_id, LeaseEnd.CALLER_GONE)
+            return
+        lease.may_have_reached_caller = True
+        yield workers_pb2.ReserveResponse(
             reservation=reservation_to_pb(reserved), endpoint=endpoint_to_pb(self.transfer.endpoint())
         )
+        lease.wait()  # the stream stays open while the reservation waits for its state
+
+    def _end_lease(self, request_id: str, how: LeaseEnd, handoff_may_be_in_flight: bool | None = None):
+        """End a lease and free its reservation (non-blocking: runs in cancellation callbacks).
+        Returns the release's ``Future`` when it frees at once, else None."""
+        lease = self.leases.end(request_id, how)
+        if lease is None:
+            return None  # already claimed or ended by someone else
+        self.metrics.reservations_freed.labels(how.value).inc()
+        if handoff_may_be_in_flight is None:
+            handoff_may_be_in_flight = lease.may_have_reached_caller
+        return self.releaser.release(request_id, handoff_may_be_in_flight)
+
+    def expired(self, request_ids: list[str]) -> None:
+        """The reservation TTL freed these (loop thread): their Reserve streams end."""
+        for request_id in request_ids:
+            self.leases.end(request_id, LeaseEnd.EXPIRED)
+            self.metrics.reservations_freed.labels(LeaseEnd.EXPIRED.value).inc()
 
     def Decode(self, request, context):
+        request_id = request.request_id
+        if not request_id:
+            raise ValueError("request_id: required")
+        # Past the grace period nothing more starts here; an unclaimed reservation stays with its lease
+        # (the router, moving the request, ends it and the releaser frees it).
+        self.drain.check_expired(request_id)
+        if not request.HasField("local_prefill") and not self.leases.end(request_id, LeaseEnd.CLAIMED):
+            raise KeyError(
+                f"request_id: {request_id!r} has no reservation here (released, expired or never made)"
+            )
+        # From here this call owns the request: however it ends, the request goes with it.
+        when_call_ends(context, lambda: self.loop.submit(lambda engine: engine.abort(request_id)))
         if request.HasField("local_prefill"):
             yield from self._prefill_and_decode(request, context)
             return
-        request_id = request.request_id
-        try:
-            self.transfer.wait(request_id, self.transfer_timeout_s)
-        except Exception:
-            self.loop.call(lambda engine: engine.abort(request_id))
-            raise
+        if not self._await_state(request_id, context):
+            return  # the caller left (the callback above freed the reservation)
         first = SampledToken(
             token_id=request.first_token_id,
             logprob=request.first_logprob if request.HasField("first_logprob") else None,
             top_logprobs=[(t.token_id, t.logprob) for t in request.first_top_logprobs] or None,
         )
+        self.faults.pause("decode_start")
 
         def start(engine):
             stream = self.loop.watch(engine.scheduler.requests[request_id])
@@ -93,11 +149,27 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         stream = self.loop.call(start)
         yield from self._stream(request_id, stream, context)
 
+    def _await_state(self, request_id: str, context) -> bool:
+        """Wait for the handoff's notification; False if the caller left meanwhile.
+
+        Raises:
+            TransferError: nothing arrived within ``transfer_timeout_s`` (the reservation is freed).
+        """
+        deadline = time.monotonic() + self.transfer_timeout_s
+        while True:
+            try:
+                self.transfer.wait(request_id, min(_STATE_POLL_S, max(0.0, deadline - time.monotonic())))
+                return True
+            except TransferError:
+                if not context.is_active():
+                    return False
+                if time.monotonic() >= deadline:
+                    self.loop.submit(lambda engine: engine.abort(request_id))
+                    raise
+
     def _prefill_and_decode(self, request, context):
         """No handoff: this worker prefills the prompt itself, then decodes as usual."""
         local = request.local_prefill
-        if not request.request_id:
-            raise ValueError("request_id: required")
         params = sampling_from_pb(local.sampling)
         prompt = list(local.prompt_ids)
         with self.drain.admit("Decode with a local prefill"):
@@ -111,47 +183,45 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         yield from self._stream(request.request_id, stream, context)
 
     def _stream(self, request_id: str, stream, context):
-        context.add_callback(lambda: self.loop.call(lambda engine: engine.abort(request_id)))
-        while True:
-            self.drain.check_expired(request_id)
-            try:
-                delta = stream.get(timeout=1.0)
-            except queue.Empty:
-                if not context.is_active():
-                    return  # the callback above has aborted it
-                continue  # queued behind other work, or a long prefill: no token yet
-            message = delta_to_pb(delta)
-            if delta.finish_reason is not None:
-                message.route.decode_worker = self.name
-            yield message
-            if delta.finish_reason is not None:
-                return
+        finished = False
+        try:
+            while True:
+                self.drain.check_expired(request_id)  # the grace period is over: the router moves it
+                try:
+                    delta = stream.get(timeout=1.0)
+                except queue.Empty:
+                    if not context.is_active():
+                        return
+                    continue  # queued behind other work, or a long prefill: no token yet
+                message = delta_to_pb(delta)
+                if delta.finish_reason is not None:
+                    message.route.decode_worker = self.name
+                    finished = True
+                yield message
+                if finished:
+                    return
+        finally:
+            # Also when the server drops this generator (its caller left while a message was being
+            # sent), or the request was added after the cancellation callback had already run.
+            if not finished:
+                self.loop.submit(lambda engine: engine.abort(request_id))
 
     def Release(self, request, context):
-        request_id = request.request_id
-        awaiting_state = self.loop.call(lambda engine: request_id in engine.scheduler.reserved)
-        if awaiting_state and not request.no_handoff_in_flight:
-            threading.Thread(
-                target=self._release_after_handoff, args=(request_id,), name="release", daemon=True
-            ).start()
-        else:
-            self.loop.call(lambda engine: engine.abort(request_id))
+        released = self._end_lease(
+            request.request_id, LeaseEnd.RELEASED, handoff_may_be_in_flight=not request.no_handoff_in_flight
+        )
+        if released is not None:
+            released.result()  # freed before the answer: the caller may reuse the room at once
         return workers_pb2.ReleaseResponse()
-
-    def _release_after_handoff(self, request_id: str) -> None:
-        """Free a reservation a prefill worker may still be writing into: after its notification,
-        or after the grace period (the prefill worker stops before writing once it is cancelled)."""
-        try:
-            self.transfer.wait(request_id, self.release_grace_s)
-        except TransferError:
-            pass  # nothing arrived: no write is coming
-        self.loop.call(lambda engine: engine.abort(request_id))
 
     def Stats(self, request, context):
         return self.stats.latest()
 
     def CheckIntegrity(self, request, context):
         return self.loop.call(lambda engine: pool_integrity(self.name, engine))
+
+    def close(self) -> None:
+        self.releaser.close()
 
 
 def _prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:

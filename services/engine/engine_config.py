@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from services.engine.model.backends import KERNEL_BACKENDS, default_kernels
+
 DEVICES = ("cpu", "cuda")
 
 
@@ -24,6 +26,9 @@ class EngineConfig:
         snapshot_stride: take a KDA state snapshot every this many blocks.
         num_snapshots: KDA snapshots kept for the prefix cache; None means ``max_num_seqs``.
         kv_format: ``auto`` (model dtype) or ``fp8`` (packed FP8 latents and index keys) block storage.
+        kernels: the op families' backend, ``reference`` or ``triton``; None takes the default
+            (``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode).
+        cuda_graphs: replay CUDA graphs for pure-decode steps (CUDA only; a no-op on the CPU).
     """
 
     model: str
@@ -39,10 +44,14 @@ class EngineConfig:
     snapshot_stride: int = 1
     num_snapshots: int | None = None
     kv_format: str = "auto"
+    kernels: str | None = None
+    cuda_graphs: bool = True
 
     def __post_init__(self):
         if self.kv_format not in ("auto", "fp8"):
             raise ValueError(f"kv_format: {self.kv_format!r} is not supported (auto, fp8)")
+        if self.kernels is not None and self.kernels not in KERNEL_BACKENDS:
+            raise ValueError(f"kernels: {self.kernels!r} is not supported ({', '.join(KERNEL_BACKENDS)})")
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(f"device: {self.device!r} is not supported (cpu, cuda, cuda:N)")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
@@ -61,6 +70,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+    @property
+    def kernel_backend(self) -> str:
+        """The backend the engine runs: ``kernels``, or the device's default."""
+        return self.kernels or default_kernels(self.device, self.batch_invariant)
 
     @property
     def blocks_per_sequence(self) -> int:

@@ -3,6 +3,7 @@
 import dataclasses
 import hashlib
 import itertools
+import logging
 from pathlib import Path
 
 import torch
@@ -14,13 +15,18 @@ from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
+from services.engine.model.backends import check_kernels
+from services.engine.model.causal_lm import CausalLM
 from services.engine.sampling import SamplingParams
 
 from .cache_manager import CacheManager
+from .cuda_graphs import DecodeGraphs, capture_sizes
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .request import Request
 from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -28,13 +34,22 @@ class EngineCore:
 
     Args:
         config: the validated engine configuration.
+        model: an already built model on ``config.device`` (random real-shape presets); None loads
+            ``config.model`` from disk.
+
+    Raises:
+        ValueError: a kernel backend that cannot run here (naming ``--kernels``), before any weight
+            is read.
     """
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, model: CausalLM | None = None):
         self.config = config
+        check_kernels(config.kernel_backend, config.device, config.batch_invariant)
         dtype = getattr(torch, config.dtype) if config.dtype else None
-        self.model = load_model(config.model, device=config.device, dtype=dtype)
+        self.model = model or load_model(config.model, device=config.device, dtype=dtype)
         self.model.set_batch_invariant(config.batch_invariant)
+        self.model.set_kernels(config.kernel_backend, config.kv_format)
+        use_graphs = self._use_cuda_graphs()
         model_dtype = self.model.lm_head.weight.dtype
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         blocks = BlockPool(
@@ -42,9 +57,13 @@ class EngineCore:
             config.block_size,
             config.pool_blocks,
             config.device,
+            scratch=use_graphs,
         )
         slots = StateSlotPool(
-            slot_layout(self.model.config, model_dtype, open_rows), config.max_num_seqs, config.device
+            slot_layout(self.model.config, model_dtype, open_rows),
+            config.max_num_seqs,
+            config.device,
+            scratch=use_graphs,
         )
         snapshots = None
         if config.enable_prefix_caching:
@@ -52,12 +71,33 @@ class EngineCore:
                 slots.layout, config.num_snapshots or config.max_num_seqs, config.device
             )
         self.cache = CacheManager(blocks, slots, snapshots, config.snapshot_stride)
-        self.model_fingerprint = _fingerprint(config.model)
+        self.model_fingerprint = _fingerprint(config.model) if model is None else f"built:{config.model}"
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
         )
         self.runner = ModelRunner(self.model, self.cache)
+        if use_graphs:
+            self.runner.graphs = DecodeGraphs(
+                self.model, self.runner.paged, capture_sizes(config.max_num_seqs), config.max_model_len
+            )
+            self.runner.graphs.capture()
         self._ids = itertools.count()
+
+    def _use_cuda_graphs(self) -> bool:
+        """Whether decode steps replay CUDA graphs (``cuda_graphs`` on, a GPU, a capturable forward)."""
+        if not self.config.cuda_graphs:
+            return False
+        if not self.config.device.startswith("cuda"):
+            log.info("--cuda-graphs: a no-op on the CPU (steps run eagerly)")
+            return False
+        reference = self.model.kernels.reference_families()
+        if not self.model.kernels.forward_graph_safe:
+            log.info(
+                "--cuda-graphs: off, %s run their reference kernels (host loops cannot be captured)",
+                ", ".join(f for f in reference if f != "sampling"),
+            )
+            return False
+        return True
 
     def add_request(
         self,

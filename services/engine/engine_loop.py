@@ -66,9 +66,16 @@ class EngineLoop:
 
     def call(self, fn: Callable[[EngineCore], Any], timeout_s: float | None = 600.0) -> Any:
         """Run ``fn(engine)`` on the loop thread and return its result (or raise its exception)."""
+        return self.submit(fn).result(timeout=timeout_s)
+
+    def submit(self, fn: Callable[[EngineCore], Any]) -> Future:
+        """Queue ``fn(engine)`` for the loop thread and return at once (its ``Future`` holds the result).
+
+        For callers that must not wait for a running step: gRPC cancellation callbacks run on the
+        server's event thread, where a wait would stall every other call of the process."""
         future: Future = Future()
         self._commands.put((fn, future))
-        return future.result(timeout=timeout_s)
+        return future
 
     def watch(self, request: Request) -> "queue.Queue[RequestDelta]":
         """Deltas of ``request`` from now on (call from the loop thread, inside ``call``)."""

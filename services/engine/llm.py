@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from services.engine.model.causal_lm import CausalLM
 from services.engine.sampling import SamplingParams
 from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerNotFoundError
 
@@ -29,19 +30,29 @@ class LLM:
         model: checkpoint folder.
         device: ``cpu`` or ``cuda``.
         batch_invariant: bitwise-reproducible numerics whatever the batch.
+        prebuilt: a model already on ``device`` (``build_random_model``); ``model`` then only names it.
         **engine_options: other ``EngineConfig`` fields (``max_num_seqs``, ``max_num_batched_tokens``,
             ``block_size``, ``num_blocks``, ``max_model_len``, ``dtype``).
     """
 
-    def __init__(self, model: str, device: str = "cpu", batch_invariant: bool = False, **engine_options):
+    def __init__(
+        self,
+        model: str,
+        device: str = "cpu",
+        batch_invariant: bool = False,
+        prebuilt: CausalLM | None = None,
+        **engine_options,
+    ):
         self.config = EngineConfig(
             model=str(model), device=device, batch_invariant=batch_invariant, **engine_options
         )
-        self.engine = EngineCore(self.config)
-        try:
-            self.tokenizer: Tokenizer | None = Tokenizer.from_pretrained(model)
-        except TokenizerNotFoundError:
-            self.tokenizer = None
+        self.engine = EngineCore(self.config, prebuilt)
+        self.tokenizer: Tokenizer | None = None
+        if prebuilt is None:
+            try:
+                self.tokenizer = Tokenizer.from_pretrained(model)
+            except TokenizerNotFoundError:
+                pass
 
     def generate(
         self,

@@ -1,13 +1,15 @@
-"""Runs one scheduled step: builds the flattened batch, runs the model on the paged cache, samples."""
+"""Runs one scheduled step: builds the step's metadata once, runs the model on the paged cache, samples."""
+
+import itertools
 
 import torch
 
-from services.engine.cache.paged_cache import PagedModelCache, SequenceCacheRef
+from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.model.causal_lm import CausalLM
-from services.engine.model.forward_batch import ForwardBatch
-from services.engine.sampling import sample
+from services.engine.model.step_metadata import SequenceStep, build_step_metadata
 
 from .cache_manager import CacheManager
+from .cuda_graphs import DecodeGraphs
 from .request import Request
 from .scheduler import SampledToken, SchedulerOutput
 
@@ -16,15 +18,17 @@ class ModelRunner:
     """Executes ``SchedulerOutput``s for one model on one device.
 
     Args:
-        model: the loaded model.
+        model: the loaded model (its kernel backends already chosen).
         cache: the pools the scheduler allocated from.
+        graphs: captured decode graphs, or None to run every step eagerly.
     """
 
-    def __init__(self, model: CausalLM, cache: CacheManager):
+    def __init__(self, model: CausalLM, cache: CacheManager, graphs: DecodeGraphs | None = None):
         self.model = model
         self.cache = cache
         self.device = cache.blocks.storage.device
-        self.dtype = model.lm_head.weight.dtype
+        self.paged = PagedModelCache(cache.blocks, cache.slots, model.config, model.lm_head.weight.dtype)
+        self.graphs = graphs
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, SampledToken]:
@@ -34,15 +38,26 @@ class ModelRunner:
             ``request_id -> SampledToken`` for every sampling chunk.
         """
         chunks = output.chunks
-        batch = ForwardBatch.build([list(c.token_ids) for c in chunks], [c.past for c in chunks], self.device)
-        refs = [SequenceCacheRef(c.block_table, c.slot, c.past) for c in chunks]
-        paged = PagedModelCache(self.cache.blocks, self.cache.slots, refs, self.model.config, self.dtype)
+        steps = [SequenceStep(c.token_ids, c.past, c.block_table, c.slot) for c in chunks]
         sampling = [i for i, chunk in enumerate(chunks) if chunk.samples]
-        logits = self.model.forward_batch(batch, paged, batch.last_rows()[sampling])
-        if not sampling:
-            return {}
         picked = [requests[chunks[i].request_id] for i in sampling]
-        result = sample(logits, [r.params for r in picked], [r.sample_position for r in picked])
+        params = [r.params for r in picked]
+        positions = [r.sample_position for r in picked]
+        if self.graphs is not None and self.graphs.can_replay(steps, len(sampling)):
+            result = self.graphs.replay(steps, params, positions)
+        else:
+            ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
+            meta = build_step_metadata(
+                steps,
+                self.paged.block_size,
+                self.device,
+                logit_rows=[ends[i] - 1 for i in sampling],
+                index_topk=self.model.index_topk,
+            )
+            logits = self.model.forward_step(meta, self.paged)
+            if not sampling:
+                return {}
+            result = self.model.kernels.sampling.sample(logits, params, positions)
         return {
             request.request_id: SampledToken(
                 token_id=result.token_ids[j], logprob=result.logprobs[j], top_logprobs=result.top_logprobs[j]

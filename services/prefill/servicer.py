@@ -1,15 +1,18 @@
 """``PrefillWorker`` gRPC servicer: prefill, hand the state to decode over the transfer backend."""
 
+import queue
 import threading
 
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import send_state
 from services.metrics import Metrics
+from services.rpc.callbacks import when_call_ends
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling_from_pb
 from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
+from ..fault_delays import NO_FAULTS, FaultDelays
 from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
@@ -17,8 +20,12 @@ from ..worker_stats import StatsBoard
 
 class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
     """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics,
-    its stats snapshot and its drain (while draining, new prefills are refused; running ones and their
-    handoffs complete)."""
+    its stats snapshot, its drain (while draining, new prefills are refused; running ones and their
+    handoffs complete), how long a prefill may wait for a step, and the injected faults (failed
+    handoffs, delays).
+
+    A request's cache here lives only within its ``Prefill`` call: held for the handoff, then freed
+    however the call ends (done, failed, cancelled)."""
 
     def __init__(
         self,
@@ -30,8 +37,10 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         drain: Drain,
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
+        faults: FaultDelays = NO_FAULTS,
     ):
         self.name = name
+        self.faults = faults
         self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
         self.metrics = metrics
         self.loop = loop
@@ -50,6 +59,9 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
             )
         params = sampling_from_pb(request.sampling)
         prompt, request_id = list(request.prompt_ids), reservation.request_id
+        self.faults.pause("prefill")
+        if not context.is_active():  # the router gave up before any work started
+            raise TransferError(f"request {request_id!r} was cancelled before its prefill")
         with self.drain.admit("Prefill"):
             stream = self.loop.call(
                 lambda engine: self.loop.watch(
@@ -58,28 +70,24 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
                     )
                 )
             )
-        context.add_callback(lambda: self.loop.call(lambda engine: engine.abort(request_id)))
-        deltas = [stream.get(timeout=self.step_timeout_s)]
-        while deltas[-1].finish_reason is None:
-            deltas.append(stream.get(timeout=self.step_timeout_s))
-        if deltas[-1].finish_reason == "abort":
-            raise ValueError(f"request {request_id!r} was aborted during prefill")
-        held = self.loop.call(lambda engine: engine.scheduler.held[request_id])
-        if not context.is_active():  # the router gave up: write nothing into memory it may have freed
-            self.loop.call(lambda engine: engine.scheduler.release_held(request_id))
-            raise TransferError(f"request {request_id!r} was cancelled before its handoff")
         try:
-            self._inject_failure()
-            peer = self.transfer.connect(endpoint)
-            stats = send_state(self.transfer, peer, held, reservation)
-        except TransferError:
-            self.metrics.transfer_failures.labels(self.transfer.name).inc()
-            raise
-        else:
-            self.metrics.transfer_bytes.labels(self.transfer.name).inc(stats.nbytes)
-            self.metrics.transfer_seconds.labels(self.transfer.name).inc(stats.seconds)
-        finally:
-            self.loop.call(lambda engine: engine.scheduler.release_held(request_id))
+            # The caller left: stop computing (queued, not awaited: this runs on gRPC's event thread).
+            when_call_ends(context, lambda: self.loop.submit(lambda engine: engine.abort(request_id)))
+            held = self._prefilled(request_id, stream)
+            if not context.is_active():  # the router gave up: write nothing into memory it may have freed
+                raise TransferError(f"request {request_id!r} was cancelled before its handoff")
+            self.faults.pause("handoff")
+            try:
+                self._inject_failure()
+                peer = self.transfer.connect(endpoint)
+                stats = send_state(self.transfer, peer, held, reservation)
+            except TransferError:
+                self.metrics.transfer_failures.labels(self.transfer.name).inc()
+                raise
+        finally:  # whatever happened, this worker keeps nothing for the request
+            self.loop.call(lambda engine: _discard(engine, request_id))
+        self.metrics.transfer_bytes.labels(self.transfer.name).inc(stats.nbytes)
+        self.metrics.transfer_seconds.labels(self.transfer.name).inc(stats.seconds)
         response = workers_pb2.PrefillResponse(
             first_token_id=held.output_ids[0],
             transfer_bytes=stats.nbytes,
@@ -91,6 +99,25 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         for token_id, logprob in held.top_logprobs[0] if held.top_logprobs else ():
             response.first_top_logprobs.append(generation_pb2.TopLogprob(token_id=token_id, logprob=logprob))
         return response
+
+    def _prefilled(self, request_id: str, stream):
+        """The held request once its prefill is done.
+
+        Raises:
+            TransferError: it was aborted (its caller left).
+            TimeoutError: no step finished within ``step_timeout_s``.
+        """
+        try:
+            deltas = [stream.get(timeout=self.step_timeout_s)]
+            while deltas[-1].finish_reason is None:
+                deltas.append(stream.get(timeout=self.step_timeout_s))
+        except queue.Empty:
+            raise TimeoutError(
+                f"request {request_id!r}: no prefill step within {self.step_timeout_s} s"
+            ) from None
+        if deltas[-1].finish_reason == "abort":
+            raise TransferError(f"request {request_id!r} was aborted during prefill")
+        return self.loop.call(lambda engine: engine.scheduler.held[request_id])
 
     def _inject_failure(self) -> None:
         with self._faults_lock:
@@ -104,3 +131,11 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
 
     def CheckIntegrity(self, request, context):
         return self.loop.call(lambda engine: pool_integrity(self.name, engine))
+
+
+def _discard(engine, request_id: str) -> None:
+    """Free whatever the engine still keeps for ``request_id`` (loop thread): the held cache of a
+    finished prefill, or the prefill itself if it is still queued or running."""
+    engine.abort(request_id)
+    if request_id in engine.scheduler.held:
+        engine.scheduler.release_held(request_id)

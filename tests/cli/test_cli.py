@@ -165,6 +165,81 @@ def test_generate_errors(k3_dir):
     assert result.returncode == 2 and "--prompt-ids: id 99999" in result.stderr
 
 
+def test_kernel_flags_are_checked_at_start(k3_dir):
+    result = baton("generate", "--model", str(k3_dir), "--prompt-ids", "1,2", "--kernels", "fast")
+    assert result.returncode == 2 and "--kernels: invalid choice: 'fast'" in result.stderr
+    env_free = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "generate", "--model", str(k3_dir), "--prompt-ids", "1,2"]
+        + ["--kernels", "triton", "--max-tokens", "1"],
+        capture_output=True,
+        text=True,
+        env=dict(env_free, PYTHONPATH=str(REPO)),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert result.returncode == 2 and "--kernels: triton on the CPU" in result.stderr
+    assert "TRITON_INTERPRET=1" in result.stderr
+
+
+def test_bench_kernels_refuses_unknown_ops_and_non_cuda_devices():
+    result = baton("bench", "kernels", "--ops", "copy,warp")
+    assert result.returncode == 2 and "--ops: unknown op 'warp'" in result.stderr
+    result = baton("bench", "kernels", "--ops", "mla", "--device", "cpu")
+    assert result.returncode == 2
+    assert "--device: baton bench kernels needs a CUDA device (cuda or cuda:N), got 'cpu'" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "bench", "kernels", "--ops", "kda"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES=""),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert result.returncode == 2
+    assert "--device: baton bench kernels needs a CUDA device, and none is visible" in result.stderr
+
+
+def test_bench_kernels_help_lists_every_op():
+    result = baton("bench", "kernels", "--help")
+    assert result.returncode == 0
+    for op in ("copy", "matmul", "mla", "indexer", "kda", "moe", "sampling"):
+        assert f"\n  {op} " in result.stdout
+
+
+def test_bench_engine_compares_backends_side_by_side(tmp_path):
+    report = tmp_path / "engine.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "bench", "engine", "--family", "kimi_linear", "--batches", "1,2"]
+        + [
+            "--contexts",
+            "16",
+            "--decode-tokens",
+            "2",
+            "--kernels",
+            "reference,triton",
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO), TRITON_INTERPRET="1"),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "step/bound" in result.stdout and "baton/peer" in result.stdout
+    data = json.loads(report.read_text())
+    assert [(r["kernels"], r["batch"]) for r in data["rows"]] == [
+        ("reference", 1),
+        ("reference", 2),
+        ("triton", 1),
+        ("triton", 2),
+    ]
+    assert data["weight_bytes"] > 0 and data["copy_bytes_per_s"] > 0
+    assert data["peer"].startswith("none (the peer runs fla-core")
+
+
 def test_generate_jsonl_round_trips_logprobs_exactly(k3_dir, tmp_path):
     prompts = tmp_path / "in.jsonl"
     prompts.write_text('{"id": "a", "prompt_ids": [3, 4, 5]}\n\n{"id": 2, "prompt": "Hello there"}\n')

@@ -289,6 +289,7 @@ def runs(folders) -> dict[str, subprocess.CompletedProcess]:
         "json": ["--model", str(folders["deepseek"]), "--memory-gib", "0.5", "--context-len", "16",
                  "--context-len", "4096,32768", "--dtype", "bfloat16", "--kv-format", "fp8", "--json"],
         "memory": ["--model", k3, "--memory-gib", "0"],
+        "cpu-kernels": ["--model", k3, "--memory-gib", "1", "--device", "cpu", "--json"],
         "no-config": ["--model", str(folders["empty"]), "--memory-gib", "1"],
     }  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -330,6 +331,14 @@ def test_cli_human_tables(runs):
     ]
     assert [row[0] for row in rows] == ["4,096", "32,768", "131,072"] * 2
     assert rows[3][1] == f"{fit(got, GIB, 4096).requests:,}" and rows[3][-1] == "kv"
+
+
+def test_cli_records_the_kernel_backend(runs):
+    """The resolved ``--kernels``: triton on the default CUDA device, reference on the CPU."""
+    assert ", kernels triton," in runs["human"].stdout.splitlines()[0]
+    result = runs["cpu-kernels"]
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["kernels"] == "reference"
 
 
 def test_cli_json_matches_the_library(runs):

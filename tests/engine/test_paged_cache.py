@@ -5,11 +5,12 @@ import torch
 
 from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.contiguous_cache import ContiguousCache
 from services.engine.cache.layout import block_layout, slot_layout
-from services.engine.cache.paged_cache import PagedModelCache, SequenceCacheRef
+from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
-from services.engine.model import ContiguousCache, ForwardBatch
+from services.engine.model import SequenceStep, build_step_metadata
 from tests.conftest import FAMILIES, relative_error
 
 BLOCK = 8
@@ -26,49 +27,25 @@ def test_paged_steps_equal_contiguous_steps(family, tiny_checkpoint):
     blocks.allocate(2)  # start the tables at scattered ids
     tables = [blocks.allocate(4), blocks.allocate(2), blocks.allocate(1)]
     seq_slots = [slots.allocate() for _ in prompts]
-    reference = ContiguousCache(len(prompts))
+    paged = PagedModelCache(blocks, slots, model.config, torch.float32)
+    reference = ContiguousCache(len(prompts), model.config, torch.float32, "cpu")
     splits = [(0, 17), (17, 29)]  # tokens of each prompt per step (clipped to its length)
     with torch.no_grad():
         for start, end in splits:
             pieces = [p[start:end] for p in prompts]
             live = [i for i, piece in enumerate(pieces) if piece]
-            past = [min(start, len(prompts[i])) for i in live]
-            batch = ForwardBatch.build([pieces[i] for i in live], past)
-            paged = PagedModelCache(
-                blocks,
-                slots,
-                [
-                    SequenceCacheRef(tuple(tables[i]), seq_slots[i], p)
-                    for i, p in zip(live, past, strict=True)
-                ],
-                model.config,
-                torch.float32,
+            steps = [SequenceStep(tuple(pieces[i]), start, tuple(tables[i]), seq_slots[i]) for i in live]
+            rows = list(range(sum(len(pieces[i]) for i in live)))
+            got = model.forward_step(build_step_metadata(steps, BLOCK, "cpu", logit_rows=rows), paged)
+            contiguous_steps = reference.steps(pieces)
+            want = model.forward_step(
+                build_step_metadata(contiguous_steps, reference.block_size, "cpu", logit_rows=rows), reference
             )
-            contiguous = _Subset(reference, live)
-            got = model.forward_batch(batch, paged)
-            want = model.forward_batch(batch, contiguous)
+            reference.advance(pieces)
+            assert [s.block_table for s in contiguous_steps] == [(i,) for i in live]
             assert torch.equal(got, want)
     blocks.check_integrity()
     slots.check_integrity()
-
-
-class _Subset:
-    """The live sequences of a ContiguousCache, re-indexed like the batch."""
-
-    def __init__(self, cache, live):
-        self.cache, self.live = cache, live
-
-    def write_mla(self, layer, seq, *args):
-        self.cache.write_mla(layer, self.live[seq], *args)
-
-    def read_mla(self, layer, seq):
-        return self.cache.read_mla(layer, self.live[seq])
-
-    def read_kda(self, layer, seq):
-        return self.cache.read_kda(layer, self.live[seq])
-
-    def write_kda(self, layer, seq, state):
-        self.cache.write_kda(layer, self.live[seq], state)
 
 
 def test_full_prompt_logits_match_single_pass(tiny_checkpoint):
@@ -76,11 +53,11 @@ def test_full_prompt_logits_match_single_pass(tiny_checkpoint):
     ids = torch.randint(0, 1024, (1, 40), generator=torch.Generator().manual_seed(4))
     blocks = BlockPool(block_layout(model.config, BLOCK, torch.float32), BLOCK, num_blocks=8, device="cpu")
     slots = StateSlotPool(slot_layout(model.config, torch.float32), num_slots=1, device="cpu")
-    ref = SequenceCacheRef(tuple(blocks.allocate(5)), slots.allocate(), 0)
+    step = SequenceStep(tuple(ids[0].tolist()), 0, tuple(blocks.allocate(5)), slots.allocate())
     with torch.no_grad():
-        paged = model.forward_batch(
-            ForwardBatch.build(ids.tolist(), [0]),
-            PagedModelCache(blocks, slots, [ref], model.config, torch.float32),
+        paged = model.forward_step(
+            build_step_metadata([step], BLOCK, "cpu", logit_rows=list(range(40))),
+            PagedModelCache(blocks, slots, model.config, torch.float32),
         )
         full = model(ids)[0]
     assert relative_error(paged, full) == 0.0

@@ -32,8 +32,9 @@ def test_disaggregated_on_gpu_equals_the_single_process_engine(tiny_checkpoint, 
         decode = next(w for w in cluster.workers if w.role == "decode")
         with grpc.insecure_channel(decode.address) as channel:
             stub = workers_pb2_grpc.DecodeWorkerStub(channel)
-            reserved = stub.Reserve(workers_pb2.ReserveRequest(request_id="probe", prompt_ids=[1, 2, 3]))
-            stub.Release(workers_pb2.ReleaseRequest(request_id="probe", no_handoff_in_flight=True))
+            lease = stub.Reserve(workers_pb2.ReserveRequest(request_id="probe", prompt_ids=[1, 2, 3]))
+            reserved = next(lease)  # the reservation lives while this stream is open
+            lease.cancel()
         assert {region.mem_type for region in reserved.endpoint.regions} == {"VRAM"}
         assert {region.device_id for region in reserved.endpoint.regions} == {int(DECODE_DEVICE[-1])}
 

@@ -9,8 +9,11 @@ def test_services_and_methods():
     assert public.methods_by_name["Generate"].server_streaming
     assert public.full_name == "baton.v1.Generation"
     workers = workers_pb2.DESCRIPTOR.services_by_name
-    assert [m.name for m in workers["DecodeWorker"].methods] == ["Reserve", "Decode", "Release", "Stats"]
-    assert [m.name for m in workers["PrefillWorker"].methods] == ["Prefill", "Stats"]
+    decode, prefill = workers["DecodeWorker"], workers["PrefillWorker"]
+    assert [m.name for m in decode.methods] == ["Reserve", "Decode", "Release", "Stats", "CheckIntegrity"]
+    assert [m.name for m in prefill.methods] == ["Prefill", "Stats", "CheckIntegrity"]
+    # A reservation lives while the router holds its Reserve stream open (a lease).
+    assert decode.methods_by_name["Reserve"].server_streaming
     assert hasattr(generation_pb2_grpc, "GenerationStub") and hasattr(workers_pb2_grpc, "DecodeWorkerStub")
 
 

@@ -39,10 +39,12 @@ def test_a_draining_decode_worker_refuses_new_work_finishes_what_it_holds_and_ex
         local = workers_pb2.LocalPrefill(prompt_ids=PROMPT, sampling=SAMPLING)
         running = decode_stub.Decode(workers_pb2.DecodeRequest(request_id="running", local_prefill=local))
         first = next(running)  # decoding
-        reserved = decode_stub.Reserve(
+        # The reservation lives while this lease stream is open; the Decode call below takes it over.
+        lease = decode_stub.Reserve(
             workers_pb2.ReserveRequest(request_id="arriving", prompt_ids=PROMPT, sampling=SAMPLING),
-            timeout=10,
+            timeout=60,
         )
+        reserved = next(lease)
 
         decode.worker.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -50,7 +52,8 @@ def test_a_draining_decode_worker_refuses_new_work_finishes_what_it_holds_and_ex
             assert time.monotonic() < deadline, "no draining flag after SIGTERM"
             time.sleep(0.05)
         assert health_of(decode.address) == health_pb2.HealthCheckResponse.NOT_SERVING
-        refused(lambda: decode_stub.Reserve(workers_pb2.ReserveRequest(request_id="new", prompt_ids=PROMPT)))
+        new = workers_pb2.ReserveRequest(request_id="new", prompt_ids=PROMPT)
+        refused(lambda: next(decode_stub.Reserve(new, timeout=10)))  # a draining worker opens no lease
         late = workers_pb2.DecodeRequest(request_id="new-local", local_prefill=local)
         refused(lambda: list(decode_stub.Decode(late, timeout=10)))
 
@@ -95,4 +98,47 @@ def test_a_draining_prefill_worker_refuses_prefills(tiny_checkpoint):
             error = refused(lambda: stub.Prefill(late, timeout=10))
             assert "Prefill refused" in error.details()
     finally:
+        server.stop()
+
+
+def test_past_its_grace_period_a_decode_worker_ends_its_streams_and_frees_what_it_held(tiny_checkpoint):
+    engine = EngineConfig(model=str(tiny_checkpoint("k3")), dtype="float32")
+    config = WorkerConfig(
+        role="decode", engine=engine, transfer_backend="grpc_bytes", grace_period_s=0.0, release_grace_s=0.5
+    )
+    server = WorkerServer(config)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = workers_pb2_grpc.DecodeWorkerStub(channel)
+    try:
+        long = workers_pb2.LocalPrefill(
+            prompt_ids=PROMPT, sampling=generation_pb2.SamplingParameters(max_tokens=1000, ignore_eos=True)
+        )
+        running = stub.Decode(workers_pb2.DecodeRequest(request_id="running", local_prefill=long), timeout=60)
+        next(running)  # decoding
+        lease = stub.Reserve(
+            workers_pb2.ReserveRequest(request_id="leased", prompt_ids=PROMPT, sampling=SAMPLING), timeout=60
+        )
+        next(lease)  # a reservation whose state has not come yet
+
+        assert not server.drain()  # grace period 0: over at once, with both still there
+        with pytest.raises(grpc.RpcError) as ended:
+            list(running)
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE and "grace period" in ended.value.details()
+        # Past the grace period nothing starts: the router moves the request and ends its lease.
+        claim = workers_pb2.DecodeRequest(request_id="leased", first_token_id=1)
+        with pytest.raises(grpc.RpcError) as late:
+            list(stub.Decode(claim, timeout=10))
+        assert late.value.code() == grpc.StatusCode.UNAVAILABLE and "grace period" in late.value.details()
+        lease.cancel()
+
+        deadline = time.monotonic() + 10
+        while True:
+            state = stub.CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10)
+            held = (state.used_blocks, state.used_slots, state.running, state.waiting, state.reserved)
+            if state.ok and held == (0, 0, 0, 0, 0) and not state.request_ids:
+                break
+            assert time.monotonic() < deadline, f"still held after the grace period: {state}"
+            time.sleep(0.05)
+    finally:
+        channel.close()
         server.stop()

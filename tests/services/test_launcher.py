@@ -1,10 +1,12 @@
 """``LocalCluster``: per-role worker flags reach the right processes; bad roles are refused up front."""
 
+import logging
+
 import grpc
 import pytest
 
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
-from services.launcher import LocalCluster
+from services.launcher import OUTPUT_TAIL_LINES, LocalCluster, ManagedWorker
 
 
 def test_role_args_reach_each_role_s_workers(tiny_checkpoint):
@@ -36,3 +38,14 @@ def test_role_args_reach_each_role_s_workers(tiny_checkpoint):
 def test_an_unknown_role_is_refused_before_anything_starts(tiny_checkpoint):
     with pytest.raises(ValueError, match="role_args"):
         LocalCluster(str(tiny_checkpoint("k3")), 0, 1, 1, [], role_args={"router": ["--device", "cpu"]})
+
+
+def test_worker_output_reaches_the_launcher_log_with_the_worker_name(tmp_path, caplog):
+    worker = ManagedWorker("decode", "decode-7", ["--model", str(tmp_path / "no-such-checkpoint")])
+    with caplog.at_level(logging.INFO, logger="services.launcher"):
+        with pytest.raises(RuntimeError, match="decode-7 did not become ready") as failure:
+            worker.start(ready_timeout_s=120)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[decode-7] ")]
+    assert logged, "the worker's lines were not logged"
+    assert all(line.removeprefix("[decode-7] ") in failure.value.args[0] for line in logged[-3:])
+    assert len(worker.output) <= OUTPUT_TAIL_LINES

@@ -36,10 +36,16 @@ def workers(tiny_checkpoint):
     decode.stop()
 
 
-def disaggregated(decode, prefill, request_id, prompt, sampling):
-    reserved = decode.Reserve(
-        workers_pb2.ReserveRequest(request_id=request_id, prompt_ids=prompt, sampling=sampling), timeout=60
+def reserve(decode, request_id, prompt, **fields):
+    """``(ReserveResponse, lease)``: the reservation lives while the lease stream is open."""
+    lease = decode.Reserve(
+        workers_pb2.ReserveRequest(request_id=request_id, prompt_ids=prompt, **fields), timeout=60
     )
+    return next(lease), lease
+
+
+def disaggregated(decode, prefill, request_id, prompt, sampling):
+    reserved, lease = reserve(decode, request_id, prompt, sampling=sampling)
     first = prefill.Prefill(
         workers_pb2.PrefillRequest(
             reservation=reserved.reservation, endpoint=reserved.endpoint, prompt_ids=prompt, sampling=sampling
@@ -54,6 +60,7 @@ def disaggregated(decode, prefill, request_id, prompt, sampling):
             timeout=120,
         )
     )
+    assert list(lease) == [], "the lease ends once Decode has taken the reservation over"
     return reserved, first, decoded
 
 
@@ -82,13 +89,13 @@ def test_bad_inputs_get_clear_statuses_and_the_workers_keep_serving(workers):
     _, decode, prefill, channels = workers
     bad = generation_pb2.SamplingParameters(temperature=-1.0)
     with pytest.raises(grpc.RpcError) as caught:
-        decode.Reserve(workers_pb2.ReserveRequest(request_id="bad", prompt_ids=[1], sampling=bad), timeout=30)
+        reserve(decode, "bad", [1], sampling=bad)
     assert (
         caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         and "sampling.temperature" in caught.value.details()
     )
     with pytest.raises(grpc.RpcError) as caught:
-        decode.Reserve(workers_pb2.ReserveRequest(request_id="oov", prompt_ids=[1, 10**6]), timeout=30)
+        reserve(decode, "oov", [1, 10**6])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt_ids" in caught.value.details()
     with pytest.raises(grpc.RpcError) as caught:
         prefill.Prefill(workers_pb2.PrefillRequest(prompt_ids=[1]), timeout=30)
@@ -106,17 +113,18 @@ def test_bad_inputs_get_clear_statuses_and_the_workers_keep_serving(workers):
 
 def test_release_with_no_handoff_in_flight_frees_a_reservation_at_once(workers):
     _, decode, _, _ = workers
-    decode.Reserve(workers_pb2.ReserveRequest(request_id="dropped", prompt_ids=PROMPT), timeout=30)
+    _, lease = reserve(decode, "dropped", PROMPT)
     busy = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
     assert busy.running == 1 and busy.free_blocks < busy.total_blocks
     decode.Release(workers_pb2.ReleaseRequest(request_id="dropped", no_handoff_in_flight=True), timeout=10)
     idle = decode.Stats(workers_pb2.StatsRequest(), timeout=10)
     assert idle.running == 0 and idle.free_blocks == idle.total_blocks
+    assert list(lease) == [], "a released reservation's lease ends"
 
 
 def test_release_keeps_a_reservation_a_prefill_may_still_write_until_the_grace_ends(workers):
     _, decode, _, _ = workers
-    decode.Reserve(workers_pb2.ReserveRequest(request_id="late", prompt_ids=PROMPT), timeout=30)
+    _, lease = reserve(decode, "late", PROMPT)
     released_at = time.monotonic()
     decode.Release(workers_pb2.ReleaseRequest(request_id="late"), timeout=10)
     assert decode.Stats(workers_pb2.StatsRequest(), timeout=10).running == 1  # still held: a write may land
@@ -130,9 +138,7 @@ def test_release_keeps_a_reservation_a_prefill_may_still_write_until_the_grace_e
 
 def test_check_integrity_shows_a_reservation_then_nothing_held(workers):
     _, decode, prefill, _ = workers
-    reserved = decode.Reserve(
-        workers_pb2.ReserveRequest(request_id="integrity-1", prompt_ids=PROMPT), timeout=60
-    )
+    reserved, lease = reserve(decode, "integrity-1", PROMPT)
     during = decode.CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10)
     assert during.ok and during.reserved == 1 and "integrity-1" in during.request_ids
     assert during.used_blocks == len(reserved.reservation.block_ids) and during.used_slots == 1

@@ -7,17 +7,19 @@ indexed layer), and the absolute difference of next-token logprobs (taken at the
 argmax, and over the whole vocabulary).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-import services.engine.model.indexer as indexer_module
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
-from services.engine.cache.paged_cache import PagedModelCache, SequenceCacheRef
+from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.cache.state_pool import StateSlotPool
+from services.engine.model.backends.attention import selection_mask
+from services.engine.model.backends.indexer import IndexerBackend
 from services.engine.model.causal_lm import CausalLM
-from services.engine.model.forward_batch import ForwardBatch
+from services.engine.model.step_metadata import SequenceStep, build_step_metadata
 
 
 @dataclass(frozen=True)
@@ -34,35 +36,46 @@ class KvFormatReport:
     argmax_agreement: float
 
 
-def _run(model: CausalLM, kv_format: str, prompt: list[int], chunk: int, block: int):
-    dtype = model.lm_head.weight.dtype
-    layout = block_layout(model.config, block, dtype, kv_format)
-    blocks = BlockPool(layout, block, -(-len(prompt) // block), model.lm_head.weight.device)
-    slots = StateSlotPool(slot_layout(model.config, dtype), 1, model.lm_head.weight.device)
-    table, slot = tuple(blocks.allocate(blocks.num_blocks)), slots.allocate()
-    selections: list[torch.Tensor] = []
-    original = indexer_module.indexer_topk
+class _Recording(IndexerBackend):
+    """The model's indexer backend, keeping every selection as a ``[N, length]`` mask."""
 
-    def recording(scores, visible, topk):
-        chosen = original(scores, visible, topk)
-        selections.append(chosen)
+    def __init__(self, inner: IndexerBackend, length: int):
+        self.inner, self.length = inner, length
+        self.kind, self.graph_safe = inner.kind, inner.graph_safe
+        self.selections: list[torch.Tensor] = []
+
+    def topk(self, q, weights, cache, meta, topk, scale):
+        chosen = self.inner.topk(q, weights, cache, meta, topk, scale)
+        self.selections.append(selection_mask(chosen, self.length))
         return chosen
 
-    indexer_module.indexer_topk = recording
+
+def _run(model: CausalLM, kv_format: str, prompt: list[int], chunk: int, block: int):
+    dtype, device = model.lm_head.weight.dtype, model.lm_head.weight.device
+    layout = block_layout(model.config, block, dtype, kv_format)
+    blocks = BlockPool(layout, block, -(-len(prompt) // block), device)
+    slots = StateSlotPool(slot_layout(model.config, dtype), 1, device)
+    table, slot = tuple(blocks.allocate(blocks.num_blocks)), slots.allocate()
+    cache = PagedModelCache(blocks, slots, model.config, dtype)
+    kernels = model.kernels
+    recording = _Recording(kernels.indexer, len(prompt))
+    model.kernels = dataclasses.replace(kernels, indexer=recording)
     try:
         pieces = []
         with torch.no_grad():
             for start in range(0, len(prompt), chunk):
-                ids = prompt[start : start + chunk]
-                cache = PagedModelCache(
-                    blocks, slots, [SequenceCacheRef(table, slot, start)], model.config, dtype
+                ids = tuple(prompt[start : start + chunk])
+                meta = build_step_metadata(
+                    [SequenceStep(ids, start, table, slot)],
+                    block,
+                    device,
+                    logit_rows=list(range(len(ids))),
+                    index_topk=model.index_topk,
                 )
-                pieces.append(
-                    model.forward_batch(ForwardBatch.build([ids], [start], blocks.storage.device), cache)
-                )
+                pieces.append(model.forward_step(meta, cache))
     finally:
-        indexer_module.indexer_topk = original
-    return torch.cat(pieces).float(), selections, layout.nbytes // block
+        model.kernels = kernels
+    return torch.cat(pieces).float(), recording.selections, layout.nbytes // block
 
 
 def measure_kv_format(

@@ -26,15 +26,25 @@ class BlockPool:
         block_size: tokens per block.
         num_blocks: blocks in the pool.
         device: where the storage lives.
+        scratch: keep one more block of storage, ``scratch_id``, never handed out: where the padded
+            rows of a captured CUDA-graph step write.
     """
 
-    def __init__(self, layout: Layout, block_size: int, num_blocks: int, device: str | torch.device):
+    def __init__(
+        self,
+        layout: Layout,
+        block_size: int,
+        num_blocks: int,
+        device: str | torch.device,
+        scratch: bool = False,
+    ):
         if num_blocks < 1:
             raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
         self.layout = layout
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.storage = torch.zeros(num_blocks, layout.nbytes, dtype=torch.uint8, device=device)
+        self.storage = torch.zeros(num_blocks + scratch, layout.nbytes, dtype=torch.uint8, device=device)
+        self.scratch_id = num_blocks if scratch else None
         self.ref_counts = [0] * num_blocks
         self.free_ids: deque[int] = deque(range(num_blocks))
         self.evictable: OrderedDict[int, None] = OrderedDict()
@@ -97,10 +107,10 @@ class BlockPool:
         self.hash_of[block] = block_hash
 
     def view(self, layer: int, kind: str) -> torch.Tensor:
-        """``[num_blocks, *field.shape]`` view of one field across all blocks (no copy)."""
+        """``[num_blocks (+ 1 scratch), *field.shape]`` view of one field across all blocks (no copy)."""
         field = self.layout.field(layer, kind)
         raw = self.storage[:, field.offset : field.offset + field.nbytes]
-        return raw.view(field.dtype).view(self.num_blocks, *field.shape)
+        return raw.view(field.dtype).view(self.storage.shape[0], *field.shape)
 
     def bytes_per_token(self) -> int:
         return self.layout.nbytes // self.block_size

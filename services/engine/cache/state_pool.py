@@ -14,14 +14,17 @@ class StateSlotPool:
         layout: the slot's field layout.
         num_slots: slots in the pool.
         device: where the storage lives.
+        scratch: keep one more slot of storage, ``scratch_id``, never handed out: where the padded
+            rows of a captured CUDA-graph step write their state.
     """
 
-    def __init__(self, layout: Layout, num_slots: int, device: str | torch.device):
+    def __init__(self, layout: Layout, num_slots: int, device: str | torch.device, scratch: bool = False):
         if num_slots < 1:
             raise ValueError(f"num_slots: must be >= 1, got {num_slots}")
         self.layout = layout
         self.num_slots = num_slots
-        self.storage = torch.zeros(num_slots, layout.nbytes, dtype=torch.uint8, device=device)
+        self.storage = torch.zeros(num_slots + scratch, layout.nbytes, dtype=torch.uint8, device=device)
+        self.scratch_id = num_slots if scratch else None
         self.free_ids = list(range(num_slots - 1, -1, -1))
         self.used: set[int] = set()
 
@@ -47,10 +50,10 @@ class StateSlotPool:
         self.free_ids.append(slot)
 
     def view(self, layer: int, kind: str) -> torch.Tensor:
-        """``[num_slots, *field.shape]`` view of one field across all slots (no copy)."""
+        """``[num_slots (+ 1 scratch), *field.shape]`` view of one field across all slots (no copy)."""
         field = self.layout.field(layer, kind)
         raw = self.storage[:, field.offset : field.offset + field.nbytes]
-        return raw.view(field.dtype).view(self.num_slots, *field.shape)
+        return raw.view(field.dtype).view(self.storage.shape[0], *field.shape)
 
     def check_integrity(self) -> None:
         free = set(self.free_ids)

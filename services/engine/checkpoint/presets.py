@@ -1,7 +1,10 @@
-"""Config presets for random checkpoints: ``tiny`` models small enough for tests on 2 CPU cores.
+"""Config presets for random checkpoints: ``tiny`` models small enough for tests on 2 CPU cores,
+``small`` for GPU benchmarks, ``full`` with the real per-layer shapes.
 
 Each preset is a ``config.json`` dict in the family's own form (loadable by transformers for
 ``kimi_linear`` and ``deepseek_v32``; ``k3`` is ``kimi_linear`` plus the DSA indexer keys).
+``full`` has the layer sizes of Kimi-Linear-48B-A3B (transformers' ``KimiLinearConfig`` defaults)
+and a K3-shaped variant of it; choose how many layers with ``with_layers`` (``--layers``).
 """
 
 from typing import Any
@@ -110,7 +113,72 @@ SMALL = {
     for family, config in TINY.items()
 }
 
-PRESETS = {"tiny": TINY, "small": SMALL}
+# Kimi-Linear-48B-A3B per layer (transformers' KimiLinearConfig defaults; a test checks them): 32 KDA
+# heads of 128, NoPE MLA with a 512 latent and 64 rope channels, 256 experts of 1024 (top 8) plus a
+# shared one. The K3 shape adds a DSA indexer (64 heads of 128, top 2048) and has 896 experts (top 16).
+_KIMI_LINEAR_48B = {
+    "model_type": "kimi_linear",
+    "architectures": ["KimiLinearForCausalLM"],
+    "vocab_size": 163840,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "moe_intermediate_size": 1024,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "num_experts": 256,
+    "num_experts_per_token": 8,
+    "num_shared_experts": 1,
+    "num_expert_group": 1,
+    "topk_group": 1,
+    "moe_renormalize": True,
+    "routed_scaling_factor": 2.446,
+    "first_k_dense_replace": 1,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 163584,
+    "eos_token_id": 163586,
+    "pad_token_id": 163839,
+    "linear_attn_config": {"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4},
+}
+FULL = {
+    "kimi_linear": _KIMI_LINEAR_48B,
+    "k3": {
+        **_KIMI_LINEAR_48B,
+        "num_experts": 896,
+        "num_experts_per_token": 16,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "index_topk": 2048,
+    },
+}
+
+PRESETS = {"tiny": TINY, "small": SMALL, "full": FULL}
+# Every fourth layer is MLA (the real model's 3:1 KDA:MLA ratio); ``full`` lists its layers this way.
+MLA_EVERY = 4
+
+
+def with_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """``config`` cut or extended to ``layers`` layers: MLA at every fourth (1-based), KDA elsewhere, the
+    first layer's MLP dense (the others MoE).
+
+    Raises:
+        ValueError: ``layers`` below 1, or a family without KDA layers, naming ``--layers``.
+    """
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"--layers: must be a positive integer, got {layers!r}")
+    if "linear_attn_config" not in config:
+        raise ValueError(f"--layers: only for the KDA families (kimi_linear, k3), not {config['model_type']}")
+    mla = [i for i in range(1, layers + 1) if i % MLA_EVERY == 0]
+    kda = [i for i in range(1, layers + 1) if i % MLA_EVERY != 0]
+    linear = {**config["linear_attn_config"], "kda_layers": kda, "full_attn_layers": mla}
+    return {**config, "num_hidden_layers": layers, "linear_attn_config": linear}
 
 
 def preset_config(family: str, preset: str) -> dict[str, Any]:
@@ -123,7 +191,8 @@ def preset_config(family: str, preset: str) -> dict[str, Any]:
         raise ValueError(f"--preset: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     if family not in PRESETS[preset]:
         raise ValueError(f"--family: unknown family {family!r} (choose from {', '.join(PRESETS[preset])})")
-    return {
+    config = {
         key: (dict(value) if isinstance(value, dict) else value)
         for key, value in PRESETS[preset][family].items()
     }
+    return with_layers(config, config["num_hidden_layers"]) if preset == "full" else config

@@ -8,16 +8,18 @@ from .causal_lm import CausalLM
 from .config import ModelConfig
 from .config_fields import ConfigError
 from .config_loader import load_model_config
-from .forward_batch import ForwardBatch, ModelCache, SequenceSlice
-from .state import ContiguousCache
+from .layer_cache import KdaLayerCache, MlaLayerCache, ModelCache
+from .step_metadata import SequenceStep, StepMetadata, build_step_metadata
 
 __all__ = [
     "CausalLM",
     "ConfigError",
-    "ContiguousCache",
-    "ForwardBatch",
+    "KdaLayerCache",
+    "MlaLayerCache",
     "ModelCache",
     "ModelConfig",
-    "SequenceSlice",
+    "SequenceStep",
+    "StepMetadata",
+    "build_step_metadata",
     "load_model_config",
 ]

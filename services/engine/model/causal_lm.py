@@ -3,16 +3,19 @@
 import torch
 from torch import nn
 
+from kernels.invariant.reproducible_blas import ensure_strict_mkl
+
+from .backends import KernelSet, build_kernels
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
-from .forward_batch import ForwardBatch, ModelCache
 from .invariant_numerics import InvariantNumerics
 from .kda import KimiDeltaAttention
+from .layer_cache import ModelCache
 from .mla import MultiLatentAttention
 from .moe import DenseMLP, MoE
 from .norm import RMSNorm
 from .numerics import Numerics
 from .rotary import RotaryTables
-from .state import ContiguousCache
+from .step_metadata import StepMetadata, build_step_metadata
 
 # Parameters kept in float32 whatever the model dtype (as the reference implementations do).
 FLOAT32_PARAMETERS = (
@@ -29,24 +32,26 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, index: int):
         super().__init__()
         self.is_kda = config.layer_types[index] == LAYER_KDA
+        self.is_moe = config.mlp_types[index] == MLP_MOE
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = KimiDeltaAttention(config) if self.is_kda else MultiLatentAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if config.mlp_types[index] == MLP_MOE:
+        if self.is_moe:
             self.mlp = MoE(config.hidden_size, config.moe)
         else:
             self.mlp = DenseMLP(config.hidden_size, config.intermediate_size)
 
     def forward(
-        self, x, cos, sin, batch: ForwardBatch, cache: ModelCache, layer: int, nx: Numerics
+        self, x, cos, sin, meta: StepMetadata, cache: ModelCache, layer: int, nx: Numerics, ops: KernelSet
     ) -> torch.Tensor:
         normed = self.input_layernorm(x, nx)
         if self.is_kda:
-            attn = self.self_attn(normed, batch, cache, layer, nx)
+            attn = self.self_attn(normed, meta, cache, layer, nx, ops)
         else:
-            attn = self.self_attn(normed, cos, sin, batch, cache, layer, nx)
+            attn = self.self_attn(normed, cos, sin, meta, cache, layer, nx, ops)
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x, nx), nx)
+        normed = self.post_attention_layernorm(x, nx)
+        return x + (self.mlp(normed, nx, ops) if self.is_moe else self.mlp(normed, nx))
 
 
 class DecoderStack(nn.Module):
@@ -75,60 +80,92 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTables(config.rope, config.qk_rope_head_dim) if config.rope else None
         self.numerics: Numerics = Numerics()
+        self.kernels: KernelSet = build_kernels("reference", self.numerics, "cpu")
+
+    def set_kernels(self, name: str, kv_format: str = "auto") -> None:
+        """Choose the op families' backend by name (``check_kernels`` validates it first)."""
+        device = str(self.lm_head.weight.device)
+        self.kernels = build_kernels(name, self.numerics, device, kv_format)
 
     def set_batch_invariant(self, enabled: bool) -> None:
-        """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4)."""
-        self.numerics = InvariantNumerics() if enabled else Numerics()
+        """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4).
 
-    def forward_batch(
-        self, batch: ForwardBatch, cache: ModelCache, logit_rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Run the batch's new tokens through the model, writing them into ``cache``.
-
-        Args:
-            batch: flattened new tokens of several sequences.
-            cache: per-sequence cache, holding each sequence's ``past`` tokens.
-            logit_rows: rows whose logits are wanted (e.g. ``batch.last_rows()``); None for all.
-
-        Returns:
-            ``[len(logit_rows) or N, vocab_size]`` logits in the model dtype.
+        The invariant numerics run on the ``reference`` backend (their own kernels).
 
         Raises:
-            ValueError: an id outside the vocabulary (names the first bad id and its index).
+            RuntimeError: invariant numerics on the CPU, with MKL already running in a non-strict mode.
         """
-        self._check_ids(batch.input_ids)
-        nx = self.numerics
-        hidden = self.model.embed_tokens(batch.input_ids)
+        if enabled and self.lm_head.weight.device.type == "cpu":
+            ensure_strict_mkl()  # at start, not at the first request: refuse before serving anything
+        self.numerics = InvariantNumerics() if enabled else Numerics()
+        self.kernels = build_kernels("reference", self.numerics, str(self.lm_head.weight.device))
+
+    def forward_step(self, meta: StepMetadata, cache: ModelCache) -> torch.Tensor:
+        """Run one step's new tokens through the model, writing them into ``cache``.
+
+        Reads no device value back on the fast path (the id check is the caller's, before the step:
+        ``check_ids``), so a CUDA graph can capture it.
+
+        Args:
+            meta: the step (its ``input_ids``, positions, block tables, slots).
+            cache: the model cache.
+
+        Returns:
+            ``[R, vocab_size]`` logits of ``meta.logit_rows`` in the model dtype.
+        """
+        nx, ops = self.numerics, self.kernels
+        hidden = self.model.embed_tokens(meta.input_ids)
         cos = sin = None
         if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype, nx)
+            cos, sin = self.rotary.cos_sin(meta.positions, hidden.dtype, nx)
         for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos, sin, batch, cache, index, nx)
-        if logit_rows is not None:
-            hidden = hidden[logit_rows]
+            hidden = layer(hidden, cos, sin, meta, cache, index, nx, ops)
+        hidden = hidden[meta.logit_rows]
         return nx.linear(self.model.norm(hidden, nx), self.lm_head.weight)
 
-    def forward(self, input_ids: torch.Tensor, cache: ContiguousCache | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
         """Logits for ``B`` sequences' new tokens, continuing ``cache`` (updated in place) when given.
 
         Args:
             input_ids: ``[B, T]`` token ids, each in ``[0, vocab_size)``.
-            cache: the B sequences' previous tokens, or None for fresh sequences.
+            cache: a ``ContiguousCache`` holding the B sequences' previous tokens, or None.
 
         Returns:
             ``[B, T, vocab_size]`` logits in the model dtype.
         """
+        # Imported here: the cache package imports the model's config, so a module-level import cycles.
+        from services.engine.cache.contiguous_cache import ContiguousCache
+
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(
                 f"input_ids: expected shape [batch, tokens] with tokens >= 1, got {list(input_ids.shape)}"
             )
-        cache = cache or ContiguousCache(input_ids.shape[0])
-        batch = ForwardBatch.build(input_ids.tolist(), cache.num_tokens, input_ids.device)
-        logits = self.forward_batch(batch, cache)
-        cache.num_tokens = [piece.total for piece in batch.sequences]
+        self.check_ids(input_ids.reshape(-1))
+        if cache is None:
+            weight = self.lm_head.weight
+            cache = ContiguousCache(
+                input_ids.shape[0], self.config, weight.dtype, weight.device, self.numerics.batch_invariant
+            )
+        new_tokens = input_ids.tolist()
+        steps = cache.steps(new_tokens)
+        meta = build_step_metadata(
+            steps,
+            cache.block_size,
+            input_ids.device,
+            logit_rows=list(range(input_ids.numel())),
+            index_topk=self.index_topk,
+        )
+        logits = self.forward_step(meta, cache)
+        cache.advance(new_tokens)
         return logits.view(*input_ids.shape, -1)
 
-    def _check_ids(self, input_ids: torch.Tensor) -> None:
+    @property
+    def index_topk(self) -> int:
+        """The DSA budget steps record (0 without an indexer)."""
+        return self.config.indexer.topk if self.config.indexer else 0
+
+    def check_ids(self, input_ids: torch.Tensor) -> None:
+        """Raise ValueError naming the first id of ``input_ids [N]`` outside the vocabulary, and its index."""
         bad = (input_ids < 0) | (input_ids >= self.config.vocab_size)
         if bad.any():
             position = int(bad.nonzero()[0, 0])

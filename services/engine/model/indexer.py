@@ -3,12 +3,14 @@
 import torch
 from torch import nn
 
-from kernels.dsa.naive import indexer_topk
 from kernels.rotary.naive import apply_rope_half
 
+from .backends import KernelSet
 from .config import IndexerConfig
+from .layer_cache import MlaLayerCache
 from .norm import LayerNorm
 from .numerics import Numerics
+from .step_metadata import StepMetadata
 
 
 class LightningIndexer(nn.Module):
@@ -42,30 +44,32 @@ class LightningIndexer(nn.Module):
         self,
         x: torch.Tensor,
         query_input: torch.Tensor,
-        keys: torch.Tensor,
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
-        visible: torch.Tensor,
+        cache: MlaLayerCache,
+        meta: StepMetadata,
         nx: Numerics,
+        ops: KernelSet,
     ) -> torch.Tensor:
-        """Boolean ``[T, S]`` mask of the keys each of one sequence's new queries may attend to.
+        """The cached positions each new row's MLA attention may read.
 
         Args:
-            x: ``[T, D]`` normalised hidden states of the sequence's new tokens.
-            query_input: ``[T, q_in]`` compressed query (or ``x``).
-            keys: ``[S, Di]`` index keys of all the sequence's tokens, new ones included.
-            cos, sin: ``[T, Dr / 2]`` tables of the new tokens, or None for NoPE.
-            visible: ``[T, S]`` causal mask.
-            nx: numerics.
+            x: ``[N, D]`` normalised hidden states of the step's new tokens.
+            query_input: ``[N, q_in]`` compressed query (or ``x``).
+            cos, sin: ``[N, Dr / 2]`` tables of the new tokens, or None for NoPE.
+            cache: the layer's cache, this step's index keys already written.
+            meta: the step.
+            nx: numerics of the projections; ops: the indexer backend.
+
+        Returns:
+            ``[N, topk] int32`` positions, -1 padded.
         """
-        seq_len = x.shape[0]
-        q = nx.linear(query_input, self.wq_b.weight).view(seq_len, self.spec.n_heads, self.spec.head_dim)
+        q = nx.linear(query_input, self.wq_b.weight).view(-1, self.spec.n_heads, self.spec.head_dim)
         q = self._rotate(
             q, None if cos is None else cos.unsqueeze(1), None if sin is None else sin.unsqueeze(1)
         )
         weights = nx.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
-        scores = nx.indexer_scores(q, keys, weights, self.spec.head_dim**-0.5)
-        return indexer_topk(scores[None], visible[None], self.spec.topk)[0]
+        return ops.indexer.topk(q, weights, cache, meta, self.spec.topk, self.spec.head_dim**-0.5)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         if cos is None or self.rope_dim == 0:

@@ -28,6 +28,7 @@ from kernels.invariant import (
     tree_linear,
     tree_sum,
 )
+from kernels.invariant.reproducible_blas import ensure_strict_mkl
 from kernels.kda.fixed_chunk import FixedChunkState, kda_fixed_chunk
 from kernels.moe.naive import moe_experts
 
@@ -43,6 +44,8 @@ class InvariantNumerics(Numerics):
 
     Matrix products use ``fixed_linear`` where a probe shows this machine's GEMM keeps its rows
     invariant for that weight shape, else the slower ``tree_linear`` (invariant by construction).
+    On the CPU they run only under MKL's strict reproducible mode (``ensure_strict_mkl``), so that
+    neither the thread count nor the CPU's kernel choice changes a row's bits.
     """
 
     batch_invariant = True
@@ -53,6 +56,8 @@ class InvariantNumerics(Numerics):
     def _product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         key = (weight.device.type, tuple(weight.shape), weight.dtype)
         if key not in self._fixed_tiles_ok:
+            if weight.device.type == "cpu":
+                ensure_strict_mkl()  # the probe below holds across thread counts only in this mode
             self._fixed_tiles_ok[key] = fixed_linear_is_invariant(weight)
             if not self._fixed_tiles_ok[key]:
                 log.warning(

@@ -3,11 +3,12 @@
 import torch
 from torch import nn
 
+from .backends import KernelSet
 from .config import ModelConfig
-from .forward_batch import ForwardBatch, ModelCache
+from .layer_cache import ModelCache
 from .norm import GatedRMSNorm
 from .numerics import Numerics
-from .state import KdaLayerState
+from .step_metadata import StepMetadata
 
 
 class KdaForgetGate(nn.Module):
@@ -49,15 +50,16 @@ class KimiDeltaAttention(nn.Module):
         self.o_proj = nn.Linear(width, hidden, bias=False)
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache, layer: int, nx: Numerics
+        self, x: torch.Tensor, meta: StepMetadata, cache: ModelCache, layer: int, nx: Numerics, ops: KernelSet
     ) -> torch.Tensor:
-        """Advance each sequence's recurrence over its new tokens, reading and writing its cached state.
+        """Advance every sequence's recurrence over its new rows, continuing its state slot in place.
 
         Args:
-            x: ``[N, D]`` normalised hidden states of the batch's new tokens.
-            batch: which rows belong to which sequence.
-            cache: per-sequence cache; this layer's index is ``layer``.
-            nx: numerics (chunked/recurrent KDA by default, CF-BI rows when batch-invariant).
+            x: ``[N, D]`` normalised hidden states of the step's new tokens.
+            meta: the step.
+            cache: the model cache; this layer's index is ``layer``.
+            nx: numerics of the token-local work.
+            ops: the kernel backends (short conv and KDA).
 
         Returns:
             ``[N, D]``.
@@ -66,19 +68,11 @@ class KimiDeltaAttention(nn.Module):
         mixed = torch.cat([nx.linear(x, p.weight) for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
         g = self.forget_gate(x, nx)
         beta = nx.sigmoid(nx.linear(x, self.b_proj.weight))
-        scale = self.head_dim**-0.5
+        layer_cache = cache.kda(layer)
+        mixed = ops.kda.short_conv(mixed, self.conv1d.weight.squeeze(1), layer_cache, meta)
         heads = (-1, self.num_heads, self.head_dim)
-        out = torch.empty(tokens, self.num_heads, self.head_dim, dtype=x.dtype, device=x.device)
-        for seq, piece in enumerate(batch.sequences):
-            rows = piece.rows
-            previous = cache.read_kda(layer, seq)
-            conv_state = None if previous is None else previous.conv
-            mixed_seq, conv_state = nx.causal_conv1d(mixed[rows], self.conv1d.weight.squeeze(1), conv_state)
-            q, k, v = (part.reshape(heads) for part in mixed_seq.split(self.width, dim=-1))
-            q, k = nx.l2_normalize(q), nx.l2_normalize(k)
-            recurrent = None if previous is None else previous.recurrent
-            o, recurrent = nx.kda(q, k, v, g[rows], beta[rows], scale, recurrent)
-            cache.write_kda(layer, seq, KdaLayerState(conv=conv_state, recurrent=recurrent))
-            out[rows] = o
+        q, k, v = (part.reshape(heads) for part in mixed.split(self.width, dim=-1))
+        q, k = nx.l2_normalize(q), nx.l2_normalize(k)
+        out = ops.kda.forward(q, k, v, g, beta, self.head_dim**-0.5, layer_cache, meta)
         gate = nx.linear(nx.linear(x, self.g_a_proj.weight), self.g_b_proj.weight).view(heads)
         return nx.linear(self.o_norm(out, gate, nx).reshape(tokens, -1), self.o_proj.weight)

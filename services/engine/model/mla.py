@@ -5,11 +5,13 @@ from torch import nn
 
 from kernels.rotary.naive import apply_rope_interleaved
 
+from .backends import KernelSet
 from .config import ModelConfig
-from .forward_batch import ForwardBatch, ModelCache
 from .indexer import LightningIndexer
+from .layer_cache import ModelCache
 from .norm import RMSNorm
 from .numerics import Numerics
+from .step_metadata import StepMetadata
 
 
 class MultiLatentAttention(nn.Module):
@@ -46,19 +48,21 @@ class MultiLatentAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
-        batch: ForwardBatch,
+        meta: StepMetadata,
         cache: ModelCache,
         layer: int,
         nx: Numerics,
+        ops: KernelSet,
     ) -> torch.Tensor:
-        """Write the new tokens' latents to the cache and attend each sequence's new tokens to its cache.
+        """Write the new tokens' latents to the cache (one scatter), then attend every row to its cache.
 
         Args:
-            x: ``[N, D]`` normalised hidden states of the batch's new tokens.
+            x: ``[N, D]`` normalised hidden states of the step's new tokens.
             cos, sin: ``[N, Dr / 2]`` rotary tables at the tokens' positions, or None (NoPE).
-            batch: which rows belong to which sequence, and their past lengths.
-            cache: per-sequence cache; this layer's index is ``layer``.
-            nx: numerics.
+            meta: the step.
+            cache: the model cache; this layer's index is ``layer``.
+            nx: numerics of the token-local work.
+            ops: the kernel backends (indexer and attention).
 
         Returns:
             ``[N, D]``.
@@ -79,33 +83,13 @@ class MultiLatentAttention(nn.Module):
         if cos is not None:
             q_rope = apply_rope_interleaved(q_rope, cos.unsqueeze(1), sin.unsqueeze(1))
             k_rope = apply_rope_interleaved(k_rope, cos, sin)
+        layer_cache = cache.mla(layer)
         index_keys = self.indexer.index_keys(x, cos, sin, nx) if self.indexer is not None else None
-
-        out = x.new_empty(tokens, c.num_attention_heads, c.v_head_dim)
-        for seq, piece in enumerate(batch.sequences):
-            rows = piece.rows
-            new_index = None if index_keys is None else index_keys[rows]
-            cache.write_mla(layer, seq, latent[rows], k_rope[rows], new_index)
-            cached_latent, cached_rope, cached_index = cache.read_mla(layer, seq)
-            query_pos = torch.arange(piece.past, piece.total, device=x.device)
-            allowed = torch.arange(piece.total, device=x.device)[None, :] <= query_pos[:, None]
-            if self.indexer is not None:
-                allowed = self.indexer.select(
-                    x[rows], query_input[rows], cached_index, _rows(cos, rows), _rows(sin, rows), allowed, nx
-                )
-            decoding = piece.length == 1 and piece.past > 0
-            out[rows] = nx.mla_attention(
-                q_nope[rows],
-                q_rope[rows],
-                cached_latent,
-                cached_rope,
-                self.kv_b_proj.weight,
-                c.attention_scale,
-                allowed,
-                decoding,
-            )
+        layer_cache.write(meta.slot_mapping, latent, k_rope, index_keys)
+        topk = None
+        if self.indexer is not None:
+            topk = self.indexer.select(x, query_input, cos, sin, layer_cache, meta, nx, ops)
+        out = ops.attention.forward(
+            q_nope, q_rope, self.kv_b_proj.weight, layer_cache, meta, topk, c.attention_scale
+        )
         return nx.linear(out.reshape(tokens, -1), self.o_proj.weight)
-
-
-def _rows(table: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    return None if table is None else table[rows]

@@ -5,6 +5,7 @@ from torch import nn
 
 from kernels.moe.naive import route_tokens
 
+from .backends import KernelSet
 from .config import MoeConfig
 from .numerics import Numerics
 
@@ -70,10 +71,10 @@ class MoE(nn.Module):
             else None
         )
 
-    def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
-        """``x [N, D]`` -> ``[N, D]``: routed experts (combined in expert-id order) plus shared experts."""
+    def forward(self, x: torch.Tensor, nx: Numerics, ops: KernelSet) -> torch.Tensor:
+        """``x [N, D]`` -> ``[N, D]``: routed experts (through ``ops.moe``) plus shared experts."""
         weights, expert_ids = self.gate(x, nx)
-        out = nx.moe_experts(x, expert_ids, weights, self.experts.gate_up_proj, self.experts.down_proj)
+        out = ops.moe.experts(x, expert_ids, weights, self.experts.gate_up_proj, self.experts.down_proj)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x, nx)
         return out

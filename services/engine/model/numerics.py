@@ -1,8 +1,10 @@
 """How the model computes: the fast default numerics, behind one small interface.
 
-Layers hold weights and call a ``Numerics`` for every computation that reduces or is
-transcendental. ``InvariantNumerics`` (``invariant_numerics.py``) implements the same interface
-with batch-invariant kernels (DESIGN.md section 4); the layer code is shared.
+Layers hold weights and call a ``Numerics`` for every token-local computation that reduces or is
+transcendental; the sequence-mixing ops (``causal_conv1d``, ``kda``, ``mla_attention``,
+``indexer_scores``, ``moe_experts``) are called per sequence by the ``reference`` kernel backend
+(``backends/``). ``InvariantNumerics`` (``invariant_numerics.py``) implements the same interface with
+batch-invariant kernels (DESIGN.md section 4); the layer code is shared.
 """
 
 import torch

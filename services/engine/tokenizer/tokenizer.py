@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import tokenizers
+from tokenizers import models
 
 from services.engine.tokenizer.chat_template import ChatTemplate
 from services.engine.tokenizer.messages import validate_messages, validate_tools
@@ -119,6 +120,7 @@ class Tokenizer:
         self._named_tokens = dict(named_tokens)
         self._eos_token_ids = list(eos_token_ids)
         self._chat_template = chat_template
+        self._max_token_bytes: int | None = 0  # 0: not measured yet
         self._special_token_ids = frozenset(
             token_id for token_id, added in backend.get_added_tokens_decoder().items() if added.special
         )
@@ -167,6 +169,23 @@ class Tokenizer:
     def special_token_ids(self) -> frozenset[int]:
         """Ids of all special tokens (the ones `skip_special_tokens` drops)."""
         return self._special_token_ids
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        """No token covers more than this many UTF-8 bytes of input text, so a text of ``b`` bytes has
+        at least ``ceil(b / max_token_bytes)`` tokens: a cheap bound taken before tokenizing.
+
+        None when no such bound holds: an unknown-token model (one ``[UNK]`` may cover a whole
+        word) or a normalizer (it may shrink the text before the model sees it). The vocabulary's
+        token strings are measured in UTF-8, which overcounts byte-level tokens (a byte may be
+        written with a two-byte character): a looser bound, never a wrong one.
+        """
+        if self._max_token_bytes == 0:
+            model = self._backend.model
+            safe = isinstance(model, models.BPE) and not model.unk_token and self._backend.normalizer is None
+            vocab = self._backend.get_vocab(with_added_tokens=True)
+            self._max_token_bytes = max(len(t.encode("utf-8")) for t in vocab) if safe and vocab else None
+        return self._max_token_bytes
 
     def id_to_token(self, token_id: int) -> str | None:
         """The token string of `token_id` (byte-level form), or None when out of range."""

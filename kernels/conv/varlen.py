@@ -1,0 +1,161 @@
+"""Varlen causal depthwise conv + SiLU in Triton, the tail state read and updated in its slot in place.
+
+One program owns one sequence and one block of channels, and walks the sequence's tokens in blocks
+of ``BT``; it reads the slot's old tail while computing the first ``W - 1`` outputs and writes the
+new tail last, so no other program ever touches that (slot, channel block) and no copy of the
+state is needed::
+
+    combined = | old tail [W-1] | x[bos : eos] [T] |
+    y[t]     = silu(sum_j w[:, j] * combined[t + j])            j = 0 .. W-1
+    new tail = combined[T : T + W - 1]
+
+Same signature and results as ``kernels.conv.naive.causal_conv1d_varlen``.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_env import require_triton_device
+
+
+@triton.jit
+def _causal_conv1d_varlen_kernel(
+    x,
+    weight,
+    pool,
+    y,
+    slots,
+    has_state,
+    cu_seqlens,
+    stride_x,
+    stride_y,
+    stride_pool_slot,
+    stride_pool_c,
+    stride_pool_w,
+    C,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    o_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    bos = tl.load(cu_seqlens + seq).to(tl.int64)
+    seq_len = tl.load(cu_seqlens + seq + 1).to(tl.int64) - bos
+    slot = tl.load(slots + seq).to(tl.int64)
+    stateful = tl.load(has_state + seq).to(tl.int1)
+    p_tail = pool + slot * stride_pool_slot + o_c * stride_pool_c
+
+    t0 = seq_len * 0  # a while loop: the interpreter cannot take a loaded scalar as a range bound
+    while t0 < seq_len:
+        o_t = t0 + tl.arange(0, BT)
+        m_t = o_t < seq_len
+        acc = tl.zeros([BT, BC], dtype=tl.float32)
+        for j in tl.static_range(W):
+            w_j = tl.load(weight + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
+            src = o_t + j - (W - 1)  # < 0: the carried tail, -1 its newest entry
+            m_x = (src >= 0) & m_t
+            x_j = tl.load(
+                x + (bos + tl.maximum(src, 0))[:, None] * stride_x + o_c[None, :],
+                mask=m_x[:, None] & m_c[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            m_s = (src < 0) & m_t & stateful
+            s_j = tl.load(
+                p_tail[None, :] + tl.maximum(src + W - 1, 0)[:, None] * stride_pool_w,
+                mask=m_s[:, None] & m_c[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            acc += (x_j + s_j) * w_j[None, :]
+        out = acc * tl.sigmoid(acc)
+        tl.store(
+            y + (bos + o_t)[:, None] * stride_y + o_c[None, :],
+            out.to(y.dtype.element_ty),
+            mask=m_t[:, None] & m_c[None, :],
+        )
+        t0 += BT
+
+    # New tail: combined[T + i] for i < W - 1, i.e. x[T - (W-1) + i] or, for short sequences, old tail.
+    o_i = tl.arange(0, WP)
+    m_i = o_i < W - 1
+    src = seq_len - (W - 1) + o_i
+    m_x = (src >= 0) & m_i
+    x_i = tl.load(
+        x + (bos + tl.maximum(src, 0))[:, None] * stride_x + o_c[None, :],
+        mask=m_x[:, None] & m_c[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    m_s = (src < 0) & m_i & stateful
+    s_i = tl.load(
+        p_tail[None, :] + tl.maximum(src + W - 1, 0)[:, None] * stride_pool_w,
+        mask=m_s[:, None] & m_c[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    tl.store(
+        p_tail[None, :] + o_i[:, None] * stride_pool_w,
+        (x_i + s_i).to(pool.dtype.element_ty),
+        mask=m_i[:, None] & m_c[None, :],
+    )
+
+
+def _launch_causal_conv1d_varlen(x, weight, conv_pool, y, slots, has_state, cu_seqlens, max_query_len):
+    num_seqs = slots.shape[0]
+    channels, width = weight.shape
+    block_t = min(32, triton.next_power_of_2(max(1, max_query_len)))
+    block_c = 128 if channels >= 128 else triton.next_power_of_2(channels)
+    grid = (num_seqs, triton.cdiv(channels, block_c))
+    _causal_conv1d_varlen_kernel[grid](
+        x,
+        weight,
+        conv_pool,
+        y,
+        slots,
+        has_state,
+        cu_seqlens,
+        x.stride(0),
+        y.stride(0),
+        conv_pool.stride(0),
+        conv_pool.stride(1),
+        conv_pool.stride(2),
+        channels,
+        W=width,
+        WP=triton.next_power_of_2(max(1, width - 1)),
+        BT=block_t,
+        BC=block_c,
+    )
+
+
+def causal_conv1d_varlen(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_pool: torch.Tensor,
+    slots: torch.Tensor,
+    has_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_query_len: int,
+) -> torch.Tensor:
+    """Causal depthwise conv + SiLU over a packed batch, tails read from and written to their slots.
+
+    Args:
+        x: ``[N, C]`` packed new inputs (sequence s owns rows ``cu_seqlens[s] : cu_seqlens[s + 1]``),
+            unit stride over channels.
+        weight: ``[C, W]`` taps; tap ``W - 1`` multiplies the current input.
+        conv_pool: ``[num_slots, C, W - 1]`` (any strides, e.g. ``StateSlotPool.view(layer, CONV)``);
+            the slots' tails are read and overwritten in place.
+        slots: ``[S]`` int32 distinct slots.
+        has_state: ``[S]`` bool; False reads a zero tail.
+        cu_seqlens: ``[S + 1]`` int32.
+        max_query_len: an upper bound of the sequence lengths (host int; picks the time tile).
+
+    Returns:
+        ``y [N, C]`` in ``x.dtype``, ``silu(conv)`` computed in float32.
+    """
+    require_triton_device("causal_conv1d_varlen", x)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    weight = weight.contiguous()
+    y = torch.empty_like(x)
+    _launch_causal_conv1d_varlen(x, weight, conv_pool, y, slots, has_state, cu_seqlens, max_query_len)
+    return y

@@ -1,0 +1,95 @@
+"""Frees decode reservations off the gRPC threads, without freeing memory a handoff may still write.
+
+A reservation whose caller went away may have been handed to a prefill worker that is writing into
+it right now (NIXL writes are one-sided: decode cannot refuse them). Such a reservation is freed
+once that write's notification has arrived, or after ``grace_s`` when none comes (a cancelled prefill
+worker stops before writing). A reservation nobody was told about is freed at once.
+"""
+
+import threading
+import time
+from concurrent.futures import Future
+
+from services.engine.engine_core import EngineCore
+from services.engine.engine_loop import EngineLoop
+from services.transfer import TransferError
+from services.transfer.inbox import SharedTransfer
+
+_POLL_S = 0.01  # how often pending reservations look for their handoff's notification
+
+
+class ReservationReleaser:
+    """One thread that frees reservations; ``release`` never blocks (safe in gRPC callbacks).
+
+    Args:
+        loop: the decode engine's loop (frees run there, between steps).
+        transfer: where handoff notifications arrive.
+        grace_s: the longest a reservation waits for an in-flight handoff's notification.
+    """
+
+    def __init__(self, loop: EngineLoop, transfer: SharedTransfer, grace_s: float):
+        if not grace_s >= 0:
+            raise ValueError(f"release_grace_s: must be >= 0, got {grace_s}")
+        self.loop = loop
+        self.transfer = transfer
+        self.grace_s = grace_s
+        self._pending: dict[str, float] = {}  # request id -> when the grace ends (monotonic)
+        self._changed = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="reservation-releaser", daemon=True)
+        self._thread.start()
+
+    def release(self, request_id: str, handoff_may_be_in_flight: bool) -> Future | None:
+        """Free ``request_id``'s reservation: now (the returned ``Future`` completes once it is freed),
+        or once a handoff that may be writing into it has landed or the grace has passed (None)."""
+        if not handoff_may_be_in_flight:
+            return self.loop.submit(lambda engine: free_reservation(engine, request_id))
+        with self._changed:
+            self._pending[request_id] = time.monotonic() + self.grace_s
+            self._changed.notify()
+        return None
+
+    def pending(self) -> int:
+        """Reservations waiting for their handoff's notification or the grace's end."""
+        with self._changed:
+            return len(self._pending)
+
+    def close(self) -> None:
+        with self._changed:
+            self._stop = True
+            self._changed.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._pending and not self._stop:
+                    self._changed.wait()
+                if self._stop:
+                    return
+                pending = list(self._pending.items())
+            now = time.monotonic()
+            for request_id, grace_ends in pending:
+                if now >= grace_ends or self._landed(request_id):
+                    with self._changed:
+                        del self._pending[request_id]
+                    self.loop.submit(lambda engine, rid=request_id: free_reservation(engine, rid))
+            with self._changed:
+                if self._pending and not self._stop:
+                    self._changed.wait(_POLL_S)
+
+    def _landed(self, request_id: str) -> bool:
+        try:
+            self.transfer.wait(request_id, 0.0)  # takes the notification if it is there
+        except TransferError:
+            return False
+        return True
+
+
+def free_reservation(engine: EngineCore, request_id: str) -> bool:
+    """Free ``request_id`` if it is still a reservation (never a request that is decoding); loop thread.
+    Returns whether it freed one."""
+    if request_id not in engine.scheduler.reserved:
+        return False
+    engine.abort(request_id)
+    return True

@@ -1,0 +1,156 @@
+"""CUDA graphs for pure-decode steps: one graph per captured batch size, the step padded up to it.
+
+Each graph owns static buffers: the step's packed metadata (``StepMetadata.packed``), and, when the
+sampling backend can be captured, the sampling parameters. A replay copies the new step into them
+(one host-to-device copy each) and launches the whole forward (+ sampling) at once. Padding rows are
+sequences of one token at position 0 in the pools' scratch block and scratch slot, so they never
+touch a real request's cache. Prefill and mixed steps run eagerly.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.cache.paged_cache import PagedModelCache
+from services.engine.model.backends.sampling import SamplingInputs, TritonSampling
+from services.engine.model.causal_lm import CausalLM
+from services.engine.model.step_metadata import SequenceStep, StepMetadata, build_step_metadata
+from services.engine.sampling import SampleOutput, SamplingParams
+from services.engine.sampling.params import MAX_LOGPROBS
+
+log = logging.getLogger(__name__)
+
+_GREEDY = SamplingParams(temperature=0.0)
+
+
+def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then every multiple of 16, up to and including ``max_num_seqs``."""
+    sizes = {size for size in (1, 2, 4, 8) if size <= max_num_seqs}
+    sizes.update(range(16, max_num_seqs + 1, 16))
+    sizes.add(max_num_seqs)
+    return tuple(sorted(sizes))
+
+
+@dataclass
+class _Graph:
+    """One captured size: its graph, static inputs and static outputs."""
+
+    size: int
+    meta: StepMetadata
+    sampling: SamplingInputs | None
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None
+    sampled: tuple[torch.Tensor, ...] | None = None
+
+
+class DecodeGraphs:
+    """Captured decode steps for one model and cache.
+
+    Args:
+        model: the model (its kernel set must be ``forward_graph_safe``).
+        cache: the paged cache (pools built with ``scratch=True``).
+        sizes: batch sizes to capture (``capture_sizes``).
+        max_seq_len: the longest sequence a replayed step may hold (the engine's ``max_model_len``);
+            kernels see it as their bound.
+    """
+
+    def __init__(self, model: CausalLM, cache: PagedModelCache, sizes: tuple[int, ...], max_seq_len: int):
+        if not model.kernels.forward_graph_safe:
+            raise ValueError(
+                "cuda_graphs: the forward has host loops in "
+                f"{', '.join(model.kernels.reference_families())} (reference kernels); it cannot be captured"
+            )
+        if cache.blocks.scratch_id is None or cache.slots.scratch_id is None:
+            raise ValueError("cuda_graphs: the pools need a scratch block and slot (scratch=True)")
+        self.model, self.cache, self.max_seq_len = model, cache, max_seq_len
+        self.max_blocks = -(-max_seq_len // cache.block_size)
+        self.sampler = model.kernels.sampling if isinstance(model.kernels.sampling, TritonSampling) else None
+        self.device = cache.blocks.storage.device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.pad = SequenceStep((0,), 0, (cache.blocks.scratch_id,), cache.slots.scratch_id)
+        self.graphs = {size: self._static(size) for size in sizes}
+        self.replays = 0  # steps served from a graph (benchmarks and tests read it)
+
+    @property
+    def max_size(self) -> int:
+        return max(self.graphs)
+
+    def _static(self, size: int) -> _Graph:
+        meta = self._metadata([self.pad] * size, None)
+        sampling = None
+        if self.sampler is not None:
+            sampling = self.sampler.inputs([_GREEDY] * size, [0] * size, self.device, MAX_LOGPROBS)
+        return _Graph(size, meta, sampling)
+
+    def _metadata(self, steps: list[SequenceStep], out: torch.Tensor | None) -> StepMetadata:
+        return build_step_metadata(
+            steps,
+            self.cache.block_size,
+            self.device,
+            logit_rows=list(range(len(steps))),
+            index_topk=self.model.index_topk,
+            max_blocks=self.max_blocks,
+            max_seq_len=self.max_seq_len,
+            out=out,
+        )
+
+    def _run(self, graph: _Graph) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        logits = self.model.forward_step(graph.meta, self.cache)
+        sampled = None if self.sampler is None else self.sampler.sample_device(logits, graph.sampling)
+        return logits, sampled
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Warm every size up eagerly (kernels compile), then capture, largest first (shared pool)."""
+        for size in sorted(self.graphs, reverse=True):
+            graph = self.graphs[size]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._run(graph)
+            torch.cuda.current_stream().wait_stream(side)
+            graph.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph.graph, pool=self.pool):
+                graph.logits, graph.sampled = self._run(graph)
+        torch.cuda.synchronize()
+        log.info("captured decode CUDA graphs for batch sizes %s", sorted(self.graphs))
+
+    def can_replay(self, steps: list[SequenceStep], num_sampling: int) -> bool:
+        """A pure-decode step (one token after a prefix, every sequence sampling) that fits a graph."""
+        return (
+            len(steps) <= self.max_size
+            and num_sampling == len(steps)
+            and all(len(step.token_ids) == 1 and step.past > 0 for step in steps)
+            and all(step.past < self.max_seq_len for step in steps)
+        )
+
+    def padded_size(self, batch: int) -> int:
+        """The captured size a batch of ``batch`` sequences replays at."""
+        return min(size for size in self.graphs if size >= batch)
+
+    def replay(
+        self, steps: list[SequenceStep], params: list[SamplingParams], positions: list[int]
+    ) -> SampleOutput:
+        """Run a decode step from its graph (check ``can_replay`` first) and sample its rows."""
+        graph = self.graphs[self.padded_size(len(steps))]
+        padding = graph.size - len(steps)
+        self._metadata(list(steps) + [self.pad] * padding, graph.meta.packed)
+        if self.sampler is not None:
+            self.sampler.inputs(
+                list(params) + [_GREEDY] * padding,
+                list(positions) + [0] * padding,
+                self.device,
+                MAX_LOGPROBS,
+                out=graph.sampling.packed,
+            )
+        graph.graph.replay()
+        self.replays += 1
+        if self.sampler is not None:
+            return self.sampler.to_output(graph.sampled, params)
+        return self.model.kernels.sampling.sample(graph.logits[: len(steps)], params, positions)
+
+    def logits(self, batch: int) -> torch.Tensor:
+        """The static logits the last replay at ``batch``'s size wrote (rows past ``batch`` are padding)."""
+        return self.graphs[self.padded_size(batch)].logits

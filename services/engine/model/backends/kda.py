@@ -1,0 +1,146 @@
+"""KDA backends: the short convolution and the gated delta rule over the step's sequences, each
+continuing its state slot in place.
+
+``reference`` runs ``Numerics.causal_conv1d`` and ``Numerics.kda`` one sequence at a time (chunked
+for prefill, recurrent for a decode token; CF-BI rows with their open chunk in batch-invariant
+mode). ``triton`` runs ``causal_conv1d_varlen`` and ``kda_varlen`` on every row at once through
+``cu_seqlens`` (``query_start_loc``) and the slot indices, with no gather or scatter of the state.
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from kernels.kda.fixed_chunk import FixedChunkState
+
+from ..layer_cache import KdaLayerCache
+from ..numerics import Numerics
+from ..step_metadata import StepMetadata
+
+
+class KdaBackend(ABC):
+    """Short conv + KDA; ``graph_safe`` as for attention."""
+
+    kind: str  # the backend name this implementation belongs to
+    graph_safe: bool
+
+    @abstractmethod
+    def short_conv(
+        self, x: torch.Tensor, weight: torch.Tensor, cache: KdaLayerCache, meta: StepMetadata
+    ) -> torch.Tensor:
+        """Causal depthwise conv + SiLU of each sequence's rows, continuing and updating ``cache.conv``.
+
+        Args:
+            x: ``[N, C]`` rows (``C = 3 * H * K``: q, k, v before the conv).
+            weight: ``[C, W]`` taps.
+            cache: the layer's slots.
+            meta: the step (``kda_slots``, ``has_state``, ``query_start_loc``).
+
+        Returns:
+            ``[N, C]`` in ``x.dtype``.
+        """
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        scale: float,
+        cache: KdaLayerCache,
+        meta: StepMetadata,
+    ) -> torch.Tensor:
+        """The gated delta rule over each sequence's rows, continuing and updating its slot.
+
+        Args:
+            q, k: ``[N, H, K]`` L2-normalised; v: ``[N, H, V]``; g: ``[N, H, K]`` float32 log decay;
+            beta: ``[N, H]``; scale: query scale.
+            cache: the layer's slots; meta: the step.
+
+        Returns:
+            ``o [N, H, V]`` in ``v.dtype``.
+        """
+
+
+class ReferenceKda(KdaBackend):
+    kind = "reference"
+    graph_safe = False
+
+    def __init__(self, nx: Numerics):
+        self.nx = nx
+
+    def short_conv(self, x, weight, cache, meta):
+        out = torch.empty_like(x)
+        for seq in range(meta.num_seqs):
+            rows, slot = meta.rows(seq), meta.kda_slots_host[seq]
+            state = cache.conv[slot] if meta.past_lens_host[seq] > 0 else None
+            out[rows], new_state = self.nx.causal_conv1d(x[rows], weight, state)
+            cache.conv[slot] = new_state.to(cache.conv.dtype)
+        return out
+
+    def forward(self, q, k, v, g, beta, scale, cache, meta):
+        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        for seq in range(meta.num_seqs):
+            rows, slot = meta.rows(seq), meta.kda_slots_host[seq]
+            previous = self._read(cache, slot) if meta.past_lens_host[seq] > 0 else None
+            out[rows], state = self.nx.kda(q[rows], k[rows], v[rows], g[rows], beta[rows], scale, previous)
+            self._write(cache, slot, state)
+        return out
+
+    @staticmethod
+    def _read(cache: KdaLayerCache, slot: int) -> torch.Tensor | FixedChunkState:
+        if not cache.has_open_rows:
+            return cache.recurrent[slot]
+        return FixedChunkState(
+            s0=cache.recurrent[slot].clone(),
+            open_k=cache.open_k[slot].clone(),
+            open_g=cache.open_g[slot].clone(),
+            open_delta=cache.open_delta[slot].clone(),
+            count=int(cache.open_count[slot][0]),
+        )
+
+    @staticmethod
+    def _write(cache: KdaLayerCache, slot: int, state: torch.Tensor | FixedChunkState) -> None:
+        if isinstance(state, FixedChunkState):
+            cache.recurrent[slot] = state.s0
+            cache.open_k[slot] = state.open_k
+            cache.open_g[slot] = state.open_g
+            cache.open_delta[slot] = state.open_delta
+            cache.open_count[slot] = state.count
+        else:
+            cache.recurrent[slot] = state
+
+
+class TritonKda(KdaBackend):
+    """``causal_conv1d_varlen`` and ``kda_varlen`` (signatures in ``triton_kernels``)."""
+
+    kind = "triton"
+    graph_safe = True
+
+    def __init__(self, causal_conv1d_varlen: Callable, kda_varlen: Callable):
+        self.causal_conv1d_varlen = causal_conv1d_varlen
+        self.kda_varlen = kda_varlen
+
+    def short_conv(self, x, weight, cache, meta):
+        return self.causal_conv1d_varlen(
+            x, weight, cache.conv, meta.kda_slots, meta.has_state, meta.query_start_loc, meta.max_query_len
+        )
+
+    def forward(self, q, k, v, g, beta, scale, cache, meta):
+        return self.kda_varlen(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale,
+            cache.recurrent,
+            meta.kda_slots,
+            meta.has_state,
+            meta.query_start_loc,
+            meta.max_query_len,
+            meta.any_fresh,
+        )

@@ -1,0 +1,123 @@
+"""fla-core's KDA kernels through Baton's state slots, against the float32 per-sequence oracle (CUDA only).
+
+Decode (max_query_len 1) runs fla's fused recurrent kernel in place on the slots; prefill and mixed
+batches run fla's chunk_kda with a gather/scatter of the batch's states. Also: chunked prefill
+continuing from a slot equals one-shot prefill, and the varlen conv on a real StateSlotPool view.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.kda import varlen as fast
+from tests.kernels.device.kda_cases import packed_inputs, per_sequence_loop, strided_pool
+from tests.kernels.kernel_testing import assert_rel
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# fla's chunk kernels use TF32 dots for float32 inputs unless TRITON_F32_DEFAULT=ieee; the float32
+# bound is the issue's contract, the measured error is in the failure message.
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+CASES = {  # name: (lengths, has_state, heads, dim)
+    "decode_b5": ([1] * 5, [True, True, False, True, True], 4, 64),
+    "decode_b4_all_stateful": ([1] * 4, [True] * 4, 4, 64),  # any_fresh False: no zeroing launch
+    "decode_b3_d128": ([1, 1, 1], [True, False, True], 2, 128),
+    "prefill_ragged": ([37, 1, 130, 5], [False, True, True, False], 4, 64),
+    "prefill_long": ([300, 64], [True, False], 2, 128),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_fla_kda_varlen_matches_oracle(case, dtype):
+    lengths, has_state, heads, dim = CASES[case]
+    (q, k, v, g, beta), (slots, states, cu) = packed_inputs(lengths, has_state, heads, dim, dtype, "cuda")
+    pool = strided_pool(8, heads, dim, "cuda", seed=1)
+    before = pool.clone()
+    want, finals = per_sequence_loop(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu)
+    args = (q, k, v, g, beta, dim**-0.5, pool, slots, states, cu, max(lengths))
+    o = fast.kda_varlen(*args, not all(has_state))
+    assert o.dtype == dtype
+    assert_rel(o.float().cpu(), want, TOL[dtype], "o")
+    for slot, final in finals.items():
+        assert_rel(pool[slot].cpu(), final, TOL[dtype], f"state of slot {slot}")
+    others = [s for s in range(8) if s not in finals]
+    assert torch.equal(pool[others], before[others]), "a slot outside the batch changed"
+
+
+@pytest.mark.parametrize("length", [1, 40], ids=["decode", "prefill"])
+def test_fla_kda_varlen_takes_strided_rows(length):
+    """The KDA layer hands over v (and q, k before normalising) as slices of the conv output."""
+    heads, dim = 4, 64
+    lengths, has_state = [length, length], [True, True]
+    (q, k, v, g, beta), (slots, states, cu) = packed_inputs(
+        lengths, has_state, heads, dim, torch.float32, "cuda"
+    )
+    wide = torch.cat([q, k, v], dim=-1)  # [N, H, 3K]: each part a strided view, as in the layer
+    q_s, k_s, v_s = wide.split(dim, dim=-1)
+    assert not v_s.is_contiguous()
+    pool = strided_pool(4, heads, dim, "cuda", seed=1)
+    want, finals = per_sequence_loop(q, k, v, g, beta, dim**-0.5, pool, slots, states, cu)
+    o = fast.kda_varlen(q_s, k_s, v_s, g, beta, dim**-0.5, pool, slots, states, cu, length, False)
+    assert_rel(o.cpu(), want, TOL[torch.float32], "o")
+    for slot, final in finals.items():
+        assert_rel(pool[slot].cpu(), final, TOL[torch.float32], f"state of slot {slot}")
+
+
+@pytest.mark.parametrize("split", [1, 64, 100], ids=["decode_after_prefill", "split64", "split100"])
+def test_fla_chunked_prefill_from_a_slot_equals_one_shot(split):
+    length, heads, dim = 300, 4, 64
+    (q, k, v, g, beta), _ = packed_inputs([length], [False], heads, dim, torch.float32, "cuda", seed=2)
+    slot = torch.tensor([4], dtype=torch.int32, device="cuda")
+
+    def run(pool, start, stop, has_state):
+        cu = torch.tensor([0, stop - start], dtype=torch.int32, device="cuda")
+        flag = torch.tensor([has_state], device="cuda")
+        rows = slice(start, stop)
+        args = (q[rows], k[rows], v[rows], g[rows], beta[rows], dim**-0.5, pool, slot, flag, cu)
+        return fast.kda_varlen(*args, stop - start)
+
+    pool_once, pool_chunks = strided_pool(6, heads, dim, "cuda", 3), strided_pool(6, heads, dim, "cuda", 3)
+    once = run(pool_once, 0, length, False)
+    first = 200 if split == 1 else split
+    pieces = [run(pool_chunks, 0, first, False)]
+    step = 1 if split == 1 else split
+    for start in range(first, length, step):
+        pieces.append(run(pool_chunks, start, min(length, start + step), True))
+    assert_rel(torch.cat(pieces), once, 1e-3, "o")
+    assert_rel(pool_chunks[4], pool_once[4], 1e-3, "final state")
+
+
+def test_kda_and_conv_on_a_state_slot_pool_view():
+    from kernels.conv import naive as conv_naive
+    from kernels.conv import varlen as conv_fast
+    from services.engine.cache.layout import CONV, RECURRENT, slot_layout
+    from services.engine.cache.state_pool import StateSlotPool
+    from services.engine.checkpoint.presets import preset_config
+    from services.engine.model.config_loader import load_model_config
+
+    config = load_model_config(preset_config("kimi_linear", "tiny"))
+    pool = StateSlotPool(slot_layout(config, torch.bfloat16), 6, "cuda")
+    layer = config.layer_types.index("kda")
+    recurrent, conv = pool.view(layer, RECURRENT), pool.view(layer, CONV)
+    heads, dim = recurrent.shape[1], recurrent.shape[2]
+    lengths = [1, 1, 1]
+    (q, k, v, g, beta), (slots, states, cu) = packed_inputs(
+        lengths, [True, True, False], heads, dim, torch.bfloat16, "cuda", slots=[5, 0, 2]
+    )
+    recurrent.copy_(torch.randn(recurrent.shape, device="cuda") * 0.1)
+    conv.copy_(torch.randn(conv.shape, device="cuda").to(conv.dtype))
+    want, finals = per_sequence_loop(q, k, v, g, beta, dim**-0.5, recurrent, slots, states, cu)
+    o = fast.kda_varlen(q, k, v, g, beta, dim**-0.5, recurrent, slots, states, cu, 1)
+    assert_rel(o.float().cpu(), want, 2e-2, "o")
+    for slot, final in finals.items():
+        assert_rel(recurrent[slot].cpu(), final, 2e-2, f"state of slot {slot}")
+
+    x = torch.randn(3, conv.shape[1], device="cuda").to(torch.bfloat16)
+    weight = torch.randn(conv.shape[1], conv.shape[2] + 1, device="cuda").to(torch.bfloat16)
+    conv_ref = conv.float().clone()
+    y = conv_fast.causal_conv1d_varlen(x, weight, conv, slots, states, cu, 1)
+    y_ref = conv_naive.causal_conv1d_varlen(x.float(), weight.float(), conv_ref, slots, states, cu, 1)
+    assert_rel(y.float(), y_ref, 2e-2, "conv y")
+    assert_rel(conv[slots.long()].float(), conv_ref[slots.long()], 2e-2, "conv tails")
