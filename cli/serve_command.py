@@ -54,6 +54,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="MS",
         help="goodput: time-per-output-token target (default 100)",
     )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="each worker's --grace-period: after SIGTERM it takes no new work and its running requests "
+        "get S seconds before the router moves them (default 30)",
+    )
     parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
     parser.add_argument("--batch-invariant", action="store_true")
     parser.add_argument("--dtype", default=None)
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             "prefill": ["--device", args.prefill_device or args.device],
             "decode": ["--device", args.decode_device or args.device],
         },
+        grace_period_s=args.grace_period,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

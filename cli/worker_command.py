@@ -45,6 +45,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         "router's lease looks alive (default 600)",
     )
     parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM/SIGINT: admit nothing new (health NOT_SERVING) and give running requests and "
+        "handoffs S seconds to finish; the router moves streams still running to another worker "
+        "(default 30; a second signal ends the wait)",
+    )
+    parser.add_argument(
         "--release-grace-s",
         type=float,
         default=5.0,
@@ -89,13 +98,15 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         fail_transfers=args.fail_transfers,
         reservation_ttl_s=args.reservation_ttl_s,
+        grace_period_s=args.grace_period,
         release_grace_s=args.release_grace_s,
         fault_delays=tuple(args.fault_delay),
     )
     server = WorkerServer(config)
-    stop = threading.Event()
+    stop, hurry = threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        # The first signal starts the drain; a second one ends its wait.
+        signal.signal(sig, lambda *_: hurry.set() if stop.is_set() else stop.set())
     if args.exit_with_parent:
         threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
     print(
@@ -103,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     stop.wait()
+    server.drain(hurry)
     server.stop()
     return 0
 

@@ -33,6 +33,15 @@ _LOCAL_ALWAYS = 2**32 - 1  # local_prefill_max_tokens that makes every prefill l
 DISAGGREGATION_MODES = ("conditional", "always", "never")
 _NO_DEADLINE_S = 1e8  # a "time remaining" beyond this means the caller set no deadline
 _PREFILL_ATTEMPTS = 2  # prefill workers tried before the decode worker prefills itself
+# A decode stream that ends with these lost its worker (killed, restarted, or drained past its grace
+# period). The router cancels the call itself only when the caller has left (``when_call_ends``), which
+# the migrator tells apart by the caller's context.
+_LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+class DecodeLost(TransferError):
+    """The decode worker's stream broke off before its last message; the request may move to another
+    decode worker (``router.migration``)."""
 
 
 class Dispatcher:
@@ -69,20 +78,35 @@ class Dispatcher:
         self.local_prefill_tokens = local_prefill_tokens
         self.admission = admission
 
-    def run(self, request_id: str, prompt_ids: list[int], request, context, route: generation_pb2.Route):
+    def run(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        request,
+        context,
+        route: generation_pb2.Route,
+        resumed_tokens: int = 0,
+    ):
         """Yield the decode worker's messages for one request; the last carries usage and route.
 
         ``request_id`` is the router's internal id for the request (unique, unguessable: every worker
         keys the request by it), never the client's label. ``request`` is the public
         ``GenerateRequest`` (sampling, session, tenant); ``context`` the caller's gRPC context
         (deadline, cancellation); ``route`` is filled in as workers are chosen (for a caller that ends
-        the stream early). Closing the generator, or the caller leaving, stops every worker call.
+        the stream early); ``resumed_tokens``: the prompt ends with that many tokens this request
+        already generated (a migrated request). Closing the generator, or the caller leaving, stops
+        every worker call.
 
         Raises:
-            ValueError, NoCapacity, TimeoutError, TransferError: mapped to status codes by the caller.
+            ValueError, NoCapacity, TimeoutError, TransferError: mapped to status codes by the caller;
+            DecodeLost (a TransferError) when the decode stream broke off.
         """
         reserve = workers_pb2.ReserveRequest(
-            request_id=request_id, prompt_ids=prompt_ids, sampling=request.sampling, tenant=request.tenant
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            sampling=request.sampling,
+            tenant=request.tenant,
+            resumed_tokens=resumed_tokens,
         )
         if self.disaggregation == "never":
             reserve.local_prefill_max_tokens = _LOCAL_ALWAYS
@@ -90,23 +114,30 @@ class Dispatcher:
             reserve.local_prefill_max_tokens = self.local_prefill_tokens
         decode, lease, reserved = self._reserve(reserve, request.session_id, context)
         try:
-            yield from self._run_reserved(decode, reserved, request_id, prompt_ids, request, context, route)
+            yield from self._run_reserved(
+                decode, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
+            )
         finally:
             # The lease ended by itself once Decode took the reservation over (or at once, for a local
             # prefill); otherwise this frees the reservation (after any handoff still writing into it).
             lease.cancel()
 
-    def _run_reserved(self, decode: Worker, reserved, request_id, prompt_ids, request, context, route):
+    def _run_reserved(
+        self, decode: Worker, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
+    ):
         route.decode_worker = decode.name
         local = workers_pb2.LocalPrefill(
-            prompt_ids=prompt_ids, sampling=request.sampling, tenant=request.tenant
+            prompt_ids=prompt_ids,
+            sampling=request.sampling,
+            tenant=request.tenant,
+            resumed_tokens=resumed_tokens,
         )
         if reserved.prefill_locally:
             self.metrics.local_prefills.labels(self._local_reason(len(prompt_ids), reserved)).inc()
             decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
             cached = reserved.reservation.cached_tokens
         else:
-            handoff = self._prefill(reserved, prompt_ids, request, context)
+            handoff = self._prefill(reserved, prompt_ids, request, context, resumed_tokens)
             if handoff is None:  # every attempt failed (and returned): decode prefills it itself
                 _release(decode, request_id)
                 self.metrics.handoff_fallbacks.labels("decode").inc()
@@ -130,7 +161,10 @@ class Dispatcher:
                     message.usage.cached_tokens = max(message.usage.cached_tokens, cached)
                 yield message
         except grpc.RpcError as error:
-            raise self._failed(decode, error) from None
+            failure = self._failed(decode, error)
+            if error.code() in _LOST_CODES:
+                raise DecodeLost(str(failure)) from None
+            raise failure from None
         finally:
             call.cancel()  # a no-op once the stream ended; stops the worker when the caller left early
 
@@ -182,7 +216,7 @@ class Dispatcher:
         detail = last_error.details() if last_error is not None else "no decode worker is reachable"
         raise TransferError(f"decode: {detail}")
 
-    def _prefill(self, reserved, prompt_ids, request, context):
+    def _prefill(self, reserved, prompt_ids, request, context, resumed_tokens: int):
         """``(prefill worker, PrefillResponse)``, or None when every attempt failed."""
         hashes = self.pool.prefixes.block_hashes(prompt_ids, request.tenant)
         candidates = self.pool.prefill_order(hashes, _STATS_TIMEOUT_S)[:_PREFILL_ATTEMPTS]
@@ -192,6 +226,7 @@ class Dispatcher:
             prompt_ids=prompt_ids,
             sampling=request.sampling,
             tenant=request.tenant,
+            resumed_tokens=resumed_tokens,
         )
         for attempt, prefill in enumerate(candidates):
             if attempt:

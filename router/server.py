@@ -17,6 +17,7 @@ from services.rpc.errors import ErrorInterceptor
 from .admission import Admission
 from .discovery import Discovery, discovery_for
 from .dispatch import Dispatcher
+from .migration import Migrator
 from .openai import OpenAIFront
 from .servicer import GenerationServicer
 from .worker_pool import WorkerPool
@@ -78,6 +79,7 @@ class RouterServer:
         dispatcher = Dispatcher(
             self.pool, self.metrics, config.disaggregation, config.local_prefill_tokens, admission
         )
+        migrator = Migrator(dispatcher, self.metrics)
         self.discovery.start(self.pool.update)  # static: the pool is full before the port opens
         self.pool.start_probing()  # a worker that dies with no traffic is marked down all the same
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
@@ -85,7 +87,7 @@ class RouterServer:
             Path(config.model).name,
             model_config,
             tokenizer,
-            dispatcher,
+            migrator,
             config.max_model_len,
             self.metrics,
             admission,

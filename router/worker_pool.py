@@ -50,9 +50,10 @@ class WorkerPool:
     that worker is busier than the hit is worth.
 
     A worker that fails is marked down (``mark_down``) and skipped; it is probed again every
-    ``probe_interval_s`` and comes back when its ``Stats`` answers. With ``start_probing``, a
-    background thread also probes every worker each ``probe_interval_s``, so a worker that dies while
-    no request needs it is marked down (``baton_worker_up`` 0) within about that interval.
+    ``probe_interval_s`` and comes back when its ``Stats`` answers. A worker whose stats say
+    ``draining`` is up but never chosen. With ``start_probing``, a background thread also probes every
+    worker each ``probe_interval_s``, so a worker that dies while no request needs it is marked down
+    (``baton_worker_up`` 0) within about that interval.
 
     Membership changes with ``update`` (worker discovery). ``prefill`` and ``decode`` are replaced,
     never changed in place (copy-on-write under the lock), so a request thread that read a list keeps
@@ -191,8 +192,8 @@ class WorkerPool:
             self.on_health(worker, up)
 
     def _stats(self, workers: list[Worker], timeout_s: float) -> list[tuple[Worker, object]]:
-        """``(worker, WorkerStats)`` of the reachable workers. Down workers are probed (briefly) once
-        their retry interval has passed."""
+        """``(worker, WorkerStats)`` of the reachable workers that take new work (not draining). Down
+        workers are probed (briefly) once their retry interval has passed."""
         answered = []
         now = time.monotonic()
         for worker in workers:
@@ -210,7 +211,8 @@ class WorkerPool:
                 with self._lock:
                     worker.up = True
                     self._report(worker, True)
-            answered.append((worker, stats))
+            if not stats.draining:  # stopping: it finishes its own requests but takes no new one
+                answered.append((worker, stats))
         return answered
 
     def close(self) -> None:

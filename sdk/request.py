@@ -35,6 +35,7 @@ def generate_request(
     tenant: str = "",
     request_id: str = "",
     model: str = "",
+    no_migration: bool = False,
 ) -> generation_pb2.GenerateRequest:
     """One ``GenerateRequest``.
 
@@ -53,6 +54,8 @@ def generate_request(
         tenant: prefix-cache isolation key.
         request_id: the server assigns one when empty.
         model: empty means the cluster's only model.
+        no_migration: when the decode worker streaming this request is lost, fail with
+            UNAVAILABLE instead of letting the router continue the stream on another one.
 
     Raises:
         InvalidRequest: an argument of the wrong type or shape, named in the message.
@@ -82,6 +85,7 @@ def generate_request(
         tenant=_string("tenant", tenant),
         request_id=_string("request_id", request_id),
         model=_string("model", model),
+        no_migration=_bool("no_migration", no_migration),
     )
     if prompt is not None:
         request.text = _string("prompt", prompt)

@@ -25,12 +25,14 @@ class ManagedWorker:
     """One worker subprocess; ``port`` stays the same across restarts so the router's address holds.
 
     Every line the worker prints goes to this module's logger as ``[name] line`` (so to ``baton
-    serve``'s log); ``output`` keeps only the last ``OUTPUT_TAIL_LINES`` of them.
+    serve``'s log); ``output`` keeps only the last ``OUTPUT_TAIL_LINES`` of them. ``grace_period_s``:
+    the worker's ``--grace-period`` (how long it drains after SIGTERM).
     """
 
     role: str
     name: str
     args: list[str]
+    grace_period_s: float = 30.0
     port: int = 0
     process: subprocess.Popen | None = None
     restarts: int = 0
@@ -54,6 +56,8 @@ class ManagedWorker:
             self.name,
             "--port",
             str(self.port),
+            "--grace-period",
+            str(self.grace_period_s),
             *self.args,
         ]
         # Own session: a terminal's Ctrl-C reaches the launcher only, which stops workers in order;
@@ -94,10 +98,11 @@ class ManagedWorker:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
+        """SIGTERM (the worker drains for up to its grace period), then SIGKILL if it hangs."""
         if self.alive():
             self.process.terminate()
             try:
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=self.grace_period_s + 15)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=15)
@@ -126,7 +131,9 @@ class LocalCluster:
     prompt themselves.
 
     A worker that exits is reported and restarted on its port; the router keeps serving through the
-    others meanwhile. ``stop()`` ends everything.
+    others meanwhile. SIGTERM on a worker drains it first (``grace_period_s``, the workers'
+    ``--grace-period``): a rolling restart, one worker after the other, loses no request.
+    ``stop()`` ends everything.
     """
 
     def __init__(
@@ -144,7 +151,10 @@ class LocalCluster:
         slo_ttft_s: float = 2.0,
         slo_tpot_s: float = 0.1,
         role_args: dict[str, list[str]] | None = None,
+        grace_period_s: float = 30.0,
     ):
+        if not grace_period_s >= 0:
+            raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
         if decode_workers < 1:
             raise ValueError("--decode-workers: need at least one")
         if disaggregation == "never":
@@ -157,7 +167,12 @@ class LocalCluster:
         if unknown:
             raise ValueError(f"role_args: unknown roles {sorted(unknown)} (prefill, decode)")
         self.workers = [
-            ManagedWorker(role, f"{role}-{i}", ["--model", model, *worker_args, *role_args.get(role, [])])
+            ManagedWorker(
+                role,
+                f"{role}-{i}",
+                ["--model", model, *worker_args, *role_args.get(role, [])],
+                grace_period_s,
+            )
             for role, count in (("prefill", prefill_workers), ("decode", decode_workers))
             for i in range(count)
         ]
@@ -195,7 +210,10 @@ class LocalCluster:
             for worker in self.workers:
                 if not worker.alive() and not self._stop.is_set():
                     code = worker.process.poll() if worker.process else None
-                    log.error("%s exited (code %s); restarting it on port %d", worker.name, code, worker.port)
+                    level = logging.INFO if code == 0 else logging.ERROR  # 0: drained after SIGTERM
+                    log.log(
+                        level, "%s exited (code %s); restarting it on port %d", worker.name, code, worker.port
+                    )
                     worker.restarts += 1
                     try:
                         worker.start(self.ready_timeout_s)

@@ -84,6 +84,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.migrations = Counter(
+            "baton_migrations_total",
+            "Requests whose decode stream was lost mid-stream, by what happened to them",
+            ["outcome"],
+            registry=r,
+        )
         self.reservations_freed = Counter(
             "baton_reservations_freed_total",
             "Decode reservations freed before any Decode call took them over, by why",

@@ -1,6 +1,7 @@
 """Starts a prefill or decode worker: engine loop, transfer backend, gRPC server with health checks."""
 
 import logging
+import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from services.transfer.inbox import SharedTransfer
 from .decode.servicer import DecodeServicer
 from .fault_delays import FaultDelays
 from .prefill.servicer import PrefillServicer
+from .worker_drain import Drain
 from .worker_stats import StatsBoard
 
 log = logging.getLogger(__name__)
@@ -44,10 +46,13 @@ class WorkerConfig:
     reservation_ttl_s: float = 600.0  # decode: backstop for a reservation whose lease outlives its router
     release_grace_s: float = 5.0  # decode: a released reservation waits this long for an in-flight write
     fault_delays: tuple[str, ...] = ()  # fault injection: PHASE=SECONDS pauses (services/fault_delays.py)
+    grace_period_s: float = 30.0  # drain(): how long running work may take to finish after SIGTERM
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
+        if not self.grace_period_s >= 0:
+            raise ValueError(f"grace_period_s: must be >= 0, got {self.grace_period_s}")
         if not self.release_grace_s >= 0:
             raise ValueError(f"release_grace_s: must be >= 0, got {self.release_grace_s}")
         FaultDelays.parse(self.role, self.fault_delays)  # names the bad field at start
@@ -60,7 +65,8 @@ class WorkerConfig:
 
 
 class WorkerServer:
-    """A running worker. ``stop()`` drains nothing yet: in-flight calls are cancelled."""
+    """A running worker. ``drain()`` stops it gracefully (``services.worker_drain``); ``stop()`` then
+    closes it, cancelling whatever is still in flight."""
 
     def __init__(self, config: WorkerConfig):
         self.config = config
@@ -75,6 +81,7 @@ class WorkerServer:
         backend = make_backend(config.transfer_backend)
         register_pools(backend, self.loop.engine.cache)
         self.transfer = SharedTransfer(backend)
+        self.drain_state = Drain(self.name)
         # A decode stream, a reservation's lease or a prefill call holds a handler thread while its
         # request runs or waits (a lease and a decode stream share one seat, in turn): room for every
         # sequence slot twice over, and spare threads for health checks and stats.
@@ -91,6 +98,7 @@ class WorkerServer:
                 self.transfer,
                 self.stats,
                 self.metrics,
+                self.drain_state,
                 release_grace_s=config.release_grace_s,
                 faults=faults,
             )
@@ -104,6 +112,7 @@ class WorkerServer:
                     self.transfer,
                     self.metrics,
                     self.stats,
+                    self.drain_state,
                     fail_transfers=config.fail_transfers,
                     faults=faults,
                 ),
@@ -132,6 +141,26 @@ class WorkerServer:
                 log.warning("freed %d reservation(s) whose state never arrived: %s", len(expired), expired)
         self.metrics.observe_pools(engine)
         self.stats.update(engine)
+
+    def drain(self, hurry: threading.Event | None = None) -> bool:
+        """Admit nothing new (health NOT_SERVING, stats ``draining``, refusals) and wait up to
+        ``grace_period_s`` (or until ``hurry`` is set) for the work in flight: running streams,
+        reservations whose state is arriving, prefills and their handoff writes. Streams still
+        running after that end with UNAVAILABLE, for the router to move. Returns whether everything
+        finished in time."""
+        self.health.enter_graceful_shutdown()
+        self.drain_state.start()
+        self.stats.draining = True
+        self.loop.call(self._after_pass)  # the router's next Stats call sees it
+        deadline = time.monotonic() + self.config.grace_period_s
+        hurry = hurry or threading.Event()
+        while self.drain_state.admitting or self.loop.call(lambda engine: engine.has_unfinished):
+            if time.monotonic() >= deadline or hurry.wait(0.1):
+                log.warning("%s: grace period over with work in flight; ending its streams", self.name)
+                self.drain_state.expire()
+                return False
+        log.info("%s: drained", self.name)
+        return True
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()

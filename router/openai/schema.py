@@ -39,7 +39,8 @@ class Sampling:
 @dataclass(frozen=True)
 class Options:
     """What both endpoints share besides sampling. ``model`` empty: the cluster's only model;
-    ``timeout`` (seconds, an extension) becomes the gRPC deadline."""
+    ``timeout`` (seconds, an extension) becomes the gRPC deadline; ``no_migration`` (an extension):
+    fail instead of moving the stream when its decode worker is lost (``GenerateRequest.no_migration``)."""
 
     model: str
     stream: bool
@@ -48,6 +49,7 @@ class Options:
     session_id: str
     tenant: str
     timeout: float | None
+    no_migration: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ def _options(body: Mapping[str, Any], headers: Mapping[str, str]) -> Options:
         session_id=fields.string(body, "session_id", headers.get("x-session-id", "")),
         tenant=fields.string(body, "tenant", headers.get("x-tenant", "")),
         timeout=fields.number(body, "timeout", None, 0.0, 86400.0, low_open=True),
+        no_migration=fields.boolean(body, "no_migration"),
     )
 
 

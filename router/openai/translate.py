@@ -49,5 +49,9 @@ def chat_to_pb(request: ChatRequest, request_id: str, max_model_len: int) -> gen
 
 def _common(options: Options, request_id: str) -> generation_pb2.GenerateRequest:
     return generation_pb2.GenerateRequest(
-        request_id=request_id, model=options.model, session_id=options.session_id, tenant=options.tenant
+        request_id=request_id,
+        model=options.model,
+        session_id=options.session_id,
+        tenant=options.tenant,
+        no_migration=options.no_migration,
     )

@@ -20,6 +20,7 @@ from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
 from .leases import LeaseEnd, Leases
@@ -30,8 +31,11 @@ _STATE_POLL_S = 0.25  # how often a Decode call waiting for its state checks tha
 
 class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
     """Args: the worker's name, its engine loop, its transfer backend (pools registered), its stats
-    snapshot, its metrics, how long a Decode call waits for its handoff's state, how long a released
-    reservation waits for a handoff that may still be writing into it, and the injected fault delays."""
+    snapshot, its metrics, its drain (while draining, Reserve and local prefills are refused; a
+    reservation whose state is arriving is still decoded; once the grace period is over, Decode calls
+    are refused and running streams end, for the router to move), how long a Decode call waits for its
+    handoff's state, how long a released reservation waits for a handoff that may still be writing
+    into it, and the injected fault delays."""
 
     def __init__(
         self,
@@ -40,6 +44,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         transfer: SharedTransfer,
         stats: StatsBoard,
         metrics: Metrics,
+        drain: Drain,
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
         faults: FaultDelays = NO_FAULTS,
@@ -50,6 +55,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         self.transfer_timeout_s = transfer_timeout_s
         self.stats = stats
         self.metrics = metrics
+        self.drain = drain
         self.faults = faults
         self.leases = Leases()
         self.releaser = ReservationReleaser(loop, transfer, release_grace_s)
@@ -70,10 +76,14 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
                 cached = engine.cached_prefix_tokens(prompt, request.tenant)
                 if _prefill_here(len(prompt), cached, local_limit, engine.cache.blocks.block_size):
                     return None, cached
-            return reservation_of(engine.reserve(prompt, params, request_id, request.tenant)), 0
+            reserved = engine.reserve(
+                prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
+            )
+            return reservation_of(reserved), 0
 
         self.faults.pause("reserve")
-        reserved, cached = self.loop.call(reserve_or_decline)
+        with self.drain.admit("Reserve"):
+            reserved, cached = self.loop.call(reserve_or_decline)
         if reserved is None:
             reservation = workers_pb2.CacheReservation(request_id=request_id, cached_tokens=cached)
             yield workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
@@ -110,6 +120,9 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         request_id = request.request_id
         if not request_id:
             raise ValueError("request_id: required")
+        # Past the grace period nothing more starts here; an unclaimed reservation stays with its lease
+        # (the router, moving the request, ends it and the releaser frees it).
+        self.drain.check_expired(request_id)
         if not request.HasField("local_prefill") and not self.leases.end(request_id, LeaseEnd.CLAIMED):
             raise KeyError(
                 f"request_id: {request_id!r} has no reservation here (released, expired or never made)"
@@ -159,17 +172,21 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         local = request.local_prefill
         params = sampling_from_pb(local.sampling)
         prompt = list(local.prompt_ids)
-        stream = self.loop.call(
-            lambda engine: self.loop.watch(
-                engine.add_request(prompt, params, request.request_id, local.tenant)
+        with self.drain.admit("Decode with a local prefill"):
+            stream = self.loop.call(
+                lambda engine: self.loop.watch(
+                    engine.add_request(
+                        prompt, params, request.request_id, local.tenant, resumed_tokens=local.resumed_tokens
+                    )
+                )
             )
-        )
         yield from self._stream(request.request_id, stream, context)
 
     def _stream(self, request_id: str, stream, context):
         finished = False
         try:
             while True:
+                self.drain.check_expired(request_id)  # the grace period is over: the router moves it
                 try:
                     delta = stream.get(timeout=1.0)
                 except queue.Empty:

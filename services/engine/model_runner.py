@@ -42,7 +42,7 @@ class ModelRunner:
         sampling = [i for i, chunk in enumerate(chunks) if chunk.samples]
         picked = [requests[chunks[i].request_id] for i in sampling]
         params = [r.params for r in picked]
-        positions = [len(r.output_ids) for r in picked]
+        positions = [r.sample_position for r in picked]
         if self.graphs is not None and self.graphs.can_replay(steps, len(sampling)):
             result = self.graphs.replay(steps, params, positions)
         else:

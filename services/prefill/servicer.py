@@ -13,13 +13,15 @@ from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
 
 
 class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
     """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics,
-    its stats snapshot, how long a prefill may wait for a step, and the injected faults (failed
+    its stats snapshot, its drain (while draining, new prefills are refused; running ones and their
+    handoffs complete), how long a prefill may wait for a step, and the injected faults (failed
     handoffs, delays).
 
     A request's cache here lives only within its ``Prefill`` call: held for the handoff, then freed
@@ -32,6 +34,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         transfer: SharedTransfer,
         metrics: Metrics,
         stats: StatsBoard,
+        drain: Drain,
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
         faults: FaultDelays = NO_FAULTS,
@@ -44,6 +47,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         self.transfer = transfer
         self.step_timeout_s = step_timeout_s
         self.stats = stats
+        self.drain = drain
         self._faults_lock = threading.Lock()
 
     def Prefill(self, request, context):
@@ -58,11 +62,14 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         self.faults.pause("prefill")
         if not context.is_active():  # the router gave up before any work started
             raise TransferError(f"request {request_id!r} was cancelled before its prefill")
-        stream = self.loop.call(
-            lambda engine: self.loop.watch(
-                engine.add_prefill_only(prompt, params, request_id, request.tenant)
+        with self.drain.admit("Prefill"):
+            stream = self.loop.call(
+                lambda engine: self.loop.watch(
+                    engine.add_prefill_only(
+                        prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
+                    )
+                )
             )
-        )
         try:
             # The caller left: stop computing (queued, not awaited: this runs on gRPC's event thread).
             when_call_ends(context, lambda: self.loop.submit(lambda engine: engine.abort(request_id)))

@@ -99,8 +99,9 @@ def test_schema_refuses(case):
 
 CROSS_KEY_MISTAKES = {
     "worker-grace": (
-        ["--set", "decode.terminationGracePeriodSeconds=10", "--set", "decode.preStopSleepSeconds=15"],
-        "decode.terminationGracePeriodSeconds (10) must exceed decode.preStopSleepSeconds (15)",
+        ["--set", "decode.terminationGracePeriodSeconds=250"],
+        "decode.terminationGracePeriodSeconds (250) must exceed decode.preStopSleepSeconds + "
+        "decode.drainSeconds (15 + 240)",
     ),
     "router-grace": (
         ["--set", "router.terminationGracePeriodSeconds=30"],

@@ -131,10 +131,13 @@ def test_probes_are_grpc_health_on_the_grpc_port(values):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert c[probe]["grpc"] == {"port": grpc_port}, (component, probe)
         assert f"--port={grpc_port}" in c["args"]
-        # Drain: a preStop sleep inside a longer grace period.
+        # Drain: a preStop sleep, then the process's own drain (--grace-period), inside a longer grace
+        # period (SIGKILL would cut the drain short).
         sleep = c["lifecycle"]["preStop"]["exec"]["command"]
         assert sleep[0] == "sleep"
-        assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > int(sleep[1])
+        drain = float(chart.args(c)["--grace-period"])
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > int(sleep[1]) + drain, component
 
 
 def _gpus(objects, role):

@@ -31,8 +31,10 @@ POINTS = {
 class Stream:
     """One Generate on its own thread: ``messages`` as they come, ``error`` at the end."""
 
-    def __init__(self, stub, prompt, max_tokens, timeout=120):
-        self.call = stub.Generate(request(prompt, max_tokens), timeout=timeout)
+    def __init__(self, stub, prompt, max_tokens, timeout=120, no_migration=False):
+        generate = request(prompt, max_tokens)
+        generate.no_migration = no_migration
+        self.call = stub.Generate(generate, timeout=timeout)
         self.messages, self.error = [], None
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()

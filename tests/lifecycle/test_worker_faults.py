@@ -55,11 +55,14 @@ def test_when_every_decode_seat_is_taken_requests_wait_in_the_router_queue(worke
 def test_a_decode_worker_dying_during_the_handoff_leaves_the_prefill_worker_empty(workers, router_over):
     prefill, _, spare_decode = workers
     router = router_over([prefill], [spare_decode])
-    stream = Stream(router.stub, prompt_of(40, 70), 50)
+    # Opted out of migration: with no other decode worker there is nowhere to move it, and the point
+    # here is what the prefill worker keeps (tests/services/test_migration.py moves requests).
+    stream = Stream(router.stub, prompt_of(40, 70), 50, no_migration=True)
     wait_until(lambda: integrity(prefill).held == 1, 30, "prefill holding its state for the handoff")
     spare_decode.worker.process.kill()
     stream.thread.join(timeout=30)
     assert stream.error is not None and stream.error.code() == grpc.StatusCode.UNAVAILABLE
+    assert router.metric("baton_migrations_total", outcome="opted_out") == 1
     assert_idle(prefill, timeout_s=PHASE_S + 5)
     assert router.metric("baton_router_inflight_requests") == 0
 

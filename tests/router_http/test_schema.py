@@ -18,7 +18,7 @@ def test_completion_defaults_follow_openai_in_the_grpc_apis_terms():
     assert sampling.max_tokens == 16 and sampling.temperature == 1.0  # OpenAI's defaults
     assert sampling.top_p == 0 and sampling.top_k == 0 and sampling.min_p == 0  # 0: off
     assert not sampling.HasField("seed") and not sampling.HasField("logprobs")
-    assert list(sampling.stop) == [] and not sampling.ignore_eos
+    assert list(sampling.stop) == [] and not sampling.ignore_eos and not message.no_migration
 
 
 def test_completion_fields_reach_the_grpc_request():
@@ -35,13 +35,14 @@ def test_completion_fields_reach_the_grpc_request():
         "stop_token_ids": [2],
         "ignore_eos": True,
         "logprobs": 0,
+        "no_migration": True,
         "user": "ignored",
         "frequency_penalty": 0,
         "suffix": None,
     }
     message = completion_to_pb(parse_completion(body, {"x-session-id": "s", "x-tenant": "t"}), "r")
     assert message.model == "m" and list(message.token_ids.ids) == [3, 4, 5]
-    assert (message.session_id, message.tenant) == ("s", "t")
+    assert (message.session_id, message.tenant, message.no_migration) == ("s", "t", True)
     s = message.sampling
     assert (s.max_tokens, s.temperature, s.top_k, s.seed, s.logprobs) == (7, 0.0, 0, 11, 0)
     assert s.top_p == pytest.approx(0.5) and s.min_p == pytest.approx(0.1)
@@ -85,8 +86,9 @@ def test_chat_messages_and_defaults():
         ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
         ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "presence_penalty"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        ({"messages": [{"role": "user", "content": "x"}], "no_migration": 1}, "no_migration"),
     ],
-    ids=["content-type", "tool-calls", "tool-choice", "penalty", "stream-type"],
+    ids=["content-type", "tool-calls", "tool-choice", "penalty", "stream-type", "no-migration-type"],
 )
 def test_chat_refusals_name_the_field(body, param):
     with pytest.raises(RequestError) as caught:

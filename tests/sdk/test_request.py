@@ -25,6 +25,7 @@ def test_every_argument_reaches_its_field():
         tenant="acme",
         request_id="r-9",
         model="k3-tiny",
+        no_migration=True,
     )
     sampling = request.sampling
     assert request.WhichOneof("prompt") == "text" and request.text == "Hello"
@@ -39,12 +40,13 @@ def test_every_argument_reaches_its_field():
         "r-9",
         "k3-tiny",
     )
+    assert request.no_migration
 
 
 def test_unset_optionals_stay_unset():
     request = generate_request(prompt_ids=[5])
     assert not request.sampling.HasField("seed") and not request.sampling.HasField("logprobs")
-    assert requested_logprobs(request) is None
+    assert requested_logprobs(request) is None and not request.no_migration
     assert requested_logprobs(generate_request(prompt_ids=[5], logprobs=0)) == 0
 
 
@@ -83,6 +85,7 @@ def test_prompt_ids_and_messages_fill_their_oneof():
         ({"prompt": "a", "stop_token_ids": [-1]}, "stop_token_ids"),
         ({"prompt": "a", "ignore_eos": 1}, "ignore_eos"),
         ({"prompt": "a", "tenant": None}, "tenant"),
+        ({"prompt": "a", "no_migration": "yes"}, "no_migration"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )

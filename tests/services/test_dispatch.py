@@ -1,5 +1,6 @@
 """The router's dispatch over real worker processes: conditional disaggregation, colocated serving, a
-failed handoff re-prefilled elsewhere or locally, a decode worker killed mid-request."""
+failed handoff re-prefilled elsewhere or locally, a decode worker killed mid-request (and the request
+not migrated, as it asked)."""
 
 import time
 from typing import NamedTuple
@@ -203,11 +204,13 @@ def test_many_concurrent_streams_all_run_at_once(workers, router_over):
         time.sleep(0.1)
 
 
-def test_a_decode_worker_killed_mid_request_fails_fast_and_is_marked_down(workers, router_over):
+def test_a_decode_worker_killed_mid_request_fails_fast_without_migration_and_is_marked_down(
+    workers, router_over
+):
     router = router_over([workers.good_prefill], workers.decode, disaggregation="always")
     sampling = generation_pb2.SamplingParameters(max_tokens=2000, ignore_eos=True)
     request = generation_pb2.GenerateRequest(
-        token_ids=generation_pb2.TokenIds(ids=prompt_of(30, 10)), sampling=sampling
+        token_ids=generation_pb2.TokenIds(ids=prompt_of(30, 10)), sampling=sampling, no_migration=True
     )
     stream = router.stub.Generate(request, timeout=120)
     next(stream)  # decoding has started somewhere
@@ -227,6 +230,7 @@ def test_a_decode_worker_killed_mid_request_fails_fast_and_is_marked_down(worker
     assert tokens == offline(workers, prompt, 4)
     assert final.route.decode_worker == "decode-test" and survivor.worker.alive()
     assert router.metric("baton_requests_total", status="unavailable") == 1
+    assert router.metric("baton_migrations_total", outcome="opted_out") == 1
 
 
 def decode_stub(process: WorkerProcess) -> workers_pb2_grpc.DecodeWorkerStub:

@@ -124,8 +124,8 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- define "baton.validate" -}}
 {{- range $component := list "prefill" "decode" }}
 {{- $c := index $.Values $component }}
-{{- if le (int $c.terminationGracePeriodSeconds) (int $c.preStopSleepSeconds) }}
-{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must exceed %s.preStopSleepSeconds (%v): the sleep runs inside the grace period" $component $c.terminationGracePeriodSeconds $component $c.preStopSleepSeconds) }}
+{{- if le (int $c.terminationGracePeriodSeconds) (add $c.preStopSleepSeconds $c.drainSeconds | int) }}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%v) must exceed %s.preStopSleepSeconds + %s.drainSeconds (%v + %v): both run inside the grace period" $component $c.terminationGracePeriodSeconds $component $component $c.preStopSleepSeconds $c.drainSeconds) }}
 {{- end }}
 {{- end }}
 {{- with .Values.router }}
