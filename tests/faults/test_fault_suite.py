@@ -51,8 +51,8 @@ def test_every_request_ends_with_a_status_its_client_can_expect(report):
     assert sum(statuses.values()) == SCENARIO.requests
     assert {"OK", "CANCELLED", "DEADLINE_EXCEEDED"} <= set(statuses), statuses  # every fault ran
     assert [(kill.role, kill.restarted_s is not None) for kill in report.kills] == [
-        ("prefill", True),
         ("decode", True),
+        ("prefill", True),
     ]
     assert [(o.request_id, o.status, o.detail) for o in report.unexpected()] == []
 

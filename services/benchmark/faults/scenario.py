@@ -81,15 +81,17 @@ class FaultScenario:
 
 
 def _interleave(prefill: int, decode: int) -> list[str]:
-    """Roles alternating while both have kills left (prefill first), then the rest."""
+    """Roles alternating while both have kills left, then the rest. Decode goes first: each kill waits
+    for the previous restart, so the first kill is the one sure to land while streams are running,
+    and a decode worker dying under running streams is the case that moves them (migration)."""
     order = []
     while prefill or decode:
-        if prefill:
-            order.append("prefill")
-            prefill -= 1
         if decode:
             order.append("decode")
             decode -= 1
+        if prefill:
+            order.append("prefill")
+            prefill -= 1
     return order
 
 
