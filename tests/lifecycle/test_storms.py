@@ -22,5 +22,11 @@ def test_50_streams_cancelled_at_random_points_leave_nothing_held(slow, router_o
         stream.call.cancel()
     took = assert_idle(decode, prefill, timeout_s=GRACE_S + 5)
     wait_until(lambda: router.metric("baton_router_inflight_requests") == 0, 5, "router seats freed")
-    assert router.metric("baton_requests_total", status="cancelled") == 50
+    # A client that cancels before its call reaches the router is never seen by it, so a few of the
+    # earliest cancels may go uncounted; every request the router did see must count as cancelled.
+    others = ("stop", "length", "abort", "unavailable", "deadline_exceeded", "internal", "unknown", "error")
+    assert {
+        status: router.metric("baton_requests_total", status=status) for status in others
+    } == dict.fromkeys(others, 0.0)
+    assert 45 <= router.metric("baton_requests_total", status="cancelled") <= 50
     print(f"storm: workers idle {took:.2f} s after the last cancel")
