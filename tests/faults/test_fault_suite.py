@@ -73,9 +73,10 @@ def test_every_worker_holds_nothing_within_seconds_of_the_clients_leaving(report
 def test_the_router_answers_throughout(report):
     availability = report.availability
     assert availability.calls >= 20  # the probe ran through the run
-    # Every call answered, none near the multi-second stalls that blocking cancellation caused; the
-    # strict "all within 100 ms" is baton bench faults' criterion. Here, in the test process of a
-    # shared 2-core CI machine, a lone scheduling hiccup can pass 100 ms without any blocking work.
+    # Every call answered, none near the multi-second stalls that blocking cancellation caused, and
+    # (nearly) all within 100 ms over what an idle control server took in the same round. A busy
+    # process on a saturated 2-core CI box is descheduled more than an idle one: a lone call may pass
+    # that; baton bench faults reports the strict and the control-relative figures.
     assert availability.failed == 0 and availability.max_latency_s < 1.0, availability.slowest
     assert availability.fraction >= 0.99, availability.slowest
 

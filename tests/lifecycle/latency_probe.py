@@ -1,6 +1,6 @@
 """``python -m tests.lifecycle.latency_probe PORT CONTROL_PORT``: calls the router's health Check and
-ListModels, and an idle control server's health Check (``control_server``), in a loop until its stdin
-closes, then prints the slowest of each in seconds as JSON.
+ListModels, and an idle control server's health Check (``services/benchmark/control_server.py``), in
+a loop until its stdin closes, then prints the slowest of each in seconds as JSON.
 
 Its own process, so the 100 client threads of the test measuring it do not share its GIL (their wake-up
 on cancellation would be measured as the router's latency)."""

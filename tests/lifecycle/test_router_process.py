@@ -10,6 +10,7 @@ import time
 import grpc
 import pytest
 
+from services.benchmark.control_server import ControlServer
 from tests.lifecycle.cluster import RouterProcess, assert_idle, integrity, prompt_of, request, wait_until
 from tests.lifecycle.conftest import GRACE_S
 from tests.lifecycle.test_cancel_points import Stream
@@ -24,23 +25,6 @@ def router(model, slow):
     process = RouterProcess(model, [prefill], [decode], "--always-disaggregate")
     yield process
     process.stop()
-
-
-class ControlServer:
-    """``tests/lifecycle/control_server.py``: an idle health server in its own process."""
-
-    def __init__(self):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.lifecycle.control_server"],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.port = int(self.process.stdout.readline())
-
-    def stop(self) -> None:
-        self.process.communicate(timeout=30)
 
 
 class LatencyProbe:

@@ -112,7 +112,9 @@ class FaultReport:
             "pools_ok": all(worker.ok for worker in self.leaks.workers),
             "released_within_ms": None if self.leaks.seconds is None else self.leaks.seconds * 1e3,
             "router_availability": self.availability.fraction,
+            "router_availability_strict": self.availability.strict_fraction,
             "router_max_latency_ms": self.availability.max_latency_s * 1e3,
+            "control_max_latency_ms": self.availability.max_control_s * 1e3,
             "recovery_restart_ms": [
                 None if k.restarted_s is None else k.restarted_s * 1e3 for k in self.kills
             ],
@@ -138,7 +140,11 @@ class FaultReport:
                 "seconds": self.leaks.seconds,
                 "workers": [asdict(w) for w in self.leaks.workers],
             },
-            "availability": {**asdict(self.availability), "fraction": self.availability.fraction},
+            "availability": {
+                **asdict(self.availability),
+                "fraction": self.availability.fraction,
+                "strict_fraction": self.availability.strict_fraction,
+            },
             "wall_s": self.wall_s,
         }
 
