@@ -67,7 +67,7 @@ def test_dropping_100_streams_keeps_health_and_list_models_fast(router, slow):
     # machine's own scheduling). A busy process on a saturated 2-core box is descheduled more than an
     # idle one, so a lone round may pass it; none may come near the seconds these calls took before
     # the fix (11.4 s with 60 dropped streams).
-    assert seconds["rounds"] >= 20 and seconds["late_rounds"] <= max(1, seconds["rounds"] // 100), seconds
+    assert seconds["rounds"] >= 5 and seconds["late_rounds"] <= max(1, seconds["rounds"] // 100), seconds
     assert max(seconds["health"], seconds["list_models"]) < 1.0, seconds
 
 

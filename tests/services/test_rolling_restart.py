@@ -83,7 +83,9 @@ def test_a_rolling_restart_under_load_loses_no_request(tiny_checkpoint, monkeypa
             for worker in pair:
                 worker.process.send_signal(signal.SIGTERM)
             for worker in pair:
-                assert old[worker.name].wait(timeout=60) == 0, f"{worker.name} did not drain and exit 0"
+                # On a saturated CI machine a drain's last steps and the server's shutdown were seen
+                # to take over a minute; what this test asserts is a clean exit and no lost request.
+                assert old[worker.name].wait(timeout=180) == 0, f"{worker.name} did not drain and exit 0"
             deadline = time.monotonic() + 180
             for worker in pair:
                 while worker.process is old[worker.name] or not worker.alive() or not serving(worker.address):
