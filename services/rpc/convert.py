@@ -1,8 +1,10 @@
 """Protobuf <-> domain conversions (``from_pb`` / ``to_pb``) for the servicers."""
 
+import dataclasses
+
 from proto.baton.v1 import generation_pb2, workers_pb2
 from services.engine.engine_loop import RequestDelta
-from services.engine.handoff import Reservation
+from services.engine.handoff import HandoffLayout, Reservation
 from services.engine.sampling import SamplingParams
 from services.transfer import RegionInfo, TransferEndpoint
 
@@ -91,12 +93,21 @@ def endpoint_from_pb(message: workers_pb2.TransferEndpoint) -> TransferEndpoint:
 
 
 def reservation_to_pb(reservation: Reservation) -> workers_pb2.CacheReservation:
-    return workers_pb2.CacheReservation(
+    message = workers_pb2.CacheReservation(
         request_id=reservation.request_id, block_ids=reservation.block_ids, slot=reservation.slot
     )
+    if reservation.layout is not None:
+        message.layout.CopyFrom(workers_pb2.CacheLayout(**dataclasses.asdict(reservation.layout)))
+    return message
 
 
 def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
+    """A reservation; its layout is None when the message has none (the prefill refuses it then)."""
     if not message.request_id:
         raise ValueError("reservation.request_id: required")
-    return Reservation(message.request_id, tuple(message.block_ids), message.slot)
+    layout = None
+    if message.HasField("layout"):
+        layout = HandoffLayout(
+            **{f.name: getattr(message.layout, f.name) for f in dataclasses.fields(HandoffLayout)}
+        )
+    return Reservation(message.request_id, tuple(message.block_ids), message.slot, layout)
