@@ -22,6 +22,7 @@ from services.transfer.inbox import SharedTransfer
 
 from .decode.servicer import DecodeServicer
 from .fault_delays import FaultDelays
+from .load_feed import LoadFeed
 from .prefill.servicer import PrefillServicer
 from .worker_drain import Drain
 from .worker_stats import StatsBoard
@@ -76,6 +77,7 @@ class WorkerServer:
         engine = EngineCore(config.engine)
         self.metrics.record_engine(engine)
         self.stats = StatsBoard(self.name, engine)
+        self.load_feed = LoadFeed(self.stats, engine.model_fingerprint, engine.cache.prefix_caching)
         self.loop = EngineLoop(engine, after_step=self._after_pass)
         self.loop.call(self._after_pass)
         backend = make_backend(config.transfer_backend)
@@ -101,6 +103,7 @@ class WorkerServer:
                 self.drain_state,
                 release_grace_s=config.release_grace_s,
                 faults=faults,
+                load_feed=self.load_feed,
             )
             workers_pb2_grpc.add_DecodeWorkerServicer_to_server(self.decode, self.server)
             service = "baton.v1.DecodeWorker"
@@ -115,6 +118,7 @@ class WorkerServer:
                     self.drain_state,
                     fail_transfers=config.fail_transfers,
                     faults=faults,
+                    load_feed=self.load_feed,
                 ),
                 self.server,
             )
@@ -133,7 +137,7 @@ class WorkerServer:
 
     def _after_pass(self, engine: EngineCore) -> None:
         """After every engine pass and command (loop thread): stale reservations are freed, then the
-        gauges and the stats snapshot are refreshed."""
+        gauges, the stats snapshot and the load feed are refreshed."""
         if self.config.role == "decode":
             expired = engine.scheduler.expire_reserved(self.config.reservation_ttl_s, time.monotonic())
             if expired:
@@ -141,6 +145,7 @@ class WorkerServer:
                 log.warning("freed %d reservation(s) whose state never arrived: %s", len(expired), expired)
         self.metrics.observe_pools(engine)
         self.stats.update(engine)
+        self.load_feed.publish(engine)
 
     def drain(self, hurry: threading.Event | None = None) -> bool:
         """Admit nothing new (health NOT_SERVING, stats ``draining``, refusals) and wait up to
@@ -151,7 +156,7 @@ class WorkerServer:
         self.health.enter_graceful_shutdown()
         self.drain_state.start()
         self.stats.draining = True
-        self.loop.call(self._after_pass)  # the router's next Stats call sees it
+        self.loop.call(self._after_pass)  # the router's load feed and next Stats call see it
         deadline = time.monotonic() + self.config.grace_period_s
         hurry = hurry or threading.Event()
         while self.drain_state.admitting or self.loop.call(lambda engine: engine.has_unfinished):
@@ -164,6 +169,7 @@ class WorkerServer:
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
+        self.load_feed.close()  # WatchLoad streams end now instead of holding the server's grace period
         self.server.stop(grace_s).wait()
         if self.decode is not None:
             self.decode.close()

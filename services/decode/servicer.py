@@ -20,6 +20,7 @@ from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..load_feed import LoadFeed
 from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
@@ -48,6 +49,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
         faults: FaultDelays = NO_FAULTS,
+        load_feed: LoadFeed | None = None,
     ):
         self.name = name
         self.loop = loop
@@ -57,6 +59,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         self.metrics = metrics
         self.drain = drain
         self.faults = faults
+        self.load_feed = load_feed
         self.leases = Leases()
         self.releaser = ReservationReleaser(loop, transfer, release_grace_s)
 
@@ -216,6 +219,11 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
 
     def Stats(self, request, context):
         return self.stats.latest()
+
+    def WatchLoad(self, request, context):
+        if self.load_feed is None:
+            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
+        yield from self.load_feed.updates(context)
 
     def CheckIntegrity(self, request, context):
         return self.loop.call(lambda engine: pool_integrity(self.name, engine))

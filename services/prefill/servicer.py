@@ -13,6 +13,7 @@ from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..load_feed import LoadFeed
 from ..worker_drain import Drain
 from ..worker_integrity import pool_integrity
 from ..worker_stats import StatsBoard
@@ -38,9 +39,11 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
         faults: FaultDelays = NO_FAULTS,
+        load_feed: LoadFeed | None = None,
     ):
         self.name = name
         self.faults = faults
+        self.load_feed = load_feed
         self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
         self.metrics = metrics
         self.loop = loop
@@ -128,6 +131,11 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
 
     def Stats(self, request, context):
         return self.stats.latest()
+
+    def WatchLoad(self, request, context):
+        if self.load_feed is None:
+            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
+        yield from self.load_feed.updates(context)
 
     def CheckIntegrity(self, request, context):
         return self.loop.call(lambda engine: pool_integrity(self.name, engine))
