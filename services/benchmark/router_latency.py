@@ -4,12 +4,14 @@ worker, side by side in one run.
     (a) client ── Generate ──► router ── Reserve (prefill locally) ──► decode worker
                                       ── Decode(local_prefill) ──►
     (b) client ── Decode(local_prefill) ───────────────────────────► decode worker
+    (c) client ── Reserve (prefill locally), Decode(local_prefill) ─► decode worker
 
-One decode worker, colocated (the router's ``never`` mode: the worker prefills every prompt), prompts
-of ``prompt_tokens`` and ``max_tokens=1``, one request in flight at a time, (a) and (b) alternating
-so both see the same machine. Each time is the client's, from sending to the stream's end. The
-difference of the percentiles is what the router adds (its own hop, admission, choosing a worker,
-the reservation round trip); the goal is at most ``GOAL_P50_MS`` at p50.
+(c) is what the router sends, from the client: router - (c) is the router's own hop and work, and
+(c) - (b) the reservation round trip that colocated serving spends. One decode worker, colocated
+(the router's ``never`` mode: the worker prefills every prompt), prompts of ``prompt_tokens`` and
+``max_tokens=1``, one request in flight at a time, the paths taking turns (each goes first as often)
+so all see the same machine. Each time is the client's, from sending to the stream's end. The
+difference of the percentiles is what the router adds; the goal is at most ``GOAL_P50_MS`` at p50.
 """
 
 import random
@@ -37,9 +39,12 @@ class RouterLatencyReport:
     prompt_tokens: int
     router_ms: tuple[float, ...]
     direct_ms: tuple[float, ...]
+    reserve_ms: tuple[float, ...] = ()  # (c): Reserve then Decode, straight to the worker
 
     def percentile(self, path: str, q: float) -> float:
-        values = sorted(self.router_ms if path == "router" else self.direct_ms)
+        values = sorted(
+            {"router": self.router_ms, "direct": self.direct_ms, "reserve": self.reserve_ms}[path]
+        )
         return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
     def added_ms(self, q: float) -> float:
@@ -54,6 +59,7 @@ class RouterLatencyReport:
         for q in PERCENTILES:
             row[f"router_p{q}_ms"] = round(self.percentile("router", q), 3)
             row[f"direct_p{q}_ms"] = round(self.percentile("direct", q), 3)
+            row[f"reserve_then_decode_p{q}_ms"] = round(self.percentile("reserve", q), 3)
             row[f"added_p{q}_ms"] = round(self.added_ms(q), 3)
         row["goal_p50_ms"], row["goal_met"] = GOAL_P50_MS, self.goal_met
         return row
@@ -64,7 +70,12 @@ class RouterLatencyReport:
             f"{self.prompt_tokens}-token prompts, max_tokens=1, one in flight",
             f"{'path':<26}" + "".join(f"{f'p{q} ms':>10}" for q in PERCENTILES),
         ]
-        for label, path in (("router Generate", "router"), ("direct decode (local)", "direct")):
+        paths = (
+            ("router Generate", "router"),
+            ("direct decode (local)", "direct"),
+            ("direct reserve + decode", "reserve"),
+        )
+        for label, path in paths:
             lines.append(f"{label:<26}" + "".join(f"{self.percentile(path, q):>10.3f}" for q in PERCENTILES))
         lines.append(
             f"{'added by the router':<26}" + "".join(f"{self.added_ms(q):>10.3f}" for q in PERCENTILES)
@@ -117,17 +128,21 @@ def measure_router_latency(
         ):
             router = generation_pb2_grpc.GenerationStub(router_channel)
             decode = workers_pb2_grpc.DecodeWorkerStub(decode_channel)
-            router_ms, direct_ms = [], []
+            paths = [
+                (lambda p: _through_router(router, p, timeout_s), []),
+                (lambda p: _straight_to_decode(decode, p, timeout_s), []),
+                (lambda p: _reserve_then_decode(decode, p, timeout_s), []),
+            ]
             for index, prompt in enumerate(prompts):
-                first, second = (router_ms, direct_ms) if index % 2 else (direct_ms, router_ms)
-                for times in (first, second):
-                    call = _through_router if times is router_ms else _straight_to_decode
-                    elapsed = call(router if times is router_ms else decode, prompt, timeout_s)
+                shift = index % len(paths)  # each path goes first as often as the others
+                for call, times in paths[shift:] + paths[:shift]:
+                    elapsed = call(prompt)
                     if index >= warmup:
                         times.append(elapsed)
     finally:
         cluster.stop()
-    return RouterLatencyReport(model, prompt_tokens, tuple(router_ms), tuple(direct_ms))
+    (_, router_ms), (_, direct_ms), (_, reserve_ms) = paths
+    return RouterLatencyReport(model, prompt_tokens, tuple(router_ms), tuple(direct_ms), tuple(reserve_ms))
 
 
 def _sampling() -> generation_pb2.SamplingParameters:
@@ -149,5 +164,23 @@ def _straight_to_decode(stub, prompt: list[int], timeout_s: float) -> float:
     request = workers_pb2.DecodeRequest(request_id=f"bench-{uuid.uuid4().hex}", local_prefill=local)
     start = time.perf_counter()
     for _ in stub.Decode(request, timeout=timeout_s):
+        pass
+    return 1000 * (time.perf_counter() - start)
+
+
+def _reserve_then_decode(stub, prompt: list[int], timeout_s: float) -> float:
+    """What the router sends in colocated mode: a Reserve the worker answers with ``prefill_locally``."""
+    request_id = f"bench-{uuid.uuid4().hex}"
+    reserve = workers_pb2.ReserveRequest(
+        request_id=request_id, prompt_ids=prompt, sampling=_sampling(), local_prefill_max_tokens=2**32 - 1
+    )
+    local = workers_pb2.LocalPrefill(prompt_ids=prompt, sampling=_sampling())
+    start = time.perf_counter()
+    for answer in stub.Reserve(reserve, timeout=timeout_s):
+        if not answer.prefill_locally:
+            raise RuntimeError("the worker reserved room instead of prefilling locally")
+    for _ in stub.Decode(
+        workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local), timeout=timeout_s
+    ):
         pass
     return 1000 * (time.perf_counter() - start)
