@@ -25,9 +25,10 @@ from services.rpc.callbacks import when_call_ends
 from services.transfer import TransferError
 
 from .admission import Admission
+from .prefix_index import PromptHashes
 from .worker_pool import Worker, WorkerPool
 
-_STATS_TIMEOUT_S = 5.0
+_FEED_WAIT_S = 5.0  # how long a request waits for a worker whose load feed has not answered yet
 _RELEASE_TIMEOUT_S = 2.0
 _LOCAL_ALWAYS = 2**32 - 1  # local_prefill_max_tokens that makes every prefill local
 DISAGGREGATION_MODES = ("conditional", "always", "never")
@@ -190,13 +191,15 @@ class Dispatcher:
 
     def _reserve_once(self, reserve, session_id: str, context):
         last_error = None
-        for decode in self.pool.decode_order(session_id, _STATS_TIMEOUT_S):
+        for decode in self.pool.decode_order(session_id, _FEED_WAIT_S):
             # The reservation lives while this stream is open: cancelling it (the caller left, or the
             # request ended before decoding) frees it on the worker, and so does this process dying.
             lease = decode.stub.Reserve(reserve, timeout=time_left(context))
             when_call_ends(context, lease.cancel)
             try:
-                return decode, lease, next(lease)
+                reserved = next(lease)
+                self.pool.assigned(decode, len(reserve.prompt_ids))
+                return decode, lease, reserved
             except StopIteration:
                 last_error = None  # the worker ended the lease unanswered: it is stopping
                 self.pool.check(decode)
@@ -218,8 +221,8 @@ class Dispatcher:
 
     def _prefill(self, reserved, prompt_ids, request, context, resumed_tokens: int):
         """``(prefill worker, PrefillResponse)``, or None when every attempt failed."""
-        hashes = self.pool.prefixes.block_hashes(prompt_ids, request.tenant)
-        candidates = self.pool.prefill_order(hashes, _STATS_TIMEOUT_S)[:_PREFILL_ATTEMPTS]
+        prompt = PromptHashes(prompt_ids, request.tenant)
+        candidates = self.pool.prefill_order(prompt, _FEED_WAIT_S)[:_PREFILL_ATTEMPTS]
         prefill_request = workers_pb2.PrefillRequest(
             reservation=reserved.reservation,
             endpoint=reserved.endpoint,
@@ -231,6 +234,7 @@ class Dispatcher:
         for attempt, prefill in enumerate(candidates):
             if attempt:
                 self.metrics.handoff_fallbacks.labels("prefill").inc()
+            self.pool.assigned(prefill, len(prompt_ids))
             call = prefill.stub.Prefill.future(prefill_request, timeout=time_left(context))
             when_call_ends(context, call.cancel)  # the client left: the prefill worker stops too
             try:
@@ -244,7 +248,6 @@ class Dispatcher:
                 if not context.is_active():
                     raise failure from None  # the caller left: no other attempt
                 continue
-            self.pool.prefilled(prefill, hashes)
             self.metrics.transfer_bytes.labels(reserved.endpoint.backend).inc(first.transfer_bytes)
             self.metrics.transfer_seconds.labels(reserved.endpoint.backend).inc(first.transfer_seconds)
             return prefill, first

@@ -22,6 +22,7 @@ from services.transfer.inbox import SharedTransfer
 
 from .decode.servicer import DecodeServicer
 from .fault_delays import FaultDelays
+from .load_feed import LoadFeed
 from .prefill.servicer import PrefillServicer
 from .worker_drain import Drain
 from .worker_stats import StatsBoard
@@ -77,6 +78,10 @@ class WorkerServer:
         self.engine = EngineService(EngineCore(config.engine), reservation_ttl_s=ttl)
         self.metrics.record_engine(self.engine.info)
         self.stats = StatsBoard(self.name)
+        info = self.engine.info
+        self.load_feed = LoadFeed(
+            self.stats, info.model_fingerprint, info.prefix_caching, self.engine.cached_at_start
+        )
         backend = make_backend(config.transfer_backend)
         self.engine.register_pools(backend)
         self.transfer = SharedTransfer(backend)
@@ -100,6 +105,7 @@ class WorkerServer:
                 self.drain_state,
                 release_grace_s=config.release_grace_s,
                 faults=faults,
+                load_feed=self.load_feed,
             )
             workers_pb2_grpc.add_DecodeWorkerServicer_to_server(self.decode, self.server)
             service = "baton.v1.DecodeWorker"
@@ -114,6 +120,7 @@ class WorkerServer:
                     self.drain_state,
                     fail_transfers=config.fail_transfers,
                     faults=faults,
+                    load_feed=self.load_feed,
                 ),
                 self.server,
             )
@@ -133,7 +140,8 @@ class WorkerServer:
 
     def _after_pass(self, report: EnginePass) -> None:
         """After every engine pass and command (loop thread): the leases of reservations the TTL
-        freed end, and the one load the pass took feeds both the gauges and the stats snapshot."""
+        freed end, and the one load the pass took feeds the gauges, the stats snapshot and (with the
+        pass's cache events) the load feed."""
         if report.expired:
             self.decode.expired(list(report.expired))
             log.warning(
@@ -144,6 +152,7 @@ class WorkerServer:
         self.metrics.observe_load(report.load)
         self.metrics.observe_queue_times(report.queue_times)
         self.stats.update(report.load)
+        self.load_feed.publish(report.cache_events)
 
     def drain(self, hurry: threading.Event | None = None) -> bool:
         """Admit nothing new (health NOT_SERVING, stats ``draining``, refusals) and wait up to
@@ -154,7 +163,7 @@ class WorkerServer:
         self.health.enter_graceful_shutdown()
         self.drain_state.start()
         self.stats.draining = True
-        self.engine.refresh()  # the router's next Stats call sees it
+        self.engine.refresh()  # the router's load feed and next Stats call see it
         deadline = time.monotonic() + self.config.grace_period_s
         hurry = hurry or threading.Event()
         while self.drain_state.admitting or self.engine.has_unfinished():
@@ -167,6 +176,7 @@ class WorkerServer:
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
+        self.load_feed.close()  # WatchLoad streams end now instead of holding the server's grace period
         self.server.stop(grace_s).wait()
         if self.decode is not None:
             self.decode.close()

@@ -19,6 +19,7 @@ from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..load_feed import LoadFeed
 from ..worker_drain import Drain
 from ..worker_integrity import integrity_to_pb
 from ..worker_stats import StatsBoard
@@ -47,6 +48,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
         faults: FaultDelays = NO_FAULTS,
+        load_feed: LoadFeed | None = None,
     ):
         self.name = name
         self.engine = engine
@@ -56,6 +58,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         self.metrics = metrics
         self.drain = drain
         self.faults = faults
+        self.load_feed = load_feed
         self.leases = Leases()
         self.releaser = ReservationReleaser(engine, transfer, release_grace_s)
 
@@ -202,6 +205,11 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
 
     def Stats(self, request, context):
         return self.stats.latest()
+
+    def WatchLoad(self, request, context):
+        if self.load_feed is None:
+            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
+        yield from self.load_feed.updates(context)
 
     def CheckIntegrity(self, request, context):
         return integrity_to_pb(self.name, self.engine.integrity())

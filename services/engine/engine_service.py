@@ -61,14 +61,16 @@ class EngineService:
         reservation_ttl_s: decode: reservations older than this are freed (their state never came);
             None frees none.
 
-    ``layout`` (the handoff layout) and ``info`` are fixed at start. ``loop`` is for tests that
-    drive the engine directly; servers use the methods.
+    ``layout`` (the handoff layout) and ``info`` are fixed at start; ``cached_at_start`` is the block
+    hashes the prefix cache held when its events started (each ``EnginePass`` carries the events
+    since). ``loop`` is for tests that drive the engine directly; servers use the methods.
     """
 
     def __init__(self, engine: EngineCore, reservation_ttl_s: float | None = None):
         self.layout = layout_of(engine)
         self.info: EngineInfo = info_of(engine)
         self._cache = engine.cache  # for register_pools only: the pools' storages never move
+        self.cached_at_start = frozenset(engine.cache.blocks.record_events())
         self._reservation_ttl_s = reservation_ttl_s
         self._observers: list[Callable[[EnginePass], None]] = []
         self.loop = EngineLoop(engine, after_step=self._after_pass)
@@ -214,7 +216,12 @@ class EngineService:
         expired: list[str] = []
         if self._reservation_ttl_s is not None:
             expired = engine.scheduler.expire_reserved(self._reservation_ttl_s, time.monotonic())
-        report = EnginePass(load_of(engine), tuple(expired), tuple(engine.scheduler.take_queue_times()))
+        report = EnginePass(
+            load_of(engine),
+            tuple(expired),
+            tuple(engine.scheduler.take_queue_times()),
+            tuple(engine.cache.blocks.take_events()),
+        )
         for observer in self._observers:
             observer(report)
 

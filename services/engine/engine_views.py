@@ -6,6 +6,7 @@ none holds a reference into the scheduler or the cache.
 
 from dataclasses import dataclass
 
+from .cache.block_pool import CacheEvent
 from .engine_core import EngineCore
 
 MAX_LISTED_IDS = 64  # request ids a ``PoolState`` names at most
@@ -40,6 +41,7 @@ class EnginePass:
     load: WorkerLoad
     expired: tuple[str, ...]  # reservations the TTL freed in this pass
     queue_times: tuple[float, ...]  # arrival-to-first-step seconds of requests started since the last pass
+    cache_events: tuple[CacheEvent, ...]  # prefix-cache blocks inserted and evicted in this pass, in order
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class EngineInfo:
 
     kernels: str
     cuda_graphs: bool
+    model_fingerprint: str  # the prefix hash chain's salt
+    prefix_caching: bool
 
 
 def load_of(engine: EngineCore) -> WorkerLoad:
@@ -110,4 +114,9 @@ def pool_state_of(engine: EngineCore) -> PoolState:
 
 
 def info_of(engine: EngineCore) -> EngineInfo:
-    return EngineInfo(engine.config.kernel_backend, engine.runner.graphs is not None)
+    return EngineInfo(
+        engine.config.kernel_backend,
+        engine.runner.graphs is not None,
+        engine.model_fingerprint,
+        engine.cache.prefix_caching,
+    )

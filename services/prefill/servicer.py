@@ -14,6 +14,7 @@ from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..load_feed import LoadFeed
 from ..worker_drain import Drain
 from ..worker_integrity import integrity_to_pb
 from ..worker_stats import StatsBoard
@@ -39,9 +40,11 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
         faults: FaultDelays = NO_FAULTS,
+        load_feed: LoadFeed | None = None,
     ):
         self.name = name
         self.faults = faults
+        self.load_feed = load_feed
         self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
         self.metrics = metrics
         self.engine = engine
@@ -126,6 +129,11 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
 
     def Stats(self, request, context):
         return self.stats.latest()
+
+    def WatchLoad(self, request, context):
+        if self.load_feed is None:
+            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
+        yield from self.load_feed.updates(context)
 
     def CheckIntegrity(self, request, context):
         return integrity_to_pb(self.name, self.engine.integrity())
