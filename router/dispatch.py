@@ -5,8 +5,10 @@
            ◀═ Decode stream ═ decode         tokens; the last message has usage and route
 
 Conditional disaggregation: a prompt whose uncached part is short (or a full cache hit on the decode
-worker) is prefilled by the decode worker itself. A failed prefill or handoff is retried once on
-another prefill worker, then prefilled locally on decode; either way the output is unchanged.
+worker) is prefilled by the decode worker itself; a prompt short enough that decode would prefill it
+anyway (and every prompt when colocated) skips the Reserve round trip and goes with the Decode call.
+A failed prefill or handoff is retried once on another prefill worker, then prefilled locally on
+decode; either way the output is unchanged.
 
 Every worker call is tied to the client's call (``when_call_ends``: a non-blocking cancel), and the
 reservation is a lease: the Reserve stream stays open until the Decode call takes the reservation
@@ -102,6 +104,9 @@ class Dispatcher:
             ValueError, NoCapacity, TimeoutError, TransferError: mapped to status codes by the caller;
             DecodeLost (a TransferError) when the decode stream broke off.
         """
+        if self._prefills_on_decode(len(prompt_ids)):
+            yield from self._run_local(request_id, prompt_ids, request, context, route, resumed_tokens)
+            return
         reserve = workers_pb2.ReserveRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
@@ -123,16 +128,41 @@ class Dispatcher:
             # prefill); otherwise this frees the reservation (after any handoff still writing into it).
             lease.cancel()
 
+    def _prefills_on_decode(self, prompt_tokens: int) -> bool:
+        """Whether the decode worker would answer any Reserve with "prefill it here": colocated, or a
+        prompt no longer than the local limit (its uncached part cannot be longer). Such a request
+        skips the Reserve round trip (a declined Reserve holds nothing and checks no room either)."""
+        if self.disaggregation == "never":
+            return True
+        return self.disaggregation == "conditional" and prompt_tokens <= self.local_prefill_tokens
+
+    def _run_local(self, request_id, prompt_ids, request, context, route, resumed_tokens):
+        """A request the decode worker prefills itself, sent with the Decode call alone."""
+        decode = self._least_loaded_decode(request.session_id)
+        route.decode_worker = decode.name
+        reason = "colocated" if self.disaggregation == "never" else "short_prompt"
+        self.metrics.local_prefills.labels(reason).inc()
+        self.pool.assigned(decode, len(prompt_ids))
+        local = _local_prefill(prompt_ids, request, resumed_tokens)
+        decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
+        yield from self._decode(decode, decode_request, context, route, cached=0)
+
+    def _least_loaded_decode(self, session_id: str) -> Worker:
+        """The decode worker a local request goes to (the session's own first, then by load).
+
+        Raises:
+            TransferError: no decode worker takes new work.
+        """
+        ordered = self.pool.decode_order(session_id, _FEED_WAIT_S)
+        if not ordered:
+            raise TransferError("decode: no decode worker is reachable")
+        return ordered[0]
+
     def _run_reserved(
         self, decode: Worker, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
     ):
         route.decode_worker = decode.name
-        local = workers_pb2.LocalPrefill(
-            prompt_ids=prompt_ids,
-            sampling=request.sampling,
-            tenant=request.tenant,
-            resumed_tokens=resumed_tokens,
-        )
+        local = _local_prefill(prompt_ids, request, resumed_tokens)
         if reserved.prefill_locally:
             self.metrics.local_prefills.labels(self._local_reason(len(prompt_ids), reserved)).inc()
             decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
@@ -151,6 +181,11 @@ class Dispatcher:
                 route.transfer_backend = reserved.endpoint.backend
                 route.transfer_bytes = first.transfer_bytes
                 cached = first.cached_tokens
+        yield from self._decode(decode, decode_request, context, route, cached)
+
+    def _decode(self, decode: Worker, decode_request, context, route, cached: int):
+        """The decode worker's stream for ``decode_request``; the last message gets the route and at
+        least ``cached`` cached prompt tokens (what a handoff or a reservation found)."""
         call = decode.stub.Decode(decode_request, timeout=time_left(context))
         when_call_ends(context, call.cancel)  # the client left: the decode worker frees the request
         try:
@@ -273,6 +308,15 @@ def time_left(context) -> float | None:
     timeout on an outgoing call would overflow into an immediate DEADLINE_EXCEEDED)."""
     remaining = context.time_remaining()
     return None if remaining is None or remaining > _NO_DEADLINE_S else remaining
+
+
+def _local_prefill(prompt_ids: list[int], request, resumed_tokens: int) -> workers_pb2.LocalPrefill:
+    return workers_pb2.LocalPrefill(
+        prompt_ids=prompt_ids,
+        sampling=request.sampling,
+        tenant=request.tenant,
+        resumed_tokens=resumed_tokens,
+    )
 
 
 def _decode_request(request_id: str, first) -> workers_pb2.DecodeRequest:
