@@ -11,8 +11,8 @@ import pytest
 
 from proto.baton.v1 import generation_pb2_grpc
 from router.server import RouterConfig, RouterServer
-from services.benchmark.fuzz_bench import FUZZ_MAX_MODEL_LEN
-from services.benchmark.fuzz_client import FuzzClient
+from deploy.benchmark.fuzz_bench import FUZZ_MAX_MODEL_LEN
+from deploy.benchmark.fuzz_client import FuzzClient
 from tests.services.workers import running_workers
 
 
