@@ -10,9 +10,9 @@ import threading
 import time
 from concurrent.futures import Future
 
+from common.errors import TransferError
 from services.engine.engine_core import EngineCore
 from services.engine.engine_loop import EngineLoop
-from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 _POLL_S = 0.01  # how often pending reservations look for their handoff's notification

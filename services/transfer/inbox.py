@@ -7,8 +7,10 @@ poller thread collects incoming notifications so any number of threads can wait 
 import threading
 import time
 
+from common.errors import TransferError
+
 from .backend import TransferBackend, TransferStats
-from .endpoint import TransferEndpoint, TransferError
+from .endpoint import TransferEndpoint
 
 
 class SharedTransfer:
