@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from deploy.benchmark.control_server import ControlServer
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 
 
 @dataclass(frozen=True)
