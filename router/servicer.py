@@ -3,6 +3,7 @@
 import secrets
 import time
 
+from common.limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from services.engine.model.config import ModelConfig
 from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -12,7 +13,6 @@ from services.rpc.errors import status_for
 
 from .admission import Admission
 from .dispatch import Dispatcher, time_left
-from .limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
 from .validation import check_generate, check_tokenize
 
 _DEADLINE_SLACK_S = 0.05

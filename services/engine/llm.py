@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from common.sampling_params import SamplingParams
 from services.engine.model.causal_lm import CausalLM
-from services.engine.sampling import SamplingParams
 from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerNotFoundError
 
 from .engine_config import EngineConfig

@@ -1,9 +1,9 @@
 """Protobuf <-> domain conversions (``from_pb`` / ``to_pb``) for the servicers."""
 
+from common.sampling_params import SamplingParams
 from proto.baton.v1 import generation_pb2, workers_pb2
 from services.engine.engine_loop import RequestDelta
 from services.engine.handoff import Reservation
-from services.engine.sampling import SamplingParams
 from services.transfer import RegionInfo, TransferEndpoint
 
 _FINISH = {
