@@ -8,9 +8,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.tokenizer import Tokenizer, TokenizerNotFoundError
 from proto.baton.v1 import generation_pb2_grpc
 from services.engine.model.config_loader import load_model_config
-from services.engine.tokenizer import Tokenizer, TokenizerNotFoundError
 from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 

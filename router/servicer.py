@@ -4,9 +4,9 @@ import secrets
 import time
 
 from common.limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
+from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from services.engine.model.config import ModelConfig
-from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from services.metrics import Metrics
 from services.rpc.convert import sampling_from_pb
 from services.rpc.errors import status_for

@@ -3,8 +3,8 @@
 from dataclasses import dataclass, field
 
 from common.sampling_params import SamplingParams
+from common.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerNotFoundError
 from services.engine.model.causal_lm import CausalLM
-from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerNotFoundError
 
 from .engine_config import EngineConfig
 from .engine_core import EngineCore

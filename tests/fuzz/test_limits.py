@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.limits import MAX_PROMPT_BYTES, FieldError, check_prompt_bytes, check_text, utf8_bytes
-from services.engine.tokenizer import Tokenizer
+from common.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
