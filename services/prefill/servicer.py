@@ -4,12 +4,13 @@ import queue
 import threading
 
 from common.errors import TransferError
+from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_loop import EngineLoop
 from services.engine.handoff import send_state
 from services.metrics import Metrics
 from services.rpc.callbacks import when_call_ends
-from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling_from_pb
+from services.rpc.convert import endpoint_from_pb, reservation_from_pb
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
