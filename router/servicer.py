@@ -4,11 +4,11 @@ import secrets
 import time
 
 from common.limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
+from common.model_info import ModelInfo
 from common.sampling_pb import sampling_from_pb
 from common.stop_strings import stop_cut
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from services.engine.model.config import ModelConfig
 from services.metrics import Metrics
 from services.rpc.errors import status_for
 
@@ -20,14 +20,15 @@ _DEADLINE_SLACK_S = 0.05
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    """Args: the served model's id and config, its tokenizer (or None), the dispatcher (workers), the
-    longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens), the
-    admission control (bounded queue) and the SLO targets a request must meet to count as goodput."""
+    """Args: the served model's id and ``ModelInfo`` (family, vocabulary size), its tokenizer (or None),
+    the dispatcher (workers), the longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes,
+    tokens), the admission control (bounded queue) and the SLO targets a request must meet to count as
+    goodput."""
 
     def __init__(
         self,
         model_id: str,
-        config: ModelConfig,
+        config: ModelInfo,
         tokenizer: Tokenizer | None,
         dispatcher: Dispatcher,
         max_model_len: int,
