@@ -6,7 +6,8 @@
 - ``sampling_pb.py``: the ``SamplingParameters`` message read into ``SamplingParams``.
 - ``stop_strings.py``: where a stop string ends a request's text.
 - ``prefix_hash.py``: the SHA-256 block hash chain that keys the prefix cache.
-- ``model_info.py``: what the router reads of a checkpoint's ``config.json`` (family, vocabulary size).
+- ``model_info.py``: what the router reads of a checkpoint's ``config.json`` (family, vocabulary size);
+  ``config_fields.py``: the field-naming reader under it (the engine's config loader reads through both).
 - ``tokenizer/``: the ``tokenizers``-backed tokenizer, chat templates, incremental detokenizer, tiny
   tokenizer builder.
 
