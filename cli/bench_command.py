@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from services.benchmark import PDWorkload, measure_pd
-from services.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
-from services.benchmark.fuzz_client import FuzzClient
-from services.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
-from services.benchmark.router_latency import measure_router_latency
+from deploy.benchmark import PDWorkload, measure_pd
+from deploy.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
+from deploy.benchmark.fuzz_client import FuzzClient
+from deploy.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
+from deploy.benchmark.router_latency import measure_router_latency
 from services.engine.benchmark.engine_bench import format_table, run_engine_bench
 from services.engine.benchmark.kernel_bench import KERNEL_BENCHES, format_results, make_context, resolve
 from services.engine.benchmark.kv_format_bench import measure_kv_format

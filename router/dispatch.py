@@ -20,11 +20,10 @@ import time
 
 import grpc
 
+from common.errors import NoCapacity, TransferError
 from proto.baton.v1 import generation_pb2, workers_pb2
-from services.engine.scheduler import NoCapacity
 from services.metrics import Metrics
 from services.rpc.callbacks import when_call_ends
-from services.transfer import TransferError
 
 from .admission import Admission
 from .prefix_index import PromptHashes

@@ -8,7 +8,7 @@ number of leading prompt tokens whose blocks that worker really held as of its l
 
 from dataclasses import dataclass
 
-from services.engine.cache.block_hash import chain_root, extend_chain
+from common.prefix_hash import chain_root, extend_chain
 
 BASE_ADAPTER = ""  # what the engine salts base-model requests with (EngineCore.reserve / add_prefill_only)
 

@@ -10,8 +10,8 @@ import threading
 import time
 from concurrent.futures import Future
 
+from common.errors import TransferError
 from services.engine.engine_service import EngineService
-from services.transfer import TransferError
 from services.transfer.inbox import SharedTransfer
 
 _POLL_S = 0.01  # how often pending reservations look for their handoff's notification

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from services.engine.sampling import SamplingParams
+from common.sampling_params import SamplingParams
 from services.transfer import TransferBackend
 
 from .engine_core import EngineCore

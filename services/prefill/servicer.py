@@ -4,13 +4,14 @@ transfer backend (the transfer stays outside the engine: ``send_state`` reads a 
 import queue
 import threading
 
+from common.errors import TransferError
+from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_service import EngineService
 from services.engine.handoff import HeldPrefill, send_state
 from services.metrics import Metrics
 from services.rpc.callbacks import when_call_ends
-from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling_from_pb
-from services.transfer import TransferError
+from services.rpc.convert import endpoint_from_pb, reservation_from_pb
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays

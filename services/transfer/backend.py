@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .endpoint import RegionInfo, TransferEndpoint, TransferError, region_info
+from common.errors import TransferError
+
+from .endpoint import RegionInfo, TransferEndpoint, region_info
 from .row_plan import RowSpan, plan_row_copies
 
 BLOCKS = "blocks"  # the packed-block pool (BlockPool.storage)

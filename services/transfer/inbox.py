@@ -23,8 +23,10 @@ import threading
 import time
 from contextlib import contextmanager
 
+from common.errors import TransferError
+
 from .backend import TransferBackend, TransferStats
-from .endpoint import TransferEndpoint, TransferError
+from .endpoint import TransferEndpoint
 
 
 class SharedTransfer:

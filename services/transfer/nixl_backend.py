@@ -15,8 +15,10 @@ import uuid
 import numpy as np
 from nixl._api import nixl_agent, nixl_agent_config
 
+from common.errors import TransferError
+
 from .backend import Notification, TransferBackend
-from .endpoint import RegionInfo, TransferEndpoint, TransferError
+from .endpoint import RegionInfo, TransferEndpoint
 from .row_plan import RowSpan
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ reservation through a real transfer backend, decode continues; outputs equal one
 import numpy as np
 import pytest
 
+from common.errors import NoCapacity
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
@@ -17,7 +18,6 @@ from services.engine.handoff import (
     send_state,
 )
 from services.engine.request import RequestStatus
-from services.engine.scheduler import NoCapacity
 from services.transfer import make_backend
 from tests.conftest import TEST_DEVICE
 
