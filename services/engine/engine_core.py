@@ -1,10 +1,8 @@
 """The engine loop: admit requests, schedule a step, run it, apply the results."""
 
 import dataclasses
-import hashlib
 import itertools
 import logging
-from pathlib import Path
 
 import torch
 
@@ -15,6 +13,7 @@ from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
+from services.engine.checkpoint.fingerprint import checkpoint_fingerprint
 from services.engine.checkpoint.loader import load_model
 from services.engine.model.backends import check_kernels
 from services.engine.model.causal_lm import CausalLM
@@ -71,7 +70,9 @@ class EngineCore:
                 slots.layout, config.num_snapshots or config.max_num_seqs, config.device
             )
         self.cache = CacheManager(blocks, slots, snapshots, config.snapshot_stride)
-        self.model_fingerprint = _fingerprint(config.model) if model is None else f"built:{config.model}"
+        self.model_fingerprint = (
+            checkpoint_fingerprint(config.model) if model is None else f"built:{config.model}"
+        )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
         )
@@ -215,9 +216,3 @@ class EngineCore:
         if not self.has_unfinished:
             assert self.cache.blocks.num_free == self.cache.blocks.num_blocks, "blocks leaked"
             assert self.cache.slots.num_free == self.cache.slots.num_slots, "state slots leaked"
-
-
-def _fingerprint(model_dir: str) -> str:
-    """Identifies the model in prefix-cache hashes: its resolved folder and config.json contents."""
-    folder = Path(model_dir).resolve()
-    return hashlib.sha256(str(folder).encode() + (folder / "config.json").read_bytes()).hexdigest()
