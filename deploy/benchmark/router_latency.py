@@ -1,17 +1,16 @@
 """The router's added latency: the same short request through the router and straight to the decode
 worker, side by side in one run.
 
-    (a) client ── Generate ──► router ── Reserve (prefill locally) ──► decode worker
-                                      ── Decode(local_prefill) ──►
-    (b) client ── Decode(local_prefill) ───────────────────────────► decode worker
+    (a) client ── Generate ──► router ── Decode(local_prefill) ──► decode worker
+    (b) client ── Decode(local_prefill) ──────────────────────────► decode worker
     (c) client ── Reserve (prefill locally), Decode(local_prefill) ─► decode worker
 
-(c) is what the router sends, from the client: router - (c) is the router's own hop and work, and
-(c) - (b) the reservation round trip that colocated serving spends. One decode worker, colocated
-(the router's ``never`` mode: the worker prefills every prompt), prompts of ``prompt_tokens`` and
-``max_tokens=1``, one request in flight at a time, the paths taking turns (each goes first as often)
-so all see the same machine. Each time is the client's, from sending to the stream's end. The
-difference of the percentiles is what the router adds; the goal is at most ``GOAL_P50_MS`` at p50.
+One decode worker, colocated (the router's ``never`` mode: the worker prefills every prompt, so the
+router sends the prompt with the Decode call and skips the reservation), prompts of ``prompt_tokens``
+and ``max_tokens=1``, one request in flight at a time, the paths taking turns (each goes first as
+often) so all see the same machine. Each time is the client's, from sending to the stream's end. The
+difference of the (a) and (b) percentiles is what the router adds; the goal is at most ``GOAL_P50_MS``
+at p50. (c) is the reservation round trip a prompt that may be handed off pays on top of (b).
 """
 
 import random
