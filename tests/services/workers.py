@@ -3,7 +3,7 @@
 import contextlib
 from pathlib import Path
 
-from services.launcher import REPO, ManagedWorker
+from deploy.local.launcher import REPO, ManagedWorker
 
 __all__ = ["REPO", "WorkerProcess", "running_workers"]
 

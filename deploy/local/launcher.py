@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from router.server import RouterConfig, RouterServer
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUTPUT_TAIL_LINES = 50  # a worker's last lines kept in memory, for the error when it fails to start
 
 
