@@ -87,6 +87,7 @@ class WorkerConfig:
         """The config as plain data in the file's shape (``engine`` nested), which ``from_dict`` reads."""
         data = dataclasses.asdict(self)
         data["fault_delays"] = list(self.fault_delays)
+        data[ENGINE] = data.pop(ENGINE)  # last: the worker's own fields read first
         return data
 
     def to_yaml(self) -> str:

@@ -7,6 +7,8 @@ import pytest
 
 from deploy.local.launcher import OUTPUT_TAIL_LINES, LocalCluster, ManagedWorker
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
+from services.engine.engine_config import EngineConfig
+from services.worker_config import WorkerConfig
 
 
 def test_role_args_reach_each_role_s_workers(tiny_checkpoint):
@@ -41,7 +43,8 @@ def test_an_unknown_role_is_refused_before_anything_starts(tiny_checkpoint):
 
 
 def test_worker_output_reaches_the_launcher_log_with_the_worker_name(tmp_path, caplog):
-    worker = ManagedWorker("decode", "decode-7", ["--model", str(tmp_path / "no-such-checkpoint")])
+    config = WorkerConfig("decode", EngineConfig(model=str(tmp_path / "no-such-checkpoint")), name="decode-7")
+    worker = ManagedWorker(config)
     with caplog.at_level(logging.INFO, logger="deploy.local.launcher"):
         with pytest.raises(RuntimeError, match="decode-7 did not become ready") as failure:
             worker.start(ready_timeout_s=120)
