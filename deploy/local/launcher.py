@@ -72,7 +72,9 @@ class ManagedWorker:
         # --exit-with-parent: if the launcher is killed outright, its workers go with it.
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cli.main", "worker", "--config", file.name, "--exit-with-parent"],
+                # --name again (the file has it): `ps` tells the workers apart.
+                [sys.executable, "-m", "cli.main", "worker", "--config", file.name, "--name", self.name]
+                + ["--exit-with-parent"],
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.PIPE,
