@@ -24,6 +24,7 @@ RUN pip install "grpcio-tools>=1.60" \
     && make proto VENV=/opt/venv \
     && pip uninstall -y grpcio-tools
 COPY cli cli
+COPY common common
 COPY deploy deploy
 COPY kernels kernels
 COPY loadtest loadtest

@@ -1,7 +1,8 @@
 """``baton bench``: ``engine`` (decode and prefill throughput per kernel backend, against the weights-once
 bound and transformers' model), ``kernels`` (per-op kernels at real shapes against their limits),
 ``kv-format`` (FP8 KV error), ``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy), ``pd``
-(decode latency under long prefills, colocated against disaggregated), ``faults``
+(decode latency under long prefills, colocated against disaggregated), ``router-latency`` (what the
+router adds to a short request, against a direct call to the decode worker), ``faults``
 (``bench_faults_command``) and ``fuzz`` (bad requests: never a 5xx, still serving)."""
 
 import argparse
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from services.benchmark import PDWorkload, measure_pd
-from services.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
-from services.benchmark.fuzz_client import FuzzClient
-from services.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
+from deploy.benchmark import PDWorkload, measure_pd
+from deploy.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
+from deploy.benchmark.fuzz_client import FuzzClient
+from deploy.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
+from deploy.benchmark.router_latency import measure_router_latency
 from services.config_flags import add_config_flags
 from services.engine.benchmark.engine_bench import format_table, run_engine_bench
 from services.engine.benchmark.kernel_bench import KERNEL_BENCHES, format_results, make_context, resolve
@@ -124,6 +126,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     transfer.add_argument("--json", type=Path, help="also write the rows as JSON here")
     transfer.set_defaults(run=run_transfer)
     _register_pd(kinds)
+    _register_router_latency(kinds)
     register_faults(kinds)
     _register_fuzz(kinds)
 
@@ -159,6 +162,23 @@ def _register_pd(kinds: argparse._SubParsersAction) -> None:
     pd.add_argument("--seed", type=int, default=0, help="fixes every prompt (default 0)")
     pd.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     pd.set_defaults(run=run_pd)
+
+
+def _register_router_latency(kinds: argparse._SubParsersAction) -> None:
+    bench = kinds.add_parser(
+        "router-latency", help="latency the router adds: Generate through it vs Decode straight to the worker"
+    )
+    bench.add_argument(
+        "--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)"
+    )
+    bench.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
+    bench.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    add_config_flags(bench, EngineConfig, only=("dtype",))  # the worker's model dtype
+    bench.add_argument("--requests", type=int, default=200, help="timed requests per path (default 200)")
+    bench.add_argument("--warmup", type=int, default=20, help="untimed requests per path first (default 20)")
+    bench.add_argument("--prompt-tokens", type=int, default=8, help="prompt length (default 8)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    bench.set_defaults(run=run_router_latency)
 
 
 def _register_fuzz(kinds: argparse._SubParsersAction) -> None:
@@ -386,6 +406,22 @@ def run_pd(args: argparse.Namespace) -> int:
             args.disaggregation,
             args.transfer_backend,
             worker_args,
+        )
+    if args.model is None:
+        report = replace(report, model=f"random {args.family} ({args.preset})")
+    print(json.dumps(report.as_dict()) if args.json else report.format_table())
+    return 0
+
+
+def run_router_latency(args: argparse.Namespace) -> int:
+    worker_args = ("--dtype", args.dtype) if args.dtype else ()
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = Path(scratch) / f"{args.family}-{args.preset}"
+            init_checkpoint(model_dir, args.family, args.preset, seed=0)
+        report = measure_router_latency(
+            str(model_dir), args.requests, args.prompt_tokens, args.warmup, worker_args
         )
     if args.model is None:
         report = replace(report, model=f"random {args.family} ({args.preset})")

@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from services.benchmark.faults import FaultScenario, measure_faults
+from deploy.benchmark.faults import FaultScenario, measure_faults
 from services.engine.checkpoint.init_folder import init_checkpoint
 
 

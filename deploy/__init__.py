@@ -1,1 +1,2 @@
-"""Ways to run the Baton cluster beyond one machine's processes (``deploy/ray``: on a Ray cluster)."""
+"""Running the Baton cluster beyond one machine's processes (``deploy/ray``: on a Ray cluster), and the
+cluster benchmarks over its public API (``deploy/benchmark``)."""

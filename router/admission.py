@@ -2,7 +2,7 @@
 
 import threading
 
-from services.engine.scheduler import NoCapacity
+from common.errors import NoCapacity
 from services.metrics import Metrics
 
 _RECHECK_FIRST_S = 0.05  # a request waiting for decode room looks again after this, doubling...

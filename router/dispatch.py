@@ -5,8 +5,10 @@
            ◀═ Decode stream ═ decode         tokens; the last message has usage and route
 
 Conditional disaggregation: a prompt whose uncached part is short (or a full cache hit on the decode
-worker) is prefilled by the decode worker itself. A failed prefill or handoff is retried once on
-another prefill worker, then prefilled locally on decode; either way the output is unchanged.
+worker) is prefilled by the decode worker itself; a prompt short enough that decode would prefill it
+anyway (and every prompt when colocated) skips the Reserve round trip and goes with the Decode call.
+A failed prefill or handoff is retried once on another prefill worker, then prefilled locally on
+decode; either way the output is unchanged.
 
 Every worker call is tied to the client's call (``when_call_ends``: a non-blocking cancel), and the
 reservation is a lease: the Reserve stream stays open until the Decode call takes the reservation
@@ -18,16 +20,16 @@ import time
 
 import grpc
 
+from common.errors import NoCapacity, TransferError
 from proto.baton.v1 import generation_pb2, workers_pb2
-from services.engine.scheduler import NoCapacity
 from services.metrics import Metrics
 from services.rpc.callbacks import when_call_ends
-from services.transfer import TransferError
 
 from .admission import Admission
+from .prefix_index import PromptHashes
 from .worker_pool import Worker, WorkerPool
 
-_STATS_TIMEOUT_S = 5.0
+_FEED_WAIT_S = 5.0  # how long a request waits for a worker whose load feed has not answered yet
 _RELEASE_TIMEOUT_S = 2.0
 _LOCAL_ALWAYS = 2**32 - 1  # local_prefill_max_tokens that makes every prefill local
 DISAGGREGATION_MODES = ("conditional", "always", "never")
@@ -101,6 +103,9 @@ class Dispatcher:
             ValueError, NoCapacity, TimeoutError, TransferError: mapped to status codes by the caller;
             DecodeLost (a TransferError) when the decode stream broke off.
         """
+        if self._prefills_on_decode(len(prompt_ids)):
+            yield from self._run_local(request_id, prompt_ids, request, context, route, resumed_tokens)
+            return
         reserve = workers_pb2.ReserveRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
@@ -122,16 +127,41 @@ class Dispatcher:
             # prefill); otherwise this frees the reservation (after any handoff still writing into it).
             lease.cancel()
 
+    def _prefills_on_decode(self, prompt_tokens: int) -> bool:
+        """Whether the decode worker would answer any Reserve with "prefill it here": colocated, or a
+        prompt no longer than the local limit (its uncached part cannot be longer). Such a request
+        skips the Reserve round trip (a declined Reserve holds nothing and checks no room either)."""
+        if self.disaggregation == "never":
+            return True
+        return self.disaggregation == "conditional" and prompt_tokens <= self.local_prefill_tokens
+
+    def _run_local(self, request_id, prompt_ids, request, context, route, resumed_tokens):
+        """A request the decode worker prefills itself, sent with the Decode call alone."""
+        decode = self._least_loaded_decode(request.session_id)
+        route.decode_worker = decode.name
+        reason = "colocated" if self.disaggregation == "never" else "short_prompt"
+        self.metrics.local_prefills.labels(reason).inc()
+        self.pool.assigned(decode, len(prompt_ids))
+        local = _local_prefill(prompt_ids, request, resumed_tokens)
+        decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
+        yield from self._decode(decode, decode_request, context, route, cached=0)
+
+    def _least_loaded_decode(self, session_id: str) -> Worker:
+        """The decode worker a local request goes to (the session's own first, then by load).
+
+        Raises:
+            TransferError: no decode worker takes new work.
+        """
+        ordered = self.pool.decode_order(session_id, _FEED_WAIT_S)
+        if not ordered:
+            raise TransferError("decode: no decode worker is reachable")
+        return ordered[0]
+
     def _run_reserved(
         self, decode: Worker, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
     ):
         route.decode_worker = decode.name
-        local = workers_pb2.LocalPrefill(
-            prompt_ids=prompt_ids,
-            sampling=request.sampling,
-            tenant=request.tenant,
-            resumed_tokens=resumed_tokens,
-        )
+        local = _local_prefill(prompt_ids, request, resumed_tokens)
         if reserved.prefill_locally:
             self.metrics.local_prefills.labels(self._local_reason(len(prompt_ids), reserved)).inc()
             decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
@@ -150,6 +180,11 @@ class Dispatcher:
                 route.transfer_backend = reserved.endpoint.backend
                 route.transfer_bytes = first.transfer_bytes
                 cached = first.cached_tokens
+        yield from self._decode(decode, decode_request, context, route, cached)
+
+    def _decode(self, decode: Worker, decode_request, context, route, cached: int):
+        """The decode worker's stream for ``decode_request``; the last message gets the route and at
+        least ``cached`` cached prompt tokens (what a handoff or a reservation found)."""
         call = decode.stub.Decode(decode_request, timeout=time_left(context))
         when_call_ends(context, call.cancel)  # the client left: the decode worker frees the request
         try:
@@ -190,13 +225,15 @@ class Dispatcher:
 
     def _reserve_once(self, reserve, session_id: str, context):
         last_error = None
-        for decode in self.pool.decode_order(session_id, _STATS_TIMEOUT_S):
+        for decode in self.pool.decode_order(session_id, _FEED_WAIT_S):
             # The reservation lives while this stream is open: cancelling it (the caller left, or the
             # request ended before decoding) frees it on the worker, and so does this process dying.
             lease = decode.stub.Reserve(reserve, timeout=time_left(context))
             when_call_ends(context, lease.cancel)
             try:
-                return decode, lease, next(lease)
+                reserved = next(lease)
+                self.pool.assigned(decode, len(reserve.prompt_ids))
+                return decode, lease, reserved
             except StopIteration:
                 last_error = None  # the worker ended the lease unanswered: it is stopping
                 self.pool.check(decode)
@@ -218,8 +255,8 @@ class Dispatcher:
 
     def _prefill(self, reserved, prompt_ids, request, context, resumed_tokens: int):
         """``(prefill worker, PrefillResponse)``, or None when every attempt failed."""
-        hashes = self.pool.prefixes.block_hashes(prompt_ids, request.tenant)
-        candidates = self.pool.prefill_order(hashes, _STATS_TIMEOUT_S)[:_PREFILL_ATTEMPTS]
+        prompt = PromptHashes(prompt_ids, request.tenant)
+        candidates = self.pool.prefill_order(prompt, _FEED_WAIT_S)[:_PREFILL_ATTEMPTS]
         prefill_request = workers_pb2.PrefillRequest(
             reservation=reserved.reservation,
             endpoint=reserved.endpoint,
@@ -231,6 +268,7 @@ class Dispatcher:
         for attempt, prefill in enumerate(candidates):
             if attempt:
                 self.metrics.handoff_fallbacks.labels("prefill").inc()
+            self.pool.assigned(prefill, len(prompt_ids))
             call = prefill.stub.Prefill.future(prefill_request, timeout=time_left(context))
             when_call_ends(context, call.cancel)  # the client left: the prefill worker stops too
             try:
@@ -244,7 +282,6 @@ class Dispatcher:
                 if not context.is_active():
                     raise failure from None  # the caller left: no other attempt
                 continue
-            self.pool.prefilled(prefill, hashes)
             self.metrics.transfer_bytes.labels(reserved.endpoint.backend).inc(first.transfer_bytes)
             self.metrics.transfer_seconds.labels(reserved.endpoint.backend).inc(first.transfer_seconds)
             return prefill, first
@@ -270,6 +307,15 @@ def time_left(context) -> float | None:
     timeout on an outgoing call would overflow into an immediate DEADLINE_EXCEEDED)."""
     remaining = context.time_remaining()
     return None if remaining is None or remaining > _NO_DEADLINE_S else remaining
+
+
+def _local_prefill(prompt_ids: list[int], request, resumed_tokens: int) -> workers_pb2.LocalPrefill:
+    return workers_pb2.LocalPrefill(
+        prompt_ids=prompt_ids,
+        sampling=request.sampling,
+        tenant=request.tenant,
+        resumed_tokens=resumed_tokens,
+    )
 
 
 def _decode_request(request_id: str, first) -> workers_pb2.DecodeRequest:

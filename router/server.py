@@ -8,9 +8,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.model_info import read_model_info
+from common.tokenizer import Tokenizer, TokenizerNotFoundError
 from proto.baton.v1 import generation_pb2_grpc
-from services.engine.model.config_loader import load_model_config
-from services.engine.tokenizer import Tokenizer, TokenizerNotFoundError
 from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 
@@ -68,7 +68,7 @@ class RouterServer:
 
     def __init__(self, config: RouterConfig, discovery: Discovery | None = None):
         self.discovery = discovery if discovery is not None else discovery_for(config)
-        model_config = load_model_config(config.model)
+        model_info = read_model_info(config.model)
         try:
             tokenizer = Tokenizer.from_pretrained(config.model)
         except TokenizerNotFoundError:
@@ -85,7 +85,7 @@ class RouterServer:
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         servicer = GenerationServicer(
             Path(config.model).name,
-            model_config,
+            model_info,
             tokenizer,
             migrator,
             config.max_model_len,

@@ -3,30 +3,32 @@
 import secrets
 import time
 
+from common.limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
+from common.model_info import ModelInfo
+from common.sampling_pb import sampling_from_pb
+from common.stop_strings import stop_cut
+from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from services.engine.model.config import ModelConfig
-from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from services.metrics import Metrics
-from services.rpc.convert import sampling_from_pb
 from services.rpc.errors import status_for
 
 from .admission import Admission
 from .dispatch import Dispatcher, time_left
-from .limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
 from .validation import check_generate, check_tokenize
 
 _DEADLINE_SLACK_S = 0.05
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    """Args: the served model's id and config, its tokenizer (or None), the dispatcher (workers), the
-    longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes, tokens), the
-    admission control (bounded queue) and the SLO targets a request must meet to count as goodput."""
+    """Args: the served model's id and ``ModelInfo`` (family, vocabulary size), its tokenizer (or None),
+    the dispatcher (workers), the longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes,
+    tokens), the admission control (bounded queue) and the SLO targets a request must meet to count as
+    goodput."""
 
     def __init__(
         self,
         model_id: str,
-        config: ModelConfig,
+        config: ModelInfo,
         tokenizer: Tokenizer | None,
         dispatcher: Dispatcher,
         max_model_len: int,
@@ -122,7 +124,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                     piece = "".join(detokenizer.push(token) for token in message.token_ids)
                     if message.finish_reason:
                         piece += detokenizer.flush()
-                    hit = _first_stop(text + piece, stops)
+                    hit = stop_cut(text + piece, stops)
                     if hit is not None:  # a stop string: end here (closing the stream stops decode)
                         message.text = (text + piece)[len(text) : hit]
                         message.finish_reason = generation_pb2.FINISH_REASON_STOP
@@ -185,11 +187,6 @@ def _deadline_passed(context) -> bool:
     """The call ended at its deadline: the client's own timer may cancel it a moment before ours."""
     remaining = context.time_remaining()
     return remaining is not None and remaining <= _DEADLINE_SLACK_S
-
-
-def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    positions = [text.find(stop) for stop in stops if stop in text]
-    return min(positions) if positions else None
 
 
 def _messages(chat) -> list[dict]:

@@ -2,14 +2,12 @@
 
 What protobuf already guarantees is not checked again: a ``string`` field holds valid UTF-8 (bad
 bytes fail to parse, and the error interceptor answers INVALID_ARGUMENT), numbers fit their type.
-What is checked here: labels and stop strings within their size limits (``router/limits.py``),
+What is checked here: labels and stop strings within their size limits (``common/limits.py``),
 stop token ids inside the vocabulary, the chat's message count, and the prompt's byte size against
 the absolute cap and the cheap token bound. ``sampling_from_pb`` checks the sampling ranges.
 """
 
-from proto.baton.v1 import generation_pb2
-
-from .limits import (
+from common.limits import (
     MAX_LABEL_CHARS,
     MAX_MESSAGES,
     MAX_STOP_CHARS,
@@ -21,6 +19,7 @@ from .limits import (
     check_text,
     utf8_bytes,
 )
+from proto.baton.v1 import generation_pb2
 
 
 def check_generate(

@@ -4,7 +4,12 @@ Names follow Prometheus conventions (base units, ``_seconds``, ``_bytes``, ``_to
 bounded: no request ids, no prompts. Each process builds one ``Metrics`` on its own registry.
 """
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:  # the router imports this module and never torch
+    from services.engine.engine_views import EngineInfo, WorkerLoad
 
 # The SLO targets (RouterConfig.slo_ttft_s = 2, slo_tpot_s = 0.1) must be bucket boundaries: the
 # alerts in deploy/prometheus count bad requests as count - bucket{le=target}.
@@ -136,22 +141,25 @@ class Metrics:
             "baton_router_inflight_requests_limit", "Admission seats (max_running)", registry=r
         )
 
-    def record_engine(self, engine) -> None:
-        """Set ``baton_engine_info`` from an engine's resolved configuration (once, at start)."""
-        graphs = "on" if engine.runner.graphs is not None else "off"
-        self.engine_info.labels(self.role, engine.config.kernel_backend, graphs).set(1)
+    def record_engine(self, info: "EngineInfo") -> None:
+        """Set ``baton_engine_info`` from an engine's resolved configuration (an ``EngineInfo``, once,
+        at start)."""
+        graphs = "on" if info.cuda_graphs else "off"
+        self.engine_info.labels(self.role, info.kernels, graphs).set(1)
 
-    def observe_pools(self, engine) -> None:
-        """Refresh the pool and queue gauges from an engine (call on its loop thread)."""
-        blocks, slots, scheduler = engine.cache.blocks, engine.cache.slots, engine.scheduler
-        self.blocks_used.labels(self.role).set(blocks.num_blocks - blocks.num_free)
-        self.blocks_capacity.labels(self.role).set(blocks.num_blocks)
-        self.slots_used.labels(self.role).set(slots.num_slots - slots.num_free)
-        self.slots_capacity.labels(self.role).set(slots.num_slots)
-        self.running.labels(self.role).set(len(scheduler.running) + len(scheduler.reserved))
-        self.waiting.labels(self.role).set(len(scheduler.waiting))
-        for seconds in scheduler.take_queue_times():
-            self.queue_time.observe(seconds)
+    def observe_load(self, load: "WorkerLoad") -> None:
+        """Refresh the pool and queue gauges from a ``WorkerLoad`` (the engine's, once per pass)."""
+        self.blocks_used.labels(self.role).set(load.used_blocks)
+        self.blocks_capacity.labels(self.role).set(load.total_blocks)
+        self.slots_used.labels(self.role).set(load.used_slots)
+        self.slots_capacity.labels(self.role).set(load.total_slots)
+        self.running.labels(self.role).set(load.running)
+        self.waiting.labels(self.role).set(load.waiting)
+
+    def observe_queue_times(self, seconds: tuple[float, ...]) -> None:
+        """Record the queue times of the requests an engine pass started."""
+        for value in seconds:
+            self.queue_time.observe(value)
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the bound port."""

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from services.transfer import TransferError
+from common.errors import TransferError
 
 
 class Draining(TransferError):

@@ -11,8 +11,8 @@ from grpc_reflection.v1alpha import reflection
 
 from proto.baton.v1 import workers_pb2_grpc
 from services.engine.engine_core import EngineCore
-from services.engine.engine_loop import EngineLoop
-from services.engine.handoff import register_pools
+from services.engine.engine_service import EngineService
+from services.engine.engine_views import EnginePass
 from services.metrics import Metrics
 from services.rpc.errors import ErrorInterceptor
 from services.transfer import make_backend
@@ -20,6 +20,7 @@ from services.transfer.inbox import SharedTransfer
 
 from .decode.servicer import DecodeServicer
 from .fault_delays import FaultDelays
+from .load_feed import LoadFeed
 from .prefill.servicer import PrefillServicer
 from .worker_config import WorkerConfig
 from .worker_drain import Drain
@@ -37,13 +38,16 @@ class WorkerServer:
         self.name = config.name or f"{config.role}-{config.port}"
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
-        engine = EngineCore(config.engine)
-        self.metrics.record_engine(engine)
-        self.stats = StatsBoard(self.name, engine)
-        self.loop = EngineLoop(engine, after_step=self._after_pass)
-        self.loop.call(self._after_pass)
+        ttl = config.reservation_ttl_s if config.role == "decode" else None
+        self.engine = EngineService(EngineCore(config.engine), reservation_ttl_s=ttl)
+        self.metrics.record_engine(self.engine.info)
+        self.stats = StatsBoard(self.name)
+        info = self.engine.info
+        self.load_feed = LoadFeed(
+            self.stats, info.model_fingerprint, info.prefix_caching, self.engine.cached_at_start
+        )
         backend = make_backend(config.transfer_backend)
-        register_pools(backend, self.loop.engine.cache)
+        self.engine.register_pools(backend)
         self.transfer = SharedTransfer(backend)
         self.drain_state = Drain(self.name)
         # A decode stream, a reservation's lease or a prefill call holds a handler thread while its
@@ -58,13 +62,14 @@ class WorkerServer:
         if config.role == "decode":
             self.decode = DecodeServicer(
                 self.name,
-                self.loop,
+                self.engine,
                 self.transfer,
                 self.stats,
                 self.metrics,
                 self.drain_state,
                 release_grace_s=config.release_grace_s,
                 faults=faults,
+                load_feed=self.load_feed,
             )
             workers_pb2_grpc.add_DecodeWorkerServicer_to_server(self.decode, self.server)
             service = "baton.v1.DecodeWorker"
@@ -72,17 +77,19 @@ class WorkerServer:
             workers_pb2_grpc.add_PrefillWorkerServicer_to_server(
                 PrefillServicer(
                     self.name,
-                    self.loop,
+                    self.engine,
                     self.transfer,
                     self.metrics,
                     self.stats,
                     self.drain_state,
                     fail_transfers=config.fail_transfers,
                     faults=faults,
+                    load_feed=self.load_feed,
                 ),
                 self.server,
             )
             service = "baton.v1.PrefillWorker"
+        self.engine.observe(self._after_pass)  # the gauges and Stats are filled before serving
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (service, health.SERVICE_NAME, reflection.SERVICE_NAME)
@@ -95,16 +102,21 @@ class WorkerServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.service = service
 
-    def _after_pass(self, engine: EngineCore) -> None:
-        """After every engine pass and command (loop thread): stale reservations are freed, then the
-        gauges and the stats snapshot are refreshed."""
-        if self.config.role == "decode":
-            expired = engine.scheduler.expire_reserved(self.config.reservation_ttl_s, time.monotonic())
-            if expired:
-                self.decode.expired(expired)
-                log.warning("freed %d reservation(s) whose state never arrived: %s", len(expired), expired)
-        self.metrics.observe_pools(engine)
-        self.stats.update(engine)
+    def _after_pass(self, report: EnginePass) -> None:
+        """After every engine pass and command (loop thread): the leases of reservations the TTL
+        freed end, and the one load the pass took feeds the gauges, the stats snapshot and (with the
+        pass's cache events) the load feed."""
+        if report.expired:
+            self.decode.expired(list(report.expired))
+            log.warning(
+                "freed %d reservation(s) whose state never arrived: %s",
+                len(report.expired),
+                list(report.expired),
+            )
+        self.metrics.observe_load(report.load)
+        self.metrics.observe_queue_times(report.queue_times)
+        self.stats.update(report.load)
+        self.load_feed.publish(report.cache_events)
 
     def drain(self, hurry: threading.Event | None = None) -> bool:
         """Admit nothing new (health NOT_SERVING, stats ``draining``, refusals) and wait up to
@@ -115,10 +127,10 @@ class WorkerServer:
         self.health.enter_graceful_shutdown()
         self.drain_state.start()
         self.stats.draining = True
-        self.loop.call(self._after_pass)  # the router's next Stats call sees it
+        self.engine.refresh()  # the router's load feed and next Stats call see it
         deadline = time.monotonic() + self.config.grace_period_s
         hurry = hurry or threading.Event()
-        while self.drain_state.admitting or self.loop.call(lambda engine: engine.has_unfinished):
+        while self.drain_state.admitting or self.engine.has_unfinished():
             if time.monotonic() >= deadline or hurry.wait(0.1):
                 log.warning("%s: grace period over with work in flight; ending its streams", self.name)
                 self.drain_state.expire()
@@ -128,8 +140,9 @@ class WorkerServer:
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
+        self.load_feed.close()  # WatchLoad streams end now instead of holding the server's grace period
         self.server.stop(grace_s).wait()
         if self.decode is not None:
             self.decode.close()
         self.transfer.close()
-        self.loop.close()
+        self.engine.close()

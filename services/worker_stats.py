@@ -1,23 +1,23 @@
-"""A worker's load as the router sees it (``WorkerStats``): computed on the engine loop thread after
-every step and command, served from that snapshot so a ``Stats`` call never waits for a long step."""
+"""A worker's load as the router sees it (``WorkerStats``): the engine takes its ``WorkerLoad`` once per
+pass on its loop thread; this board turns it into the proto and serves the latest one, so a ``Stats``
+call never waits for a long step. (The Prometheus pool gauges are the other view of the same load:
+``Metrics.observe_load``.)"""
 
 from proto.baton.v1 import workers_pb2
-from services.engine.engine_core import EngineCore
+from services.engine.engine_views import WorkerLoad
 
 
-def worker_stats(name: str, engine: EngineCore, draining: bool = False) -> workers_pb2.WorkerStats:
-    scheduler, cache = engine.scheduler, engine.cache
-    queued = sum(max(0, len(r.prompt_ids) - r.num_computed) for r in (*scheduler.waiting, *scheduler.running))
+def load_to_pb(name: str, load: WorkerLoad, draining: bool = False) -> workers_pb2.WorkerStats:
     return workers_pb2.WorkerStats(
         worker=name,
-        running=len(scheduler.running) + len(scheduler.reserved),
-        waiting=len(scheduler.waiting),
-        free_blocks=cache.blocks.num_free,
-        total_blocks=cache.blocks.num_blocks,
-        free_slots=cache.slots.num_free,
-        total_slots=cache.slots.num_slots,
-        block_size=cache.blocks.block_size,
-        queued_prompt_tokens=queued,
+        running=load.running,
+        waiting=load.waiting,
+        free_blocks=load.free_blocks,
+        total_blocks=load.total_blocks,
+        free_slots=load.free_slots,
+        total_slots=load.total_slots,
+        block_size=load.block_size,
+        queued_prompt_tokens=load.queued_prompt_tokens,
         draining=draining,
     )
 
@@ -26,14 +26,14 @@ class StatsBoard:
     """The latest ``WorkerStats`` of one worker: ``update`` on the loop thread, ``latest`` anywhere.
     ``draining`` (set when the worker starts to stop) shows from the next ``update`` on."""
 
-    def __init__(self, name: str, engine: EngineCore):
+    def __init__(self, name: str):
         self.name = name
         self.draining = False
-        self._latest = worker_stats(name, engine)
+        self._latest = workers_pb2.WorkerStats(worker=name)  # until the engine's first pass
 
-    def update(self, engine: EngineCore) -> None:
+    def update(self, load: WorkerLoad) -> None:
         # One reference swap: readers see the old snapshot or the new one.
-        self._latest = worker_stats(self.name, engine, self.draining)
+        self._latest = load_to_pb(self.name, load, self.draining)
 
     def latest(self) -> workers_pb2.WorkerStats:
         return self._latest

@@ -8,7 +8,7 @@ import reprlib
 from collections.abc import Mapping
 from typing import Any
 
-from router.limits import MAX_LABEL_CHARS, MAX_STOP_CHARS, MAX_STOP_STRINGS, FieldError, check_text
+from common.limits import MAX_LABEL_CHARS, MAX_STOP_CHARS, MAX_STOP_STRINGS, FieldError, check_text
 
 UINT32_MAX = 2**32 - 1
 _MISSING = object()

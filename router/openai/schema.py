@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from router.limits import MAX_MESSAGES, MAX_PROMPT_BYTES, MAX_STOP_TOKEN_IDS
-from services.engine.sampling.params import MAX_LOGPROBS
+from common.limits import MAX_MESSAGES, MAX_PROMPT_BYTES, MAX_STOP_TOKEN_IDS
+from common.sampling_params import MAX_LOGPROBS
 
 from . import fields
 from .fields import RequestError

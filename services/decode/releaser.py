@@ -10,9 +10,8 @@ import threading
 import time
 from concurrent.futures import Future
 
-from services.engine.engine_core import EngineCore
-from services.engine.engine_loop import EngineLoop
-from services.transfer import TransferError
+from common.errors import TransferError
+from services.engine.engine_service import EngineService
 from services.transfer.inbox import SharedTransfer
 
 _POLL_S = 0.01  # how often pending reservations look for their handoff's notification
@@ -22,15 +21,15 @@ class ReservationReleaser:
     """One thread that frees reservations; ``release`` never blocks (safe in gRPC callbacks).
 
     Args:
-        loop: the decode engine's loop (frees run there, between steps).
+        engine: the decode engine (frees run on its loop, between steps).
         transfer: where handoff notifications arrive.
         grace_s: the longest a reservation waits for an in-flight handoff's notification.
     """
 
-    def __init__(self, loop: EngineLoop, transfer: SharedTransfer, grace_s: float):
+    def __init__(self, engine: EngineService, transfer: SharedTransfer, grace_s: float):
         if not grace_s >= 0:
             raise ValueError(f"release_grace_s: must be >= 0, got {grace_s}")
-        self.loop = loop
+        self.engine = engine
         self.transfer = transfer
         self.grace_s = grace_s
         self._pending: dict[str, float] = {}  # request id -> when the grace ends (monotonic)
@@ -43,7 +42,7 @@ class ReservationReleaser:
         """Free ``request_id``'s reservation: now (the returned ``Future`` completes once it is freed),
         or once a handoff that may be writing into it has landed or the grace has passed (None)."""
         if not handoff_may_be_in_flight:
-            return self.loop.submit(lambda engine: free_reservation(engine, request_id))
+            return self.engine.free_reservation(request_id)
         with self._changed:
             self._pending[request_id] = time.monotonic() + self.grace_s
             self._changed.notify()
@@ -73,7 +72,7 @@ class ReservationReleaser:
                 if now >= grace_ends or self._landed(request_id):
                     with self._changed:
                         del self._pending[request_id]
-                    self.loop.submit(lambda engine, rid=request_id: free_reservation(engine, rid))
+                    self.engine.free_reservation(request_id)
             with self._changed:
                 if self._pending and not self._stop:
                     self._changed.wait(_POLL_S)
@@ -84,12 +83,3 @@ class ReservationReleaser:
         except TransferError:
             return False
         return True
-
-
-def free_reservation(engine: EngineCore, request_id: str) -> bool:
-    """Free ``request_id`` if it is still a reservation (never a request that is decoding); loop thread.
-    Returns whether it freed one."""
-    if request_id not in engine.scheduler.reserved:
-        return False
-    engine.abort(request_id)
-    return True

@@ -1,27 +1,28 @@
-"""``DecodeWorker`` gRPC servicer: thin ``from_pb`` -> engine loop -> ``to_pb``.
+"""``DecodeWorker`` gRPC servicer: thin ``from_pb`` -> ``EngineService`` -> ``to_pb``.
 
 Who frees a request's room (and when): its ``Reserve`` lease until a ``Decode`` call claims it
 (``leases.py``, ``releaser.py``), then that ``Decode`` call: ending it in any way but a finish (cancel,
 deadline, the router gone) aborts the request. Cancellation callbacks only queue work
-(``EngineLoop.submit``), never wait on the engine.
+(``EngineService.abort`` / ``free_reservation``), never wait on the engine.
 """
 
 import queue
 import time
 
+from common.errors import TransferError
+from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
-from services.engine.engine_loop import EngineLoop
-from services.engine.handoff import reservation_of
+from services.engine.engine_service import EngineService
 from services.engine.scheduler import SampledToken
 from services.metrics import Metrics
 from services.rpc.callbacks import when_call_ends
-from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb, sampling_from_pb
-from services.transfer import TransferError
+from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..load_feed import LoadFeed
 from ..worker_drain import Drain
-from ..worker_integrity import pool_integrity
+from ..worker_integrity import integrity_to_pb
 from ..worker_stats import StatsBoard
 from .leases import LeaseEnd, Leases
 from .releaser import ReservationReleaser
@@ -30,7 +31,7 @@ _STATE_POLL_S = 0.25  # how often a Decode call waiting for its state checks tha
 
 
 class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
-    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its stats
+    """Args: the worker's name, its engine, its transfer backend (pools registered), its stats
     snapshot, its metrics, its drain (while draining, Reserve and local prefills are refused; a
     reservation whose state is arriving is still decoded; once the grace period is over, Decode calls
     are refused and running streams end, for the router to move), how long a Decode call waits for its
@@ -40,7 +41,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
     def __init__(
         self,
         name: str,
-        loop: EngineLoop,
+        engine: EngineService,
         transfer: SharedTransfer,
         stats: StatsBoard,
         metrics: Metrics,
@@ -48,44 +49,42 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
         faults: FaultDelays = NO_FAULTS,
+        load_feed: LoadFeed | None = None,
     ):
         self.name = name
-        self.loop = loop
+        self.engine = engine
         self.transfer = transfer
         self.transfer_timeout_s = transfer_timeout_s
         self.stats = stats
         self.metrics = metrics
         self.drain = drain
         self.faults = faults
+        self.load_feed = load_feed
         self.leases = Leases()
-        self.releaser = ReservationReleaser(loop, transfer, release_grace_s)
+        self.releaser = ReservationReleaser(engine, transfer, release_grace_s)
 
     def Reserve(self, request, context):
         if not request.request_id:
             raise ValueError("request_id: required")
         params = sampling_from_pb(request.sampling)
-        prompt, request_id = list(request.prompt_ids), request.request_id
+        request_id = request.request_id
         local_limit = (
             request.local_prefill_max_tokens if request.HasField("local_prefill_max_tokens") else None
         )
-
-        def reserve_or_decline(engine):
-            """One loop call (one wait for the running step): look up the prefix, then hold room
-            unless the prompt is cheaper to prefill here. Returns ``(reservation, cached tokens)``."""
-            if local_limit is not None:
-                cached = engine.cached_prefix_tokens(prompt, request.tenant)
-                if _prefill_here(len(prompt), cached, local_limit, engine.cache.blocks.block_size):
-                    return None, cached
-            reserved = engine.reserve(
-                prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
-            )
-            return reservation_of(reserved), 0
-
         self.faults.pause("reserve")
         with self.drain.admit("Reserve"):
-            reserved, cached = self.loop.call(reserve_or_decline)
-        if reserved is None:
-            reservation = workers_pb2.CacheReservation(request_id=request_id, cached_tokens=cached)
+            reserved = self.engine.reserve(
+                list(request.prompt_ids),
+                params,
+                request_id,
+                request.tenant,
+                resumed_tokens=request.resumed_tokens,
+                local_prefill_max_tokens=local_limit,
+            )
+        if reserved.prefill_locally:
+            reservation = workers_pb2.CacheReservation(
+                request_id=request_id, cached_tokens=reserved.cached_tokens
+            )
             yield workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
             return
         lease = self.leases.open(request_id)
@@ -95,7 +94,8 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             return
         lease.may_have_reached_caller = True
         yield workers_pb2.ReserveResponse(
-            reservation=reservation_to_pb(reserved), endpoint=endpoint_to_pb(self.transfer.endpoint())
+            reservation=reservation_to_pb(reserved.reservation),
+            endpoint=endpoint_to_pb(self.transfer.endpoint()),
         )
         lease.wait()  # the stream stays open while the reservation waits for its state
 
@@ -128,7 +128,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
                 f"request_id: {request_id!r} has no reservation here (released, expired or never made)"
             )
         # From here this call owns the request: however it ends, the request goes with it.
-        when_call_ends(context, lambda: self.loop.submit(lambda engine: engine.abort(request_id)))
+        when_call_ends(context, lambda: self.engine.abort(request_id))
         if request.HasField("local_prefill"):
             yield from self._prefill_and_decode(request, context)
             return
@@ -140,13 +140,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             top_logprobs=[(t.token_id, t.logprob) for t in request.first_top_logprobs] or None,
         )
         self.faults.pause("decode_start")
-
-        def start(engine):
-            stream = self.loop.watch(engine.scheduler.requests[request_id])
-            engine.scheduler.complete_reserved(request_id, first)
-            return stream
-
-        stream = self.loop.call(start)
+        stream = self.engine.accept_handoff(request_id, first)
         yield from self._stream(request_id, stream, context)
 
     def _await_state(self, request_id: str, context) -> bool:
@@ -164,7 +158,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
                 if not context.is_active():
                     return False
                 if time.monotonic() >= deadline:
-                    self.loop.submit(lambda engine: engine.abort(request_id))
+                    self.engine.abort(request_id)
                     raise
 
     def _prefill_and_decode(self, request, context):
@@ -173,12 +167,8 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         params = sampling_from_pb(local.sampling)
         prompt = list(local.prompt_ids)
         with self.drain.admit("Decode with a local prefill"):
-            stream = self.loop.call(
-                lambda engine: self.loop.watch(
-                    engine.add_request(
-                        prompt, params, request.request_id, local.tenant, resumed_tokens=local.resumed_tokens
-                    )
-                )
+            stream = self.engine.generate(
+                prompt, params, request.request_id, local.tenant, resumed_tokens=local.resumed_tokens
             )
         yield from self._stream(request.request_id, stream, context)
 
@@ -204,7 +194,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
             # Also when the server drops this generator (its caller left while a message was being
             # sent), or the request was added after the cancellation callback had already run.
             if not finished:
-                self.loop.submit(lambda engine: engine.abort(request_id))
+                self.engine.abort(request_id)
 
     def Release(self, request, context):
         released = self._end_lease(
@@ -217,15 +207,13 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
     def Stats(self, request, context):
         return self.stats.latest()
 
+    def WatchLoad(self, request, context):
+        if self.load_feed is None:
+            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
+        yield from self.load_feed.updates(context)
+
     def CheckIntegrity(self, request, context):
-        return self.loop.call(lambda engine: pool_integrity(self.name, engine))
+        return integrity_to_pb(self.name, self.engine.integrity())
 
     def close(self) -> None:
         self.releaser.close()
-
-
-def _prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:
-    """Conditional disaggregation: a short uncached remainder, or a full cache hit (every block but
-    the last, partial one), is cheaper to prefill here than to hand off."""
-    uncached = prompt_tokens - cached_tokens
-    return uncached <= max_uncached or (cached_tokens > 0 and uncached <= block_size)

@@ -9,7 +9,7 @@ a request), so a later request can reuse MLA blocks *and* restore the KDA state 
 
 from dataclasses import dataclass
 
-from services.engine.cache.block_hash import extend_chain
+from common.prefix_hash import extend_chain
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from common.sampling_params import MAX_LOGPROBS, SamplingParams
 from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.model.backends.sampling import SamplingInputs, TritonSampling
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, StepMetadata, build_step_metadata
-from services.engine.sampling import SampleOutput, SamplingParams
-from services.engine.sampling.params import MAX_LOGPROBS
+from services.engine.sampling import SampleOutput
 
 log = logging.getLogger(__name__)
 

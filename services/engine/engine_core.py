@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
+from common.prefix_hash import chain_root
+from common.sampling_params import SamplingParams
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
-from services.engine.cache.block_hash import chain_root
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.snapshot_store import SnapshotStore
@@ -17,7 +18,6 @@ from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
 from services.engine.model.backends import check_kernels
 from services.engine.model.causal_lm import CausalLM
-from services.engine.sampling import SamplingParams
 
 from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs, capture_sizes

@@ -9,33 +9,114 @@
  complete_reserved(first token)        (its blocks stay in its prefix cache)
  decode as usual
 ```
-Both engines must share the block and slot layouts (same model, block size, dtype, KV format and
-numerics mode); ``layouts_match`` checks it.
+Both engines must share the block and slot layouts: the decode engine's reservation carries its
+``HandoffLayout`` (model, block size, dtype, KV format, numerics mode and the two layout
+fingerprints) and the prefill engine refuses one that differs from its own (``check_layout``)
+before computing anything.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from services.transfer import BLOCKS, STATE, TransferBackend, TransferStats
 
 from .cache_manager import CacheManager
+from .engine_core import EngineCore
 from .request import Request, RequestStatus
 from .scheduler import SampledToken
 
 
 @dataclass(frozen=True)
+class HandoffLayout:
+    """What rows of one engine's pools must share with the other's to mean the same bytes there."""
+
+    block_size: int
+    dtype: str  # the model dtype (``bfloat16``, ``float32``, ...)
+    kv_format: str  # ``auto`` or ``fp8``
+    block_layout: str  # ``Layout.fingerprint()`` of one packed block
+    slot_layout: str  # ``Layout.fingerprint()`` of one state slot
+    numerics: str  # ``default`` or ``batch_invariant`` (CF-BI keeps open-chunk rows in the slot)
+    model: str  # the engine's model fingerprint (also the prefix-cache salt)
+
+
+@dataclass(frozen=True)
 class Reservation:
-    """Where the decode engine wants a request's prompt state: block ids in order, and a slot."""
+    """Where the decode engine wants a request's prompt state: block ids in order, a slot, and the
+    layout those rows have (None only where the sender did not say)."""
 
     request_id: str
     block_ids: tuple[int, ...]
     slot: int
+    layout: HandoffLayout | None = None
 
 
-def reservation_of(request: Request) -> Reservation:
-    """The reservation a decode engine made for ``request`` (``EngineCore.reserve``)."""
+@dataclass(frozen=True)
+class HeldPrefill:
+    """What a prefill engine keeps for a request's handoff: its prompt blocks, its slot and the first
+    token (a copy: the engine may free the request once the handoff is done)."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    slot: int
+    first: SampledToken
+    num_cached_tokens: int
+
+
+def layout_of(engine: EngineCore) -> HandoffLayout:
+    """``engine``'s handoff layout (fixed for its life)."""
+    blocks, slots = engine.cache.blocks, engine.cache.slots
+    return HandoffLayout(
+        block_size=blocks.block_size,
+        dtype=str(engine.model.lm_head.weight.dtype).removeprefix("torch."),
+        kv_format=engine.config.kv_format,
+        block_layout=blocks.layout.fingerprint(),
+        slot_layout=slots.layout.fingerprint(),
+        numerics="batch_invariant" if engine.config.batch_invariant else "default",
+        model=engine.model_fingerprint,
+    )
+
+
+def check_layout(decode: HandoffLayout | None, prefill: HandoffLayout) -> None:
+    """Refuse a handoff between engines whose rows differ (before any prefill work).
+
+    Raises:
+        ValueError: no layout, or the first field that differs, naming both sides, e.g.
+            ``reservation.layout.dtype: decode worker has float16, this prefill worker has bfloat16``.
+    """
+    if decode is None:
+        raise ValueError(
+            "reservation.layout: required (the decode worker did not say how its rows are laid out)"
+        )
+    for field in dataclasses.fields(HandoffLayout):
+        theirs, ours = getattr(decode, field.name), getattr(prefill, field.name)
+        if theirs != ours:
+            raise ValueError(
+                f"reservation.layout.{field.name}: decode worker has {theirs}, this prefill worker has {ours}"
+            )
+
+
+def reservation_of(request: Request, layout: HandoffLayout | None = None) -> Reservation:
+    """The reservation a decode engine made for ``request`` (``EngineCore.reserve``), with its layout."""
     if request.status is not RequestStatus.RESERVED:
         raise ValueError(f"request {request.request_id!r} is not reserved")
-    return Reservation(request.request_id, tuple(request.block_table), request.slot)
+    return Reservation(request.request_id, tuple(request.block_table), request.slot, layout)
+
+
+def held_prefill(request: Request) -> HeldPrefill:
+    """The handoff data of a prefill engine's held ``request`` (``add_prefill_only``, then steps).
+
+    Raises:
+        ValueError: the request is not held.
+    """
+    if request.status is not RequestStatus.HELD:
+        raise ValueError(f"request {request.request_id!r} has no held prefill state to send")
+    return HeldPrefill(
+        request.request_id,
+        tuple(request.block_table),
+        request.slot,
+        first_token(request),
+        request.num_cached_tokens,
+    )
 
 
 def register_pools(backend: TransferBackend, cache: CacheManager) -> None:
@@ -44,37 +125,26 @@ def register_pools(backend: TransferBackend, cache: CacheManager) -> None:
     backend.register(STATE, cache.slots.storage)
 
 
-def layouts_match(prefill: CacheManager, decode: CacheManager) -> bool:
-    """True when rows of one engine's pools mean the same bytes in the other's."""
-    return (
-        prefill.blocks.layout == decode.blocks.layout
-        and prefill.blocks.block_size == decode.blocks.block_size
-        and prefill.slots.layout == decode.slots.layout
-    )
-
-
 def send_state(
-    backend: TransferBackend, peer: str, request: Request, reservation: Reservation
+    backend: TransferBackend, peer: str, held: HeldPrefill, reservation: Reservation
 ) -> TransferStats:
-    """Write a held prefill request's prompt blocks and KDA slot into ``reservation`` on ``peer``.
+    """Write a held prefill's prompt blocks and KDA slot into ``reservation`` on ``peer``. ``backend``
+    is a ``TransferBackend`` or anything with its ``write`` (``SharedTransfer``).
 
     Raises:
-        ValueError: the request is not held, or the reservation has a different number of blocks.
+        ValueError: the reservation has a different number of blocks.
         TransferError: the backend failed (named by the backend).
     """
-    if request.status is not RequestStatus.HELD:
-        raise ValueError(f"request {request.request_id!r} has no held prefill state to send")
-    blocks = request.block_table
-    if len(blocks) != len(reservation.block_ids):
+    if len(held.block_ids) != len(reservation.block_ids):
         raise ValueError(
-            f"request {request.request_id!r}: {len(blocks)} prefilled blocks, "
+            f"request {held.request_id!r}: {len(held.block_ids)} prefilled blocks, "
             f"{len(reservation.block_ids)} reserved"
         )
     rows = {
-        BLOCKS: list(zip(blocks, reservation.block_ids, strict=True)),
-        STATE: [(request.slot, reservation.slot)],
+        BLOCKS: list(zip(held.block_ids, reservation.block_ids, strict=True)),
+        STATE: [(held.slot, reservation.slot)],
     }
-    return backend.write(peer, rows, message=request.request_id)
+    return backend.write(peer, rows, message=held.request_id)
 
 
 def first_token(request: Request) -> SampledToken:
@@ -82,5 +152,5 @@ def first_token(request: Request) -> SampledToken:
     return SampledToken(
         token_id=request.output_ids[0],
         logprob=request.logprobs[0] if request.logprobs else None,
-        top_logprobs=request.top_logprobs[0] if request.top_logprobs else None,
+        top_logprobs=list(request.top_logprobs[0]) if request.top_logprobs else None,
     )

@@ -2,9 +2,10 @@
 
 from dataclasses import dataclass, field
 
+from common.sampling_params import SamplingParams
+from common.stop_strings import stop_cut
+from common.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerNotFoundError
 from services.engine.model.causal_lm import CausalLM
-from services.engine.sampling import SamplingParams
-from services.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerNotFoundError
 
 from .engine_config import EngineConfig
 from .engine_core import EngineCore
@@ -125,13 +126,8 @@ class LLM:
             for token in request.output_ids[stream.consumed :]:
                 stream.text += stream.detokenizer.push(token)
             stream.consumed = len(request.output_ids)
-            stops = request.params.stop
-            if not stops:
-                continue
-            hits = [(stream.text.find(stop), stop) for stop in stops if stop in stream.text]
-            if hits:
-                position, stop = min(hits)
-                end = position + (len(stop) if request.params.include_stop_str_in_output else 0)
+            end = stop_cut(stream.text, request.params.stop, request.params.include_stop_str_in_output)
+            if end is not None:
                 stream.text = stream.text[:end]
                 stream.stopped_by_string = True
                 if request.finish_reason is None:

@@ -4,7 +4,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from services.engine.sampling import SamplingParams
+from common.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -10,6 +10,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from common.errors import NoCapacity
+
 from .cache_manager import CacheManager, PrefixHit
 from .request import FinishReason, Request, RequestStatus
 
@@ -45,10 +47,6 @@ class SampledToken:
     token_id: int
     logprob: float | None
     top_logprobs: list[tuple[int, float]] | None
-
-
-class NoCapacity(RuntimeError):
-    """A handoff reservation cannot be made now (no seat, blocks or state slot free)."""
 
 
 class Scheduler:

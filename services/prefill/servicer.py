@@ -1,25 +1,28 @@
-"""``PrefillWorker`` gRPC servicer: prefill, hand the state to decode over the transfer backend."""
+"""``PrefillWorker`` gRPC servicer: prefill (``EngineService``), then hand the state to decode over the
+transfer backend (the transfer stays outside the engine: ``send_state`` reads a ``HeldPrefill``)."""
 
 import queue
 import threading
 
+from common.errors import TransferError
+from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
-from services.engine.engine_loop import EngineLoop
-from services.engine.handoff import send_state
+from services.engine.engine_service import EngineService
+from services.engine.handoff import HeldPrefill, send_state
 from services.metrics import Metrics
 from services.rpc.callbacks import when_call_ends
-from services.rpc.convert import endpoint_from_pb, reservation_from_pb, sampling_from_pb
-from services.transfer import TransferError
+from services.rpc.convert import endpoint_from_pb, reservation_from_pb
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
+from ..load_feed import LoadFeed
 from ..worker_drain import Drain
-from ..worker_integrity import pool_integrity
+from ..worker_integrity import integrity_to_pb
 from ..worker_stats import StatsBoard
 
 
 class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
-    """Args: the worker's name, its engine loop, its transfer backend (pools registered), its metrics,
+    """Args: the worker's name, its engine, its transfer backend (pools registered), its metrics,
     its stats snapshot, its drain (while draining, new prefills are refused; running ones and their
     handoffs complete), how long a prefill may wait for a step, and the injected faults (failed
     handoffs, delays).
@@ -30,7 +33,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
     def __init__(
         self,
         name: str,
-        loop: EngineLoop,
+        engine: EngineService,
         transfer: SharedTransfer,
         metrics: Metrics,
         stats: StatsBoard,
@@ -38,12 +41,14 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
         faults: FaultDelays = NO_FAULTS,
+        load_feed: LoadFeed | None = None,
     ):
         self.name = name
         self.faults = faults
+        self.load_feed = load_feed
         self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
         self.metrics = metrics
-        self.loop = loop
+        self.engine = engine
         self.transfer = transfer
         self.step_timeout_s = step_timeout_s
         self.stats = stats
@@ -62,17 +67,13 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         self.faults.pause("prefill")
         if not context.is_active():  # the router gave up before any work started
             raise TransferError(f"request {request_id!r} was cancelled before its prefill")
-        with self.drain.admit("Prefill"):
-            stream = self.loop.call(
-                lambda engine: self.loop.watch(
-                    engine.add_prefill_only(
-                        prompt, params, request_id, request.tenant, resumed_tokens=request.resumed_tokens
-                    )
-                )
+        with self.drain.admit("Prefill"):  # refuses a reservation laid out unlike this engine's first
+            stream = self.engine.prefill(
+                prompt, params, reservation, request.tenant, resumed_tokens=request.resumed_tokens
             )
         try:
             # The caller left: stop computing (queued, not awaited: this runs on gRPC's event thread).
-            when_call_ends(context, lambda: self.loop.submit(lambda engine: engine.abort(request_id)))
+            when_call_ends(context, lambda: self.engine.abort(request_id))
             held = self._prefilled(request_id, stream)
             if not context.is_active():  # the router gave up: write nothing into memory it may have freed
                 raise TransferError(f"request {request_id!r} was cancelled before its handoff")
@@ -85,23 +86,24 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
                 self.metrics.transfer_failures.labels(self.transfer.name).inc()
                 raise
         finally:  # whatever happened, this worker keeps nothing for the request
-            self.loop.call(lambda engine: _discard(engine, request_id))
+            self.engine.discard(request_id)
         self.metrics.transfer_bytes.labels(self.transfer.name).inc(stats.nbytes)
         self.metrics.transfer_seconds.labels(self.transfer.name).inc(stats.seconds)
+        first = held.first
         response = workers_pb2.PrefillResponse(
-            first_token_id=held.output_ids[0],
+            first_token_id=first.token_id,
             transfer_bytes=stats.nbytes,
             transfer_seconds=stats.seconds,
             cached_tokens=held.num_cached_tokens,
         )
-        if held.logprobs:
-            response.first_logprob = held.logprobs[0]
-        for token_id, logprob in held.top_logprobs[0] if held.top_logprobs else ():
+        if first.logprob is not None:
+            response.first_logprob = first.logprob
+        for token_id, logprob in first.top_logprobs or ():
             response.first_top_logprobs.append(generation_pb2.TopLogprob(token_id=token_id, logprob=logprob))
         return response
 
-    def _prefilled(self, request_id: str, stream):
-        """The held request once its prefill is done.
+    def _prefilled(self, request_id: str, stream) -> HeldPrefill:
+        """The held prefill once it is done.
 
         Raises:
             TransferError: it was aborted (its caller left).
@@ -117,7 +119,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
             ) from None
         if deltas[-1].finish_reason == "abort":
             raise TransferError(f"request {request_id!r} was aborted during prefill")
-        return self.loop.call(lambda engine: engine.scheduler.held[request_id])
+        return self.engine.held_prefill(request_id)
 
     def _inject_failure(self) -> None:
         with self._faults_lock:
@@ -129,13 +131,10 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
     def Stats(self, request, context):
         return self.stats.latest()
 
+    def WatchLoad(self, request, context):
+        if self.load_feed is None:
+            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
+        yield from self.load_feed.updates(context)
+
     def CheckIntegrity(self, request, context):
-        return self.loop.call(lambda engine: pool_integrity(self.name, engine))
-
-
-def _discard(engine, request_id: str) -> None:
-    """Free whatever the engine still keeps for ``request_id`` (loop thread): the held cache of a
-    finished prefill, or the prefill itself if it is still queued or running."""
-    engine.abort(request_id)
-    if request_id in engine.scheduler.held:
-        engine.scheduler.release_held(request_id)
+        return integrity_to_pb(self.name, self.engine.integrity())

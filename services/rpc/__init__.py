@@ -1,1 +1,1 @@
-"""gRPC plumbing shared by the services: protobuf conversions and the one error interceptor."""
+"""gRPC plumbing shared by the services: the workers' protobuf conversions and the one error interceptor."""

@@ -1,9 +1,11 @@
-"""Protobuf <-> domain conversions (``from_pb`` / ``to_pb``) for the servicers."""
+"""Protobuf <-> engine conversions (``from_pb`` / ``to_pb``) for the worker servicers; the sampling
+message, which the router reads too, is ``common/sampling_pb.py``."""
+
+import dataclasses
 
 from proto.baton.v1 import generation_pb2, workers_pb2
 from services.engine.engine_loop import RequestDelta
-from services.engine.handoff import Reservation
-from services.engine.sampling import SamplingParams
+from services.engine.handoff import HandoffLayout, Reservation
 from services.transfer import RegionInfo, TransferEndpoint
 
 _FINISH = {
@@ -11,26 +13,6 @@ _FINISH = {
     "length": generation_pb2.FINISH_REASON_LENGTH,
     "abort": generation_pb2.FINISH_REASON_ABORT,
 }
-
-
-def sampling_from_pb(message: generation_pb2.SamplingParameters) -> SamplingParams:
-    """``SamplingParameters`` -> ``SamplingParams``; a bad value raises ValueError naming
-    ``sampling.<field>``. Zero ``max_tokens`` and ``top_p`` mean the defaults (16 and 1)."""
-    try:
-        return SamplingParams(
-            max_tokens=message.max_tokens or 16,
-            temperature=message.temperature,
-            top_p=message.top_p or 1.0,
-            top_k=message.top_k,
-            min_p=message.min_p,
-            seed=message.seed if message.HasField("seed") else None,
-            stop=tuple(message.stop),
-            stop_token_ids=tuple(message.stop_token_ids),
-            ignore_eos=message.ignore_eos,
-            logprobs=message.logprobs if message.HasField("logprobs") else None,
-        )
-    except ValueError as error:
-        raise ValueError(f"sampling.{error}") from None
 
 
 def delta_to_pb(delta: RequestDelta) -> generation_pb2.GenerateResponse:
@@ -91,12 +73,21 @@ def endpoint_from_pb(message: workers_pb2.TransferEndpoint) -> TransferEndpoint:
 
 
 def reservation_to_pb(reservation: Reservation) -> workers_pb2.CacheReservation:
-    return workers_pb2.CacheReservation(
+    message = workers_pb2.CacheReservation(
         request_id=reservation.request_id, block_ids=reservation.block_ids, slot=reservation.slot
     )
+    if reservation.layout is not None:
+        message.layout.CopyFrom(workers_pb2.CacheLayout(**dataclasses.asdict(reservation.layout)))
+    return message
 
 
 def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
+    """A reservation; its layout is None when the message has none (the prefill refuses it then)."""
     if not message.request_id:
         raise ValueError("reservation.request_id: required")
-    return Reservation(message.request_id, tuple(message.block_ids), message.slot)
+    layout = None
+    if message.HasField("layout"):
+        layout = HandoffLayout(
+            **{f.name: getattr(message.layout, f.name) for f in dataclasses.fields(HandoffLayout)}
+        )
+    return Reservation(message.request_id, tuple(message.block_ids), message.slot, layout)

@@ -14,8 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import grpc
 
-from services.engine.scheduler import NoCapacity
-from services.transfer import TransferError
+from common.errors import NoCapacity, TransferError
 
 log = logging.getLogger(__name__)
 

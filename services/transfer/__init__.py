@@ -4,7 +4,8 @@ The receiver (decode) registers its block and slot pools and publishes a ``Trans
 sender (prefill) connects to it and ``write``s ``(local row, remote row)`` pairs, tagged with the
 request id, which the receiver sees as a ``Notification`` once the bytes have landed.
 
-- ``endpoint.py``: ``TransferEndpoint`` / ``RegionInfo`` (what a peer sees), ``TransferError``.
+- ``endpoint.py``: ``TransferEndpoint`` / ``RegionInfo`` (what a peer sees). Failures raise
+  ``common.errors.TransferError``.
 - ``backend.py``: the ``TransferBackend`` interface and its checks, ``TransferStats``, ``Notification``.
 - ``row_plan.py``: validating row pairs and coalescing them into spans (one descriptor per run).
 - ``nixl_backend.py``: the NIXL (UCX) backend, host (``DRAM``) or GPU (``VRAM``) memory.
@@ -15,7 +16,7 @@ request id, which the receiver sees as a ``Notification`` once the bytes have la
 """
 
 from .backend import BLOCKS, STATE, Notification, TransferBackend, TransferStats
-from .endpoint import RegionInfo, TransferEndpoint, TransferError
+from .endpoint import RegionInfo, TransferEndpoint
 from .registry import known_backends, make_backend
 
 __all__ = [
@@ -25,7 +26,6 @@ __all__ = [
     "RegionInfo",
     "TransferBackend",
     "TransferEndpoint",
-    "TransferError",
     "TransferStats",
     "known_backends",
     "make_backend",

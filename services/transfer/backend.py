@@ -18,7 +18,9 @@ A region is a 2-D contiguous uint8 tensor ``[num_rows, row_bytes]`` (one row = o
 one state slot). This base class owns the checks (regions, peers, row ranges) so every backend fails
 the same way *before* moving a byte; backends implement only the ``_hooks``.
 
-A backend object is meant for one thread (the service's transfer loop); it is not thread-safe.
+A backend object's setup (``register``, ``endpoint``, ``connect``, ``close``) and its notification
+polling are for one thread at a time; ``write`` may run on several threads at once once its peer is
+connected (``inbox.SharedTransfer`` arranges both, and says why each backend allows it).
 """
 
 import time
@@ -28,7 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .endpoint import RegionInfo, TransferEndpoint, TransferError, region_info
+from common.errors import TransferError
+
+from .endpoint import RegionInfo, TransferEndpoint, region_info
 from .row_plan import RowSpan, plan_row_copies
 
 BLOCKS = "blocks"  # the packed-block pool (BlockPool.storage)

@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from .endpoint import TransferError
+from common.errors import TransferError
+
 from .registry import make_backend
 
 _TARGET_BYTES = 256 << 20  # per size, enough repeats to move about this much

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-class TransferError(RuntimeError):
-    """A transfer could not be set up or did not complete; the message names what failed."""
+from common.errors import TransferError
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,11 @@ import grpc
 import numpy as np
 import torch
 
+from common.errors import TransferError
 from proto.baton.v1 import transfer_pb2, transfer_pb2_grpc
 
 from .backend import Notification, TransferBackend
-from .endpoint import RegionInfo, TransferEndpoint, TransferError
+from .endpoint import RegionInfo, TransferEndpoint
 from .row_plan import RowSpan
 
 CHUNK_BYTES = 4 << 20  # payload per streamed message

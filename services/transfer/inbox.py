@@ -1,14 +1,32 @@
-"""Thread-safe access to a transfer backend from many server threads.
+"""Access to one transfer backend from many server threads, with handoffs running in parallel.
 
-A ``TransferBackend`` is for one thread. ``SharedTransfer`` serialises calls with a lock, and a
-poller thread collects incoming notifications so any number of threads can wait for their own.
+``SharedTransfer`` lets any number of handler threads write at once: writes tagged with different
+request ids (different reservations) proceed in parallel, two tagged with the same id run one after
+the other. A poller thread collects incoming notifications so any thread can wait for its own.
+
+Why that is safe, state by state:
+
+- The peer table and the regions (``TransferBackend._peers``, ``_regions``) change only in
+  ``endpoint`` / ``connect`` / ``close``, which take ``_setup_lock`` here; a ``write`` only reads
+  them. (A reconnect that replaced a peer mid-write would race it, but ``connect`` replaces a peer only
+  when its endpoint changed under the same agent name, and agent names are random per process.)
+- ``poll_notifications`` (and the backend's pending list) is called by the poller thread alone.
+- NIXL: the agent runs without its own locking (``NIXL_THREAD_SYNC_NONE``), so ``NixlBackend`` holds
+  its agent lock around each call into the agent (post a transfer, check its state, release it: each
+  microseconds) and never across the wait for a transfer to complete; UCX moves the bytes of every
+  posted transfer meanwhile.
+- gRPC bytes: a channel and its stub are thread-safe, each write is its own ``WriteRows`` call, and
+  the receiver's sink copies each call's chunks into that call's rows.
 """
 
 import threading
 import time
+from contextlib import contextmanager
+
+from common.errors import TransferError
 
 from .backend import TransferBackend, TransferStats
-from .endpoint import TransferEndpoint, TransferError
+from .endpoint import TransferEndpoint
 
 
 class SharedTransfer:
@@ -22,7 +40,9 @@ class SharedTransfer:
     def __init__(self, backend: TransferBackend, poll_interval_s: float = 0.001):
         self.backend = backend
         self.name = backend.name
-        self._lock = threading.Lock()
+        self._setup_lock = threading.Lock()  # endpoint, peers, close
+        self._writing: dict[str, tuple[threading.Lock, int]] = {}  # request id -> (its lock, users)
+        self._writing_lock = threading.Lock()
         self._arrived: set[str] = set()
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -31,15 +51,16 @@ class SharedTransfer:
         self._poller.start()
 
     def endpoint(self) -> TransferEndpoint:
-        with self._lock:
+        with self._setup_lock:
             return self.backend.endpoint()
 
     def connect(self, endpoint: TransferEndpoint) -> str:
-        with self._lock:
+        with self._setup_lock:
             return self.backend.connect(endpoint)
 
     def write(self, peer: str, rows: dict, message: str, timeout_s: float = 30.0) -> TransferStats:
-        with self._lock:
+        """``TransferBackend.write``, in parallel with writes of other requests (``message``)."""
+        with self._one_writer(message):
             return self.backend.write(peer, rows, message=message, timeout_s=timeout_s)
 
     def wait(self, message: str, timeout_s: float) -> None:
@@ -60,13 +81,29 @@ class SharedTransfer:
     def close(self) -> None:
         self._stop.set()
         self._poller.join(timeout=5)
-        with self._lock:
+        with self._setup_lock:
             self.backend.close()
+
+    @contextmanager
+    def _one_writer(self, message: str):
+        """Hold ``message``'s own lock: writes of one request never overlap, others are not held up."""
+        with self._writing_lock:
+            lock, users = self._writing.get(message, (threading.Lock(), 0))
+            self._writing[message] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._writing_lock:
+                lock, users = self._writing[message]
+                if users == 1:
+                    del self._writing[message]
+                else:
+                    self._writing[message] = (lock, users - 1)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            with self._lock:
-                arrived = self.backend.poll_notifications()
+            arrived = self.backend.poll_notifications()
             if arrived:
                 with self._changed:
                     self._arrived.update(n.message for n in arrived)

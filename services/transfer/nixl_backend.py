@@ -15,8 +15,10 @@ import uuid
 import numpy as np
 from nixl._api import nixl_agent, nixl_agent_config
 
+from common.errors import TransferError
+
 from .backend import Notification, TransferBackend
-from .endpoint import RegionInfo, TransferEndpoint, TransferError
+from .endpoint import RegionInfo, TransferEndpoint
 from .row_plan import RowSpan
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,8 @@ class NixlBackend(TransferBackend):
         # own progress thread busy-polls a whole core even when idle (its Python API fixes the
         # delay at 0), so it stays off too: a sender progresses while it polls its write's state,
         # and this backend's progress thread wakes every millisecond for incoming work. The agent
-        # is not thread-safe in this mode: every call into it holds ``_agent_lock``.
+        # is not thread-safe in this mode: every call into it holds ``_agent_lock``, one call at a
+        # time (never across a write's wait, so writes from several threads proceed in parallel).
         config = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[plugin])
         try:
             self._agent = nixl_agent(self.agent_name, config)
@@ -60,10 +63,6 @@ class NixlBackend(TransferBackend):
         self._progress = threading.Thread(target=self._progress_loop, name="nixl-progress", daemon=True)
         self._progress.start()
 
-    def _call(self, what: str, fn, *args):
-        with self._agent_lock:
-            return super()._call(what, fn, *args)
-
     def _progress_loop(self) -> None:
         while not self._stop_progress.wait(_PROGRESS_INTERVAL_S):
             with self._agent_lock:
@@ -76,22 +75,26 @@ class NixlBackend(TransferBackend):
 
     def _register_region(self, info: RegionInfo) -> None:
         descs = [(info.base_addr, info.nbytes, info.device_id, "")]
-        self._reg_descs[info.name] = self._agent.register_memory(descs, info.mem_type)
+        with self._agent_lock:
+            self._reg_descs[info.name] = self._agent.register_memory(descs, info.mem_type)
 
     def _metadata(self) -> bytes:
-        return self._agent.get_agent_metadata()
+        with self._agent_lock:
+            return self._agent.get_agent_metadata()
 
     def _add_peer(self, endpoint: TransferEndpoint) -> None:
-        loaded = self._agent.add_remote_agent(endpoint.metadata)
-        loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
-        if loaded != endpoint.agent_name:
-            self._agent.remove_remote_agent(loaded)
-            raise TransferError(
-                f"nixl: endpoint names agent {endpoint.agent_name!r} but its metadata is {loaded!r}"
-            )
+        with self._agent_lock:
+            loaded = self._agent.add_remote_agent(endpoint.metadata)
+            loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
+            if loaded != endpoint.agent_name:
+                self._agent.remove_remote_agent(loaded)
+                raise TransferError(
+                    f"nixl: endpoint names agent {endpoint.agent_name!r} but its metadata is {loaded!r}"
+                )
 
     def _remove_peer(self, peer: str) -> None:
-        self._agent.remove_remote_agent(peer)
+        with self._agent_lock:
+            self._agent.remove_remote_agent(peer)
 
     def _write_spans(
         self, endpoint: TransferEndpoint, spans: list[RowSpan], message: str | None, deadline: float
@@ -104,25 +107,29 @@ class NixlBackend(TransferBackend):
         handles = []
         try:
             for (local_mem, remote_mem), (local, remote) in groups.items():
-                handle = self._agent.initialize_xfer(
-                    "WRITE",
-                    self._agent.get_xfer_descs(local, local_mem),
-                    self._agent.get_xfer_descs(remote, remote_mem),
-                    peer,
-                    inline,
-                )
-                handles.append(handle)
-                if self._agent.transfer(handle) == "ERR":
+                with self._agent_lock:
+                    handle = self._agent.initialize_xfer(
+                        "WRITE",
+                        self._agent.get_xfer_descs(local, local_mem),
+                        self._agent.get_xfer_descs(remote, remote_mem),
+                        peer,
+                        inline,
+                    )
+                    handles.append(handle)
+                    posted = self._agent.transfer(handle)
+                if posted == "ERR":
                     raise TransferError(f"nixl: posting the write to peer {peer!r} failed")
             self._wait(handles, peer, deadline)
         finally:
             for handle in handles:
                 try:
-                    self._agent.release_xfer_handle(handle)
+                    with self._agent_lock:
+                        self._agent.release_xfer_handle(handle)
                 except Exception as exc:  # an aborted in-flight request; NIXL keeps it for later
                     log.warning("nixl: releasing a transfer to %r failed: %s", peer, exc)
         if message is not None and not inline:
-            self._agent.send_notif(peer, message.encode())
+            with self._agent_lock:
+                self._agent.send_notif(peer, message.encode())
 
     def _descriptors(
         self, endpoint: TransferEndpoint, spans: list[RowSpan]
@@ -144,11 +151,13 @@ class NixlBackend(TransferBackend):
         }
 
     def _wait(self, handles: list, peer: str, deadline: float) -> None:
+        """Poll the posted ``handles`` until all are done; the agent lock only around each check."""
         pending, polls = list(handles), 0
         while pending:
             still = []
             for handle in pending:
-                state = self._agent.check_xfer_state(handle)
+                with self._agent_lock:
+                    state = self._agent.check_xfer_state(handle)
                 if state == "ERR":
                     raise TransferError(f"nixl: the write to peer {peer!r} failed (transfer state ERR)")
                 if state != "DONE":
@@ -163,7 +172,8 @@ class NixlBackend(TransferBackend):
                 time.sleep(_POLL_SLEEP_S)
 
     def _poll(self) -> list[Notification]:
-        arrived, self._arrived = self._arrived + self._new_notifications(), []
+        with self._agent_lock:
+            arrived, self._arrived = self._arrived + self._new_notifications(), []
         return arrived
 
     def _new_notifications(self) -> list[Notification]:
@@ -176,10 +186,11 @@ class NixlBackend(TransferBackend):
 
     def _close(self) -> None:
         self._stop_progress.set()  # it exits at its next wake-up: the agent is gone by then
-        for region, descs in self._reg_descs.items():
-            try:
-                self._agent.deregister_memory(descs)
-            except Exception as exc:
-                log.warning("nixl: deregistering region %r failed: %s", region, exc)
-        self._reg_descs.clear()
-        self._agent = None
+        with self._agent_lock:
+            for region, descs in self._reg_descs.items():
+                try:
+                    self._agent.deregister_memory(descs)
+                except Exception as exc:
+                    log.warning("nixl: deregistering region %r failed: %s", region, exc)
+            self._reg_descs.clear()
+            self._agent = None

@@ -12,7 +12,9 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .endpoint import RegionInfo, TransferEndpoint, TransferError
+from common.errors import TransferError
+
+from .endpoint import RegionInfo, TransferEndpoint
 
 
 @dataclass(frozen=True)

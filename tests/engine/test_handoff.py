@@ -4,12 +4,20 @@ reservation through a real transfer backend, decode continues; outputs equal one
 import numpy as np
 import pytest
 
+from common.errors import NoCapacity
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
-from services.engine.handoff import first_token, layouts_match, register_pools, reservation_of, send_state
+from services.engine.handoff import (
+    check_layout,
+    first_token,
+    held_prefill,
+    layout_of,
+    register_pools,
+    reservation_of,
+    send_state,
+)
 from services.engine.request import RequestStatus
-from services.engine.scheduler import NoCapacity
 from services.transfer import make_backend
 from tests.conftest import TEST_DEVICE
 
@@ -31,7 +39,7 @@ def pair(request, tiny_checkpoint):
         max_num_batched_tokens=24,
     )
     prefill, decode = EngineCore(EngineConfig(**options)), EngineCore(EngineConfig(**options))
-    assert layouts_match(prefill.cache, decode.cache)
+    check_layout(layout_of(decode), layout_of(prefill))  # raises on a mismatch
     sender, receiver = make_backend("grpc_bytes"), make_backend("grpc_bytes")
     register_pools(sender, prefill.cache)
     register_pools(receiver, decode.cache)
@@ -47,7 +55,7 @@ def handoff(pair, prompt, params, request_id):
     held = prefill.add_prefill_only(prompt, params, request_id)
     while held.status is not RequestStatus.HELD:
         prefill.step()
-    stats = send_state(sender, peer, held, reservation_of(reserved))
+    stats = send_state(sender, peer, held_prefill(held), reservation_of(reserved))
     assert receiver.wait_notification(request_id, timeout_s=10).message == request_id
     decode.scheduler.complete_reserved(request_id, first_token(held))
     prefill.scheduler.release_held(request_id)

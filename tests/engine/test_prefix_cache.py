@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from common.prefix_hash import chain_root, extend_chain
 from services.engine import LLM, SamplingParams
-from services.engine.cache.block_hash import chain_root, extend_chain
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout
 from services.engine.checkpoint.presets import preset_config

@@ -4,9 +4,9 @@ where it stopped, seeded sampling included (its draws are keyed by position, and
 import numpy as np
 import pytest
 
+from common.sampling_params import SamplingParams
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
-from services.engine.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE
 
 PROMPT = [(7 * i) % 89 + 3 for i in range(21)]

@@ -9,7 +9,8 @@ import struct
 import pytest
 import torch
 
-from services.engine.sampling import SampleOutput, SamplingParams, sample
+from common.sampling_params import SamplingParams
+from services.engine.sampling import SampleOutput, sample
 from services.engine.sampling.sampler import generator_seed, splitmix64
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

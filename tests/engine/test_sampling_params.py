@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from services.engine.sampling import SamplingParams
+from common.sampling_params import SamplingParams
 
 BAD = {
     "max_tokens_zero": ({"max_tokens": 0}, "max_tokens: must be >= 1"),

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from common.sampling_params import SamplingParams
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.state_pool import StateSlotPool
@@ -10,7 +11,6 @@ from services.engine.cache_manager import CacheManager
 from services.engine.checkpoint.presets import preset_config
 from services.engine.model.config_loader import load_model_config
 from services.engine.request import Request
-from services.engine.sampling import SamplingParams
 from services.engine.scheduler import SampledToken, Scheduler
 
 EOS = 9

@@ -9,9 +9,9 @@ at all (``CheckIntegrity``), not by the client's labels.
 
 import pytest
 
-from services.benchmark.faults import FaultScenario, fault_cluster, run_faults
-from services.benchmark.faults.worker_kill import kill_and_watch
-from services.benchmark.worker_threads import worker_threads
+from deploy.benchmark.faults import FaultScenario, fault_cluster, run_faults
+from deploy.benchmark.faults.worker_kill import kill_and_watch
+from deploy.benchmark.worker_threads import worker_threads
 
 SCENARIO = FaultScenario(
     requests=40,

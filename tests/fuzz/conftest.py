@@ -9,10 +9,10 @@ from typing import NamedTuple
 import grpc
 import pytest
 
+from deploy.benchmark.fuzz_bench import FUZZ_MAX_MODEL_LEN
+from deploy.benchmark.fuzz_client import FuzzClient
 from proto.baton.v1 import generation_pb2_grpc
 from router.server import RouterConfig, RouterServer
-from services.benchmark.fuzz_bench import FUZZ_MAX_MODEL_LEN
-from services.benchmark.fuzz_client import FuzzClient
 from tests.services.workers import running_workers
 
 

@@ -8,9 +8,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from common.limits import MAX_LABEL_CHARS, MAX_STOP_STRINGS
+from deploy.benchmark.fuzz_bench import FUZZ_MAX_MODEL_LEN
 from proto.baton.v1 import generation_pb2
-from router.limits import MAX_LABEL_CHARS, MAX_STOP_STRINGS
-from services.benchmark.fuzz_bench import FUZZ_MAX_MODEL_LEN
 from tests.router_http.client import post
 
 USER = [{"role": "user", "content": "hi"}]

@@ -5,7 +5,7 @@ generator as ``baton bench fuzz``, driven by Hypothesis (fixed seed in CI, shrin
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.benchmark.fuzz_cases import CHAT, COMPLETIONS, grpc_case, http_case
+from deploy.benchmark.fuzz_cases import CHAT, COMPLETIONS, grpc_case, http_case
 
 # derandomize: the same cases on every run, so CI is repeatable; a local run with a different
 # --hypothesis-seed explores others.

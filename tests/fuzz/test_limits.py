@@ -6,8 +6,8 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.limits import MAX_PROMPT_BYTES, FieldError, check_prompt_bytes, check_text, utf8_bytes
-from services.engine.tokenizer import Tokenizer
+from common.limits import MAX_PROMPT_BYTES, FieldError, check_prompt_bytes, check_text, utf8_bytes
+from common.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """``python -m tests.lifecycle.latency_probe PORT CONTROL_PORT``: calls the router's health Check and
-ListModels, and an idle control server's health Check (``services/benchmark/control_server.py``), in
+ListModels, and an idle control server's health Check (``deploy/benchmark/control_server.py``), in
 a loop until its stdin closes, then prints as JSON the slowest of each in seconds, the rounds made,
 and the rounds in which the router's slower call took more than 100 ms over the control's.
 

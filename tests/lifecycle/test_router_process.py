@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from services.benchmark.control_server import ControlServer
+from deploy.benchmark.control_server import ControlServer
 from tests.lifecycle.cluster import RouterProcess, assert_idle, integrity, prompt_of, request, wait_until
 from tests.lifecycle.conftest import GRACE_S
 from tests.lifecycle.test_cancel_points import Stream

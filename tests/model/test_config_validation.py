@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from common.config_fields import ConfigError
 from services.engine.checkpoint.loader import load_model
 from services.engine.checkpoint.presets import preset_config
-from services.engine.model.config_fields import ConfigError
 from services.engine.model.config_loader import load_model_config
 from tests.conftest import FAMILIES
 

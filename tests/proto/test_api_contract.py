@@ -10,8 +10,15 @@ def test_services_and_methods():
     assert public.full_name == "baton.v1.Generation"
     workers = workers_pb2.DESCRIPTOR.services_by_name
     decode, prefill = workers["DecodeWorker"], workers["PrefillWorker"]
-    assert [m.name for m in decode.methods] == ["Reserve", "Decode", "Release", "Stats", "CheckIntegrity"]
-    assert [m.name for m in prefill.methods] == ["Prefill", "Stats", "CheckIntegrity"]
+    assert [m.name for m in decode.methods] == [
+        "Reserve",
+        "Decode",
+        "Release",
+        "Stats",
+        "CheckIntegrity",
+        "WatchLoad",
+    ]
+    assert [m.name for m in prefill.methods] == ["Prefill", "Stats", "CheckIntegrity", "WatchLoad"]
     # A reservation lives while the router holds its Reserve stream open (a lease).
     assert decode.methods_by_name["Reserve"].server_streaming
     assert hasattr(generation_pb2_grpc, "GenerationStub") and hasattr(workers_pb2_grpc, "DecodeWorkerStub")

@@ -1,5 +1,8 @@
 """``WorkerPool.update`` without worker processes: membership, health callbacks, the prefix index, lazy
-channel close, and request threads reading the lists while discovery replaces them."""
+channel close, and request threads reading the lists while discovery replaces them.
+
+Nothing answers these addresses, so every worker's load feed fails at once and marks it down; the
+health checks below look at joins and removals (``True`` and ``None``) only."""
 
 import gc
 import threading
@@ -7,6 +10,8 @@ import threading
 import grpc
 import pytest
 
+from proto.baton.v1 import workers_pb2
+from router.prefix_index import ChainSalt, PromptHashes
 from router.worker_pool import WorkerPool
 
 # Nothing listens on port 1: calls fail at once with UNAVAILABLE.
@@ -20,7 +25,8 @@ class Health:
         self.calls = []
 
     def __call__(self, worker, up):
-        self.calls.append((worker.role, worker.address, up))
+        if up is not False:  # its feed failing (asynchronously) marks an unreachable worker down
+            self.calls.append((worker.role, worker.address, up))
 
 
 def closed(channel: grpc.Channel) -> bool:
@@ -36,7 +42,8 @@ def closed(channel: grpc.Channel) -> bool:
 def test_an_empty_pool_is_allowed_and_has_no_decode_order():
     pool = WorkerPool([], [])
     assert pool.prefill == [] and pool.decode == []
-    assert pool.decode_order("session", 1.0) == [] and pool.prefill_order([1, 2], 1.0) == []
+    prompt = PromptHashes([1, 2], "")
+    assert pool.decode_order("session", 1.0) == [] and pool.prefill_order(prompt, 1.0) == []
     pool.close()
 
 
@@ -56,18 +63,27 @@ def test_update_adds_keeps_and_removes_workers():
     pool.close()
 
 
+def full_picture(block_hashes: list[bytes]) -> workers_pb2.LoadUpdate:
+    stats = workers_pb2.WorkerStats(worker="w", block_size=16, free_blocks=100)
+    return workers_pb2.LoadUpdate(
+        stats=stats, full=True, model_fingerprint="m", prefix_caching=True, inserted=block_hashes
+    )
+
+
 def test_a_removed_worker_is_forgotten_by_the_prefix_index_and_never_reported_again():
     health = Health()
     pool = WorkerPool([A, B], [C], on_health=health)
-    removed, hashes = pool.prefill[0], pool.prefixes.block_hashes(list(range(64)), "")
-    pool.prefilled(removed, hashes)
-    assert pool.prefixes.match_tokens(A, hashes) == 64
+    removed, prompt = pool.prefill[0], PromptHashes(list(range(64)), "")
+    removed.watcher.stop()  # this test plays the feed itself
+    removed.up = True
+    pool._heard(removed, full_picture(prompt.under(ChainSalt("m", 16))))
+    assert pool.prefix_tokens(removed, prompt) == 64
     pool.update([B], [C])
-    assert removed.removed and pool.prefixes.match_tokens(A, hashes) == 0
-    pool.prefilled(removed, hashes)  # a request that was still prefilling on it finishes
+    assert removed.removed and pool.prefix_tokens(removed, prompt) == 0
+    pool._heard(removed, full_picture([]))  # a feed message still on its way
     pool.mark_down(removed)
     assert not pool.check(removed)
-    assert pool.prefixes.match_tokens(A, hashes) == 0
+    assert pool.prefix_tokens(removed, prompt) == 0
     assert health.calls[-1] == ("prefill", A, None), "a removed worker's gauge must stay dropped"
     pool.close()
 
@@ -91,7 +107,7 @@ def test_a_worker_removed_and_added_again_is_a_fresh_worker():
     pool.mark_down(first)
     pool.update([], [])
     pool.update([], [A])
-    assert pool.decode[0] is not first and pool.decode[0].up
+    assert pool.decode[0] is not first and pool.decode[0].down_since != first.down_since
     pool.close()
 
 
@@ -103,7 +119,7 @@ def test_request_threads_read_consistent_lists_while_discovery_updates():
         while not done.is_set():
             try:
                 assert pool.decode_order("session-7", 0.2) == []  # nothing answers: all down
-                pool.prefill_order([1, 2, 3], 0.2)
+                pool.prefill_order(PromptHashes([1, 2, 3], ""), 0.2)
             except Exception as error:  # any failure here is the bug
                 errors.append(error)
                 return

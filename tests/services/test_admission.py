@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from common.errors import NoCapacity
 from router.admission import Admission
-from services.engine.scheduler import NoCapacity
 from services.metrics import Metrics
 
 

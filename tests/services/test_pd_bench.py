@@ -7,8 +7,8 @@ import math
 import pytest
 
 from cli.main import main
-from services.benchmark import PDWorkload, measure_pd
-from services.benchmark.pd_workload import DECODE_PROMPT_TOKENS, LOCAL_PREFILL_TOKENS
+from deploy.benchmark import PDWorkload, measure_pd
+from deploy.benchmark.pd_workload import DECODE_PROMPT_TOKENS, LOCAL_PREFILL_TOKENS
 
 WORKLOAD = PDWorkload(decode_streams=2, decode_tokens=6, rounds=2, prefill_len=160, prefills=2, seed=3)
 

@@ -29,14 +29,16 @@ def test_decode_worker_gauges_follow_the_pools(tiny_checkpoint):
         assert idle[("baton_kv_blocks_capacity", role)] == 64
         assert idle[("baton_kda_slots_capacity", role)] == 4
         assert idle[("baton_kv_blocks_used", role)] == 0
-        server.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "held-open"))
-        server.loop.call(lambda e: None)  # one more loop pass refreshes the gauges
+        server.engine.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "held-open"))
+        server.engine.loop.call(lambda e: None)  # one more loop pass refreshes the gauges
         busy = scrape(server.metrics_port)
         assert busy[("baton_kv_blocks_used", role)] == 3 and busy[("baton_kda_slots_used", role)] == 1
         assert busy[("baton_requests_running", role)] == 1
-        server.loop.call(lambda e: e.abort("held-open"))
+        server.engine.loop.call(lambda e: e.abort("held-open"))
         assert idle[("baton_request_queue_time_seconds_count", ())] == 0
-        server.loop.call(lambda e: e.add_request(list(range(10)), SamplingParams(max_tokens=2), "queued"))
+        server.engine.loop.call(
+            lambda e: e.add_request(list(range(10)), SamplingParams(max_tokens=2), "queued")
+        )
         deadline = time.monotonic() + 10
         while scrape(server.metrics_port)[("baton_request_queue_time_seconds_count", ())] == 0:
             assert time.monotonic() < deadline, "the started request's queue time was never observed"
@@ -52,7 +54,7 @@ def test_a_decode_worker_frees_a_reservation_nobody_completes(tiny_checkpoint):
     )
     server = WorkerServer(config)
     try:
-        server.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "orphan"))
+        server.engine.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "orphan"))
         assert server.stats.latest().running == 1
         deadline = time.monotonic() + 10
         while server.stats.latest().running:

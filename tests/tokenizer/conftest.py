@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import transformers
 
-from services.engine.tokenizer import Tokenizer, write_tiny_tokenizer
+from common.tokenizer import Tokenizer, write_tiny_tokenizer
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 VOCAB_SIZE = 512

@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from services.engine.tokenizer.chat_template import ChatTemplate
+from common.tokenizer.chat_template import ChatTemplate
 
 MESSAGES = [
     {"role": "user", "content": "Is <b>1 & 2</b> 'bold'? 你好 🦀"},

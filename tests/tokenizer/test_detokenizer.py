@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.engine.tokenizer import IncrementalDetokenizer
+from common.tokenizer import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 

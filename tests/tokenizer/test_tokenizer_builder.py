@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from services.engine.tokenizer import Tokenizer, write_tiny_tokenizer
-from services.engine.tokenizer.family import get_family
+from common.tokenizer import Tokenizer, write_tiny_tokenizer
+from common.tokenizer.family import get_family
 
 EXPECTED_STOPS = {
     "k3": ["<|im_end|>", "[EOS]"],

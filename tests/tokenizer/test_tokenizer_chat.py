@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from services.engine.tokenizer import Tokenizer
+from common.tokenizer import Tokenizer
 
 WEATHER_TOOL = {
     "type": "function",

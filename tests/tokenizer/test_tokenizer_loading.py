@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from services.engine.tokenizer import Tokenizer, TokenizerNotFoundError
+from common.tokenizer import Tokenizer, TokenizerNotFoundError
 
 
 @pytest.fixture

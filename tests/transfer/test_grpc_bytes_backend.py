@@ -11,8 +11,9 @@ import grpc
 import pytest
 import torch
 
+from common.errors import TransferError
 from proto.baton.v1 import transfer_pb2, transfer_pb2_grpc
-from services.transfer import BLOCKS, STATE, Notification, TransferEndpoint, TransferError
+from services.transfer import BLOCKS, STATE, Notification, TransferEndpoint
 from services.transfer.grpc_bytes_backend import GrpcBytesBackend, _Sink
 from tests.transfer.receiver_peer import sentinel
 

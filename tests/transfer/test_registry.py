@@ -5,7 +5,8 @@ import time
 import pytest
 import torch
 
-from services.transfer import BLOCKS, TransferError, known_backends, make_backend
+from common.errors import TransferError
+from services.transfer import BLOCKS, known_backends, make_backend
 from services.transfer.nixl_backend import NixlBackend
 
 

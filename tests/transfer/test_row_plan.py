@@ -2,7 +2,8 @@
 
 import pytest
 
-from services.transfer import BLOCKS, STATE, RegionInfo, TransferEndpoint, TransferError
+from common.errors import TransferError
+from services.transfer import BLOCKS, STATE, RegionInfo, TransferEndpoint
 from services.transfer.row_plan import RowSpan, plan_row_copies
 
 LOCAL = {

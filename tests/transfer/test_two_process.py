@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.transfer import BLOCKS, STATE, Notification, TransferError, known_backends, make_backend
+from common.errors import TransferError
+from services.transfer import BLOCKS, STATE, Notification, known_backends, make_backend
 from services.transfer.bandwidth import measure_bandwidth
 from tests.transfer.receiver_peer import (
     BLOCK_BYTES,

@@ -9,8 +9,8 @@ bandwidth.
 
 import torch
 
+from common.sampling_params import SamplingParams
 from kernels.sampling.sample import sample_batch
-from services.engine.sampling.params import SamplingParams
 from services.engine.sampling.sampler import sample
 
 from .kernel_bench import KernelBenchContext, KernelResult

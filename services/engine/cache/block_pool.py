@@ -9,13 +9,25 @@ Every block is in exactly one of three states::
 ``allocate`` takes free blocks first, then evicts the least recently used cached ones. ``free``
 turns a block whose last reference goes away into *cached* when it carries a hash (its contents can
 serve a later prefix match), else into *free*.
+
+Cache events, once ``record_events`` has been called: a hash is *inserted* when ``register`` records
+it and *evicted* when ``allocate`` reuses its cached block; ``take_events`` hands them over in order
+(what a worker's load feed tells the router).
 """
 
 from collections import OrderedDict, deque
+from typing import NamedTuple
 
 import torch
 
 from .layout import Layout
+
+
+class CacheEvent(NamedTuple):
+    """A prefix-cache change: ``block_hash`` became reusable (``inserted``) or stopped being (evicted)."""
+
+    block_hash: bytes
+    inserted: bool
 
 
 class BlockPool:
@@ -50,6 +62,7 @@ class BlockPool:
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.hash_of: dict[int, bytes] = {}
         self.block_of: dict[bytes, int] = {}
+        self._events: list[CacheEvent] | None = None  # None: nobody records them
 
     @property
     def num_free(self) -> int:
@@ -70,7 +83,10 @@ class BlockPool:
                 block = self.free_ids.popleft()
             else:
                 block, _ = self.evictable.popitem(last=False)
-                del self.block_of[self.hash_of.pop(block)]
+                evicted = self.hash_of.pop(block)
+                del self.block_of[evicted]
+                if self._events is not None:
+                    self._events.append(CacheEvent(evicted, False))
             self.ref_counts[block] = 1
             ids.append(block)
         return ids
@@ -105,6 +121,21 @@ class BlockPool:
             return
         self.block_of[block_hash] = block
         self.hash_of[block] = block_hash
+        if self._events is not None:
+            self._events.append(CacheEvent(block_hash, True))
+
+    def record_events(self) -> set[bytes]:
+        """Start recording cache events (see the module docstring); returns every hash registered now,
+        the state the events that follow change."""
+        self._events = []
+        return set(self.block_of)
+
+    def take_events(self) -> list[CacheEvent]:
+        """The cache events since the last call, oldest first (empty until ``record_events``)."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
 
     def view(self, layer: int, kind: str) -> torch.Tensor:
         """``[num_blocks (+ 1 scratch), *field.shape]`` view of one field across all blocks (no copy)."""

@@ -11,6 +11,7 @@ Kernels view one field of every block at once (``[num_blocks, B, dim]``, strided
 allocator, prefix cache and transfer move whole blocks or slots as bytes.
 """
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,16 @@ class Layout:
             if candidate.layer == layer and candidate.kind == kind:
                 return candidate
         raise KeyError(f"no field {kind!r} for layer {layer}")
+
+    def fingerprint(self) -> str:
+        """A short stable id of this layout (16 hex digits of a SHA-256 over every field's layer,
+        kind, dtype, shape and offset, and the total size): equal in two processes exactly when their
+        rows mean the same bytes. Independent of the torch version's object identities."""
+        parts = [
+            f"{f.layer}:{f.kind}:{str(f.dtype).removeprefix('torch.')}:{list(f.shape)}@{f.offset}"
+            for f in self.fields
+        ]
+        return hashlib.sha256(";".join([*parts, str(self.nbytes)]).encode()).hexdigest()[:16]
 
 
 def _pack(entries: list[tuple[int, str, torch.dtype, tuple[int, ...]]]) -> Layout:

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common.tokenizer import Tokenizer, write_tiny_tokenizer
 from services.engine.model.config import ModelConfig
-from services.engine.tokenizer import Tokenizer, write_tiny_tokenizer
 
 from .presets import preset_config
 from .random_init import write_random_checkpoint

@@ -4,9 +4,10 @@
 network; ``services.engine.checkpoint.loader.load_model(dir)`` does both and streams the weights in.
 """
 
+from common.config_fields import ConfigError
+
 from .causal_lm import CausalLM
 from .config import ModelConfig
-from .config_fields import ConfigError
 from .config_loader import load_model_config
 from .layer_cache import KdaLayerCache, MlaLayerCache, ModelCache
 from .step_metadata import SequenceStep, StepMetadata, build_step_metadata

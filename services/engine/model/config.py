@@ -1,18 +1,10 @@
-"""The validated model configuration the engine runs on (built by ``config_loader``).
-
-Families (DESIGN.md section 2):
-
-- ``kimi_linear``: KDA and NoPE MLA layers, MoE with a shared expert.
-- ``deepseek_v32``: MLA with RoPE and a DSA indexer on every layer, MoE.
-- ``k3``: a ``kimi_linear`` config with ``index_n_heads``, ``index_head_dim``, ``index_topk``
-  (or ``model_type: k3``): Kimi-Linear whose MLA layers carry a DSA indexer (NoPE, like its MLA).
-"""
+"""The validated model configuration the engine runs on (built by ``config_loader``); its families are
+described in ``common/model_info.py``."""
 
 from dataclasses import dataclass
 
 from kernels.rotary.naive import RopeScaling, yarn_mscale
 
-FAMILIES = ("kimi_linear", "deepseek_v32", "k3")
 LAYER_KDA = "kda"
 LAYER_MLA = "mla"
 MLP_DENSE = "dense"

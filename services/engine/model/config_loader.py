@@ -1,14 +1,14 @@
 """Parse and validate a Hugging Face ``config.json`` into a ``ModelConfig``, before any weight is read."""
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
+from common.config_fields import ConfigReader
+from common.model_info import model_family, read_config_json
 from kernels.rotary.naive import RopeScaling
 
 from .config import (
-    FAMILIES,
     LAYER_KDA,
     LAYER_MLA,
     MLP_DENSE,
@@ -19,7 +19,6 @@ from .config import (
     MoeConfig,
     RopeConfig,
 )
-from .config_fields import ConfigError, ConfigReader
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ def load_model_config(source: str | Path | dict[str, Any]) -> ModelConfig:
         FileNotFoundError: the folder has no ``config.json``.
         ConfigError: a field is missing, mistyped, unsupported or inconsistent; the message names it.
     """
-    raw, origin = _read_raw(source)
+    raw, origin = read_config_json(source)
     reader = ConfigReader(raw, origin)
     config = _parse(reader)
     unknown = sorted(set(raw) - reader.consulted - _INERT_KEYS - _SECTION_KEYS)
@@ -106,29 +105,8 @@ def load_model_config(source: str | Path | dict[str, Any]) -> ModelConfig:
     return config
 
 
-def _read_raw(source: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
-    if isinstance(source, dict):
-        return source, "config"
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: not found (expected a Hugging Face checkpoint folder with config.json)"
-        )
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError("(file)", f"not valid JSON: {exc}", str(path)) from None
-    if not isinstance(raw, dict):
-        raise ConfigError("(file)", "must hold a JSON object", str(path))
-    return raw, str(path)
-
-
 def _parse(r: ConfigReader) -> ModelConfig:
-    model_type = r.value("model_type")
-    if model_type not in FAMILIES:
-        raise r.error("model_type", f"{model_type!r} is not supported (supported: {', '.join(FAMILIES)})")
+    family = model_family(r)
     if r.has("quantization_config"):
         r.value("quantization_config")
         raise r.error(
@@ -143,11 +121,7 @@ def _parse(r: ConfigReader) -> ModelConfig:
     r.choice("topk_method", ("noaux_tc",), "noaux_tc")
     r.choice("moe_layer_freq", (1,), 1)
 
-    is_deepseek = model_type == "deepseek_v32"
-    has_index_keys = any(r.has(k) for k in ("index_n_heads", "index_head_dim", "index_topk"))
-    family = (
-        "deepseek_v32" if is_deepseek else ("k3" if model_type == "k3" or has_index_keys else "kimi_linear")
-    )
+    is_deepseek = family == "deepseek_v32"
 
     num_layers = r.integer("num_hidden_layers")
     heads = r.integer("num_attention_heads")

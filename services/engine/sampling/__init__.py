@@ -1,6 +1,5 @@
-"""Next-token sampling: per-request parameters and a batch-independent, seedable sampler."""
+"""Next-token sampling: a batch-independent, seedable sampler (its parameters: ``common.sampling_params``)."""
 
-from services.engine.sampling.params import SamplingParams
 from services.engine.sampling.sampler import SampleOutput, sample
 
-__all__ = ["SampleOutput", "SamplingParams", "sample"]
+__all__ = ["SampleOutput", "sample"]

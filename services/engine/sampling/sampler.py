@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.sampling.params import SamplingParams
+from common.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 # SystemRandom reads the OS entropy source; it has no state of its own to share or reseed.

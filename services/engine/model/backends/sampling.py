@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from common.sampling_params import SamplingParams
 from kernels.sampling.naive import host_seeds
-from services.engine.sampling import SampleOutput, SamplingParams, sample
+from services.engine.sampling import SampleOutput, sample
 
 
 class SamplingBackend(ABC):

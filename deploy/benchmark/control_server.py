@@ -2,7 +2,7 @@
 
 How long an idle server on the same machine takes to answer at the same moment is what the machine's
 own scheduling adds (and the prober's own); whatever a measured server takes beyond that is its own
-doing. ``python -m services.benchmark.control_server`` prints its port, then serves until its stdin
+doing. ``python -m deploy.benchmark.control_server`` prints its port, then serves until its stdin
 closes; ``ControlServer`` runs it.
 """
 
@@ -22,7 +22,7 @@ class ControlServer:
 
     def __init__(self):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.benchmark.control_server"],
+            [sys.executable, "-m", "deploy.benchmark.control_server"],
             cwd=REPO,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""The engine's tokenizer: a Hugging Face `tokenizer.json` plus its config and chat template.
+"""The tokenizer (router and engine): a Hugging Face `tokenizer.json` plus its config and chat template.
 
 Loads the files a Hugging Face model folder ships:
 
@@ -19,8 +19,8 @@ from typing import Any
 import tokenizers
 from tokenizers import models
 
-from services.engine.tokenizer.chat_template import ChatTemplate
-from services.engine.tokenizer.messages import validate_messages, validate_tools
+from common.tokenizer.chat_template import ChatTemplate
+from common.tokenizer.messages import validate_messages, validate_tools
 
 # Named special tokens that transformers hands to chat templates as variables.
 _NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")

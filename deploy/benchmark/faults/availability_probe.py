@@ -1,7 +1,7 @@
 """Router availability during a fault run: ``ListModels`` and gRPC health, every ~50 ms, on a thread.
 
 A call counts as available when it answered OK within ``budget_s`` (100 ms) over what an idle control
-server (``services/benchmark/control_server.py``, its own process) took in the same round: on a
+server (``deploy/benchmark/control_server.py``, its own process) took in the same round: on a
 saturated machine the scheduler alone can hold any process that long, and that is not the router's
 doing. ``strict_available`` counts the calls within the budget alone. The probe has its own channel,
 so it waits on nothing the clients hold; it measures whether the router still answers while its
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from deploy.benchmark.control_server import ControlServer
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from services.benchmark.control_server import ControlServer
 
 
 @dataclass(frozen=True)

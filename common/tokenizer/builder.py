@@ -19,8 +19,8 @@ import pathlib
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from services.engine.tokenizer.corpus import TRAINING_CORPUS
-from services.engine.tokenizer.family import FamilySpec, get_family
+from common.tokenizer.corpus import TRAINING_CORPUS
+from common.tokenizer.family import FamilySpec, get_family
 
 # Floor on learned merges, so that the commonest words (" the", " and") are single tokens.
 MIN_MERGES = 64

@@ -1,7 +1,8 @@
 """Size limits on a request's fields, checked before any expensive work (tokenization, the workers).
 
 Both fronts use them: the gRPC servicer (``router/validation.py``) and the OpenAI HTTP front
-(``router/openai/schema.py``). Torch-free, like the rest of the router tier.
+(``router/openai/schema.py``). The sampling fields' ranges (``MAX_LOGPROBS``, the seed) are checked
+with the parameters themselves, in ``sampling_params.py``.
 
 Why each limit exists: labels are echoed in every streamed message and used as keys, so a long one
 amplifies (a 1 MiB ``request_id`` over 50 tokens sent 49 MiB back); stop strings are searched in the

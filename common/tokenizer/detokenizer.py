@@ -18,7 +18,7 @@ i.e. while a model emits a run of broken byte sequences.
 
 from __future__ import annotations
 
-from services.engine.tokenizer.tokenizer import Tokenizer
+from common.tokenizer.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 

@@ -1,4 +1,4 @@
-"""The block hash chain of the prefix cache.
+"""The block hash chain of the prefix cache (the engine's cache keys; the same in every process).
 
 ``h_0 = H(root, tokens[0:B])``, ``h_i = H(h_{i-1}, tokens[iB:(i+1)B])`` over full blocks only, with
 ``root = H(model fingerprint, adapter, tenant)``: two requests share a cached block only when they

@@ -1,0 +1,12 @@
+"""The failures that cross a process boundary: raised in a worker or the router, mapped to one gRPC
+status code each by ``services/rpc/errors.py`` (and back to a typed error by the SDK)."""
+
+
+class NoCapacity(RuntimeError):
+    """No room right now: a worker has no seat, blocks or state slot for a reservation, or the router's
+    queue is full. RESOURCE_EXHAUSTED: try another worker, or later."""
+
+
+class TransferError(RuntimeError):
+    """A transfer (or the peer behind it) could not be set up or did not complete; the message names
+    what failed. UNAVAILABLE."""

@@ -1,0 +1,249 @@
+"""``EngineService``: the one face a worker's servers see of its engine.
+
+The gRPC servicers and the worker server never touch the scheduler or the cache: they call these
+methods from their handler threads, each call runs on the engine loop's thread between steps
+(``EngineLoop.call``), and what comes back is a frozen snapshot (``Reservation``, ``HeldPrefill``,
+``PoolState``, ``WorkerLoad``) or a stream of ``RequestDelta``s, never a live engine object::
+
+    gRPC threads ── reserve / generate / prefill / accept_handoff / ... ──► [engine loop thread]
+                 ◄── snapshots, delta streams ───────────────────────────── steps, then observers
+
+Two kinds of method: the ones that wait for the loop (a running step may take a while) and the
+ones that only queue work and return a ``Future`` (``abort``, ``free_reservation``), which are the
+only ones a gRPC cancellation callback may call. After every pass (a step or a command) the loop
+frees reservations older than the TTL, takes the load once, and hands both to the observers.
+"""
+
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from common.sampling_params import SamplingParams
+from services.transfer import TransferBackend
+
+from .engine_core import EngineCore
+from .engine_loop import EngineLoop, RequestDelta
+from .engine_views import EngineInfo, EnginePass, PoolState, info_of, load_of, pool_state_of
+from .handoff import (
+    HeldPrefill,
+    Reservation,
+    check_layout,
+    held_prefill,
+    layout_of,
+    register_pools,
+    reservation_of,
+)
+from .scheduler import SampledToken
+
+DeltaStream = queue.Queue  # of RequestDelta: a request's new tokens, the last one with its finish reason
+
+
+@dataclass(frozen=True)
+class ReserveResult:
+    """A decode engine's answer to a reservation: room held (``reservation``), or none because the
+    prompt is cheaper to prefill here (``reservation`` None; ``cached_tokens`` of it are cached)."""
+
+    reservation: Reservation | None
+    cached_tokens: int
+
+    @property
+    def prefill_locally(self) -> bool:
+        return self.reservation is None
+
+
+class EngineService:
+    """One engine on its own loop thread, behind snapshot-returning calls.
+
+    Args:
+        engine: the engine; from now on only the loop thread touches it.
+        reservation_ttl_s: decode: reservations older than this are freed (their state never came);
+            None frees none.
+
+    ``layout`` (the handoff layout) and ``info`` are fixed at start; ``cached_at_start`` is the block
+    hashes the prefix cache held when its events started (each ``EnginePass`` carries the events
+    since). ``loop`` is for tests that drive the engine directly; servers use the methods.
+    """
+
+    def __init__(self, engine: EngineCore, reservation_ttl_s: float | None = None):
+        self.layout = layout_of(engine)
+        self.info: EngineInfo = info_of(engine)
+        self._cache = engine.cache  # for register_pools only: the pools' storages never move
+        self.cached_at_start = frozenset(engine.cache.blocks.record_events())
+        self._reservation_ttl_s = reservation_ttl_s
+        self._observers: list[Callable[[EnginePass], None]] = []
+        self.loop = EngineLoop(engine, after_step=self._after_pass)
+
+    def observe(self, observer: Callable[[EnginePass], None]) -> None:
+        """Call ``observer`` on the loop thread after every pass from now on (it must not block), and
+        once at once."""
+        self._observers.append(observer)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Run one pass now (observers see the current load, e.g. a draining flag set meanwhile)."""
+        self.loop.call(lambda engine: None)
+
+    def register_pools(self, backend: TransferBackend) -> None:
+        """Register the block and slot pools with a transfer backend (at start)."""
+        register_pools(backend, self._cache)
+
+    # ---- decode side ------------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        tenant: str = "",
+        resumed_tokens: int = 0,
+        local_prefill_max_tokens: int | None = None,
+    ) -> ReserveResult:
+        """Hold room for a prompt's handoff, or decline when ``local_prefill_max_tokens`` is given and
+        the prompt is cheaper to prefill here (``prefill_here``). One loop call: the prefix lookup and
+        the reservation see the same cache.
+
+        Raises:
+            ValueError: a bad request (naming the field).
+            NoCapacity: nothing free right now.
+        """
+
+        def reserve_or_decline(engine: EngineCore) -> ReserveResult:
+            if local_prefill_max_tokens is not None:
+                cached = engine.cached_prefix_tokens(prompt_ids, tenant)
+                block_size = engine.cache.blocks.block_size
+                if prefill_here(len(prompt_ids), cached, local_prefill_max_tokens, block_size):
+                    return ReserveResult(None, cached)
+            reserved = engine.reserve(prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens)
+            return ReserveResult(reservation_of(reserved, self.layout), 0)
+
+        return self.loop.call(reserve_or_decline)
+
+    def accept_handoff(self, request_id: str, first: SampledToken) -> DeltaStream:
+        """The reservation's state has arrived: decode it from ``first`` (the prefill's token).
+
+        Raises:
+            KeyError: no such reservation (freed meanwhile).
+        """
+
+        def start(engine: EngineCore) -> DeltaStream:
+            reserved = engine.scheduler.reserved[request_id]
+            stream = self.loop.watch(reserved)
+            engine.scheduler.complete_reserved(request_id, first)
+            return stream
+
+        return self.loop.call(start)
+
+    def free_reservation(self, request_id: str) -> "Future[bool]":
+        """Queue freeing ``request_id`` if it is still a reservation (never a request that is
+        decoding); does not wait. The ``Future`` says whether one was freed."""
+        return self.loop.submit(lambda engine: _free_reservation(engine, request_id))
+
+    # ---- either side ------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        tenant: str = "",
+        resumed_tokens: int = 0,
+    ) -> DeltaStream:
+        """Prefill and decode a request here; its deltas.
+
+        Raises:
+            ValueError: a bad request (naming the field).
+        """
+        return self.loop.call(
+            lambda engine: self.loop.watch(
+                engine.add_request(prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens)
+            )
+        )
+
+    def abort(self, request_id: str) -> Future:
+        """Queue aborting ``request_id`` (whatever it is: waiting, running, reserved); does not wait."""
+        return self.loop.submit(lambda engine: engine.abort(request_id))
+
+    def has_unfinished(self) -> bool:
+        return self.loop.call(lambda engine: engine.has_unfinished)
+
+    def integrity(self) -> PoolState:
+        return self.loop.call(pool_state_of)
+
+    # ---- prefill side -----------------------------------------------------------------------------
+
+    def prefill(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        reservation: Reservation,
+        tenant: str = "",
+        resumed_tokens: int = 0,
+    ) -> DeltaStream:
+        """Compute a prompt and its first token for ``reservation`` and keep its cache for the handoff
+        (``held_prefill``, then ``discard``). The reservation's layout is checked first.
+
+        Raises:
+            ValueError: the reservation's layout differs from this engine's (naming the field and
+                both values), or a bad request.
+        """
+        check_layout(reservation.layout, self.layout)
+        request_id = reservation.request_id
+        return self.loop.call(
+            lambda engine: self.loop.watch(
+                engine.add_prefill_only(prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens)
+            )
+        )
+
+    def held_prefill(self, request_id: str) -> HeldPrefill:
+        """What ``send_state`` needs of a finished prefill.
+
+        Raises:
+            KeyError: nothing held for ``request_id`` (aborted, or discarded).
+        """
+        return self.loop.call(lambda engine: held_prefill(engine.scheduler.held[request_id]))
+
+    def discard(self, request_id: str) -> None:
+        """Free whatever the engine still keeps for ``request_id``: a held prefill's cache, or the
+        prefill itself if still queued or running. Waits for the loop."""
+        self.loop.call(lambda engine: _discard(engine, request_id))
+
+    def close(self) -> None:
+        self.loop.close()
+
+    def _after_pass(self, engine: EngineCore) -> None:
+        expired: list[str] = []
+        if self._reservation_ttl_s is not None:
+            expired = engine.scheduler.expire_reserved(self._reservation_ttl_s, time.monotonic())
+        report = EnginePass(
+            load_of(engine),
+            tuple(expired),
+            tuple(engine.scheduler.take_queue_times()),
+            tuple(engine.cache.blocks.take_events()),
+        )
+        for observer in self._observers:
+            observer(report)
+
+
+def prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:
+    """Conditional disaggregation: a short uncached remainder, or a full cache hit (every block but
+    the last, partial one), is cheaper to prefill here than to hand off."""
+    uncached = prompt_tokens - cached_tokens
+    return uncached <= max_uncached or (cached_tokens > 0 and uncached <= block_size)
+
+
+def _free_reservation(engine: EngineCore, request_id: str) -> bool:
+    if request_id not in engine.scheduler.reserved:
+        return False
+    engine.abort(request_id)
+    return True
+
+
+def _discard(engine: EngineCore, request_id: str) -> None:
+    engine.abort(request_id)
+    if request_id in engine.scheduler.held:
+        engine.scheduler.release_held(request_id)
+
+
+__all__ = ["DeltaStream", "EngineService", "ReserveResult", "RequestDelta", "prefill_here"]
