@@ -1,35 +1,9 @@
 """Argument parsing helpers shared by subcommands."""
 
-import argparse
-
 import torch
 
-from services.engine.model.backends import KERNEL_BACKENDS
-
+# The compute dtypes by the names the flags take (``services.config_flags.DTYPE_NAMES``).
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def add_engine_kernel_flags(parser: argparse.ArgumentParser) -> None:
-    """``--kernels`` and ``--cuda-graphs / --no-cuda-graphs`` (``EngineConfig.kernels``, ``cuda_graphs``)."""
-    parser.add_argument(
-        "--kernels",
-        default=None,
-        choices=KERNEL_BACKENDS,
-        help="op backends: reference (float32 PyTorch oracle) or triton (default: triton on CUDA, reference "
-        "on the CPU; triton on the CPU needs TRITON_INTERPRET=1)",
-    )
-    parser.add_argument(
-        "--cuda-graphs",
-        default=True,
-        action=argparse.BooleanOptionalAction,
-        help="replay CUDA graphs for decode steps (default on; a no-op on the CPU)",
-    )
-
-
-def engine_kernel_args(args: argparse.Namespace) -> list[str]:
-    """The kernel flags again, as command-line words for worker processes."""
-    words = [] if args.kernels is None else ["--kernels", args.kernels]
-    return words + ([] if args.cuda_graphs else ["--no-cuda-graphs"])
 
 
 def parse_token_ids(text: str, flag: str) -> list[int]:

@@ -20,12 +20,14 @@ from deploy.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
 from deploy.benchmark.fuzz_client import FuzzClient
 from deploy.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
 from deploy.benchmark.router_latency import measure_router_latency
+from services.config_flags import add_config_flags
 from services.engine.benchmark.engine_bench import format_table, run_engine_bench
 from services.engine.benchmark.kernel_bench import KERNEL_BENCHES, format_results, make_context, resolve
 from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.loader import load_model
 from services.engine.checkpoint.random_model import build_random_model
+from services.engine.engine_config import EngineConfig
 from services.engine.model.backends import KERNEL_BACKENDS
 from services.transfer import known_backends
 from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidth
@@ -53,7 +55,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "per-layer shapes, built on the device; with --layers)",
     )
     engine.add_argument("--layers", type=int, help="layers of a --preset full model (default 4)")
-    engine.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_config_flags(engine, EngineConfig, only=("device", "cuda_graphs"))
     engine.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="--preset full dtype")
     engine.add_argument("--batches", default="1,4", help="comma-separated batch sizes (default 1,4)")
     engine.add_argument(
@@ -67,12 +69,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--kernels",
         default=None,
         help="comma-separated backends to compare (default: reference,triton on CUDA, reference on the CPU)",
-    )
-    engine.add_argument(
-        "--cuda-graphs",
-        default=True,
-        action=argparse.BooleanOptionalAction,
-        help="decode CUDA graphs (default on)",
     )
     engine.add_argument(
         "--peer", default=True, action=argparse.BooleanOptionalAction, help="run transformers' model too"
@@ -142,11 +138,9 @@ def _register_pd(kinds: argparse._SubParsersAction) -> None:
     pd.add_argument("--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)")
     pd.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
     pd.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
-    pd.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="worker model dtype")
-    pd.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        help="each worker's step token budget, so the longest prefill chunk (default: the worker's)",
+    # The workers' engine flags this benchmark varies; None leaves the worker's default.
+    add_config_flags(
+        pd, EngineConfig, only=("dtype", "max_num_batched_tokens"), defaults={"max_num_batched_tokens": None}
     )
     pd.add_argument(
         "--prefill-workers", type=int, default=1, help="disaggregated prefill workers (default 1)"
@@ -179,7 +173,7 @@ def _register_router_latency(kinds: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
     bench.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
-    bench.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="worker model dtype")
+    add_config_flags(bench, EngineConfig, only=("dtype",))  # the worker's model dtype
     bench.add_argument("--requests", type=int, default=200, help="timed requests per path (default 200)")
     bench.add_argument("--warmup", type=int, default=20, help="untimed requests per path first (default 20)")
     bench.add_argument("--prompt-tokens", type=int, default=8, help="prompt length (default 8)")

@@ -11,8 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from services.config_flags import add_config_flags
 from services.engine.capacity import (
-    KV_FORMATS,
     CapacityLedger,
     ContextFit,
     capacity_ledger,
@@ -21,13 +21,25 @@ from services.engine.capacity import (
     format_bytes,
     ledger_dict,
 )
-from services.engine.model.backends import KERNEL_BACKENDS, default_kernels
+from services.engine.engine_config import EngineConfig
+from services.engine.model.backends import default_kernels
 from services.engine.model.config_loader import load_model_config
 
 from .arguments import DTYPES
 
 DEFAULT_CONTEXT_LENS = (4096, 32768, 131072)
 GIB = 1 << 30
+# The EngineConfig fields the ledgers depend on.
+CAPACITY_FIELDS = (
+    "dtype",
+    "block_size",
+    "kv_format",
+    "batch_invariant",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "device",
+    "kernels",
+)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -44,39 +56,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="L",
         help="context length in tokens; repeat or give a comma list (default 4096,32768,131072)",
     )
-    parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), help="weights/activations dtype (default: checkpoint's)"
-    )
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per packed block (default 16)")
-    parser.add_argument(
-        "--kv-format",
-        default="auto",
-        choices=KV_FORMATS,
-        help="KV storage: auto (model dtype) or fp8 (FP8 latent and index key with scales)",
-    )
-    parser.add_argument(
-        "--batch-invariant", action="store_true", help="count the CF-BI open-chunk rows in each KDA slot"
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=8192,
-        help="tokens per step, for the workspace (default 8192)",
-    )
-    parser.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=256,
-        help="sequences per step, for the logits workspace (default 256)",
-    )
-    parser.add_argument(
-        "--device", default="cuda", help="the device the engine would run on (default cuda): picks --kernels"
-    )
-    parser.add_argument(
-        "--kernels",
-        choices=KERNEL_BACKENDS,
-        help="op backends the engine would run (default: triton on CUDA, reference on the CPU and with "
-        "--batch-invariant)",
+    # The engine's own flags, with defaults for a large GPU deployment (the question this answers).
+    add_config_flags(
+        parser.add_argument_group("engine"),
+        EngineConfig,
+        only=CAPACITY_FIELDS,
+        defaults={"device": "cuda", "max_num_batched_tokens": 8192, "max_num_seqs": 256},
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (bytes as integers)")
     parser.set_defaults(run=run)

@@ -5,14 +5,17 @@ One prompt (``--prompt`` / ``--prompt-ids``) prints its text and token ids; a JS
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
+from services.config_flags import add_config_flags, engine_config
 from services.engine import LLM, SamplingParams
+from services.engine.engine_config import EngineConfig
 from services.engine.model.config_loader import load_model_config
 
-from .arguments import DTYPES, add_engine_kernel_flags, check_vocabulary, parse_token_ids
+from .arguments import check_vocabulary, parse_token_ids
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,18 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     parser.add_argument("--logprobs", action="store_true", help="include the logprob of each generated token")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
-    parser.add_argument("--batch-invariant", action="store_true", help="bitwise-reproducible numerics")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once (default 64)")
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="tokens per step (default 2048)"
-    )
-    parser.add_argument("--max-model-len", type=int, default=4096, help="longest request (default 4096)")
-    parser.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
-    parser.add_argument(
-        "--dtype", default=None, choices=sorted(DTYPES), help="compute dtype (default: checkpoint's)"
-    )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    add_engine_kernel_flags(parser)
+    add_config_flags(parser.add_argument_group("engine"), EngineConfig, exclude=("model",))
     parser.set_defaults(run=run)
 
 
@@ -69,18 +61,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:  # "max_tokens: ..." -> "--max-tokens: ..."
         field, _, message = str(error).partition(":")
         raise ValueError(f"--{field.replace('_', '-')}:{message}") from None
-    llm = LLM(
-        str(args.model),
-        device=args.device,
-        dtype=args.dtype,
-        batch_invariant=args.batch_invariant,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching,
-        kernels=args.kernels,
-        cuda_graphs=args.cuda_graphs,
-    )
+    options = dataclasses.asdict(engine_config(args))
+    llm = LLM(options.pop("model"), **options)
     if args.chat:
         if llm.tokenizer is None or args.prompt is None:
             raise ValueError("--chat: needs --prompt and a checkpoint with a tokenizer")

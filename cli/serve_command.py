@@ -6,16 +6,15 @@ import json
 import logging
 import signal
 import threading
-from pathlib import Path
 
-from services.launcher import LocalCluster
-
-from .arguments import add_engine_kernel_flags, engine_kernel_args
+from deploy.local.launcher import LocalCluster
+from services.config_flags import add_config_flags, engine_config
+from services.engine.engine_config import EngineConfig
+from services.worker_config import ROLES, WorkerConfig
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("serve", help="run a local cluster: prefill and decode workers and a router")
-    parser.add_argument("--model", required=True, type=Path, help="checkpoint folder")
     parser.add_argument("--port", type=int, default=50051, help="router gRPC port (default 50051; 0: any)")
     parser.add_argument(
         "--metrics-port", type=int, default=0, help="router /metrics port (default 0: any free)"
@@ -63,12 +62,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "get S seconds before the router moves them (default 30)",
     )
     parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
-    parser.add_argument("--batch-invariant", action="store_true")
-    parser.add_argument("--dtype", default=None)
-    parser.add_argument("--device", default="cpu", help="every worker's device: cpu or cuda:N (default cpu)")
-    parser.add_argument("--prefill-device", default=None, help="prefill workers' device (default: --device)")
-    parser.add_argument("--decode-device", default=None, help="decode workers' device (default: --device)")
-    add_engine_kernel_flags(parser)
+    engine = parser.add_argument_group("every worker's engine (baton worker's engine flags)")
+    add_config_flags(engine, EngineConfig)
+    engine.add_argument("--prefill-device", default=None, help="prefill workers' device (default: --device)")
+    engine.add_argument("--decode-device", default=None, help="decode workers' device (default: --device)")
     ray = parser.add_argument_group("on Ray (pip install 'baton[ray]')")
     ray.add_argument("--ray", action="store_true", help="run the workers and router as Ray actors")
     ray.add_argument(
@@ -86,34 +83,24 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    configs = worker_configs(args)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
 
-        return serve_on_ray(args, _disaggregation(args), announce)
-    worker_args = ["--transfer-backend", args.transfer_backend]
-    if args.batch_invariant:
-        worker_args.append("--batch-invariant")
-    if args.dtype:
-        worker_args += ["--dtype", args.dtype]
-    worker_args += engine_kernel_args(args)
-    logging.getLogger("services.launcher").setLevel(logging.INFO)
+        return serve_on_ray(args, _disaggregation(args), announce, configs)
+    logging.getLogger("deploy.local.launcher").setLevel(logging.INFO)
     cluster = LocalCluster(
         str(args.model),
         args.port,
         args.prefill_workers,
         args.decode_workers,
-        worker_args,
         metrics_port=args.metrics_port,
         http_port=args.http_port,
         disaggregation=_disaggregation(args),
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=_positive_ms(args.slo_ttft_ms, "--slo-ttft-ms") / 1000,
         slo_tpot_s=_positive_ms(args.slo_tpot_ms, "--slo-tpot-ms") / 1000,
-        role_args={
-            "prefill": ["--device", args.prefill_device or args.device],
-            "decode": ["--device", args.decode_device or args.device],
-        },
-        grace_period_s=args.grace_period,
+        configs=configs,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -151,6 +138,31 @@ def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: st
             f"or over HTTP: curl -s {http}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
             flush=True,
         )
+
+
+def worker_configs(args: argparse.Namespace) -> dict[str, WorkerConfig]:
+    """``{role: WorkerConfig}``: every worker's engine from the engine flags, on its role's device; the
+    launcher hands each worker its config as a ``--config`` file, the Ray path as the object.
+
+    Raises:
+        ValueError: naming the flag (``--kv-format: ...``, ``--decode-device: ...``).
+    """
+    if not args.grace_period >= 0:
+        raise ValueError(f"--grace-period: must be >= 0, got {args.grace_period}")
+    configs = {}
+    for role in ROLES:
+        flag = f"--{role}-device"
+        device = getattr(args, flag[2:].replace("-", "_")) or args.device
+        try:
+            engine = engine_config(args, device=device)
+        except ValueError as error:  # a bad --prefill-device is named as that flag, not --device
+            if device != args.device and str(error).startswith("--device:"):
+                raise ValueError(flag + str(error).removeprefix("--device")) from None
+            raise
+        configs[role] = WorkerConfig(
+            role, engine, transfer_backend=args.transfer_backend, grace_period_s=args.grace_period
+        )
+    return configs
 
 
 def _disaggregation(args: argparse.Namespace) -> str:

@@ -4,14 +4,12 @@ import logging
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from proto.baton.v1 import workers_pb2_grpc
-from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
 from services.engine.engine_service import EngineService
 from services.engine.engine_views import EnginePass
@@ -24,45 +22,11 @@ from .decode.servicer import DecodeServicer
 from .fault_delays import FaultDelays
 from .load_feed import LoadFeed
 from .prefill.servicer import PrefillServicer
+from .worker_config import WorkerConfig
 from .worker_drain import Drain
 from .worker_stats import StatsBoard
 
 log = logging.getLogger(__name__)
-ROLES = ("prefill", "decode")
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """One worker process: its role, where it listens, its transfer backend and its engine."""
-
-    role: str
-    engine: EngineConfig
-    name: str = ""
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: the OS picks a free port (``WorkerServer.port`` tells which)
-    transfer_backend: str = "nixl"
-    max_workers: int | None = None  # gRPC handler threads; None: two per sequence slot + 16
-    metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
-    fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
-    reservation_ttl_s: float = 600.0  # decode: backstop for a reservation whose lease outlives its router
-    release_grace_s: float = 5.0  # decode: a released reservation waits this long for an in-flight write
-    fault_delays: tuple[str, ...] = ()  # fault injection: PHASE=SECONDS pauses (services/fault_delays.py)
-    grace_period_s: float = 30.0  # drain(): how long running work may take to finish after SIGTERM
-
-    def __post_init__(self):
-        if self.role not in ROLES:
-            raise ValueError(f"role: {self.role!r} is not one of {', '.join(ROLES)}")
-        if not self.grace_period_s >= 0:
-            raise ValueError(f"grace_period_s: must be >= 0, got {self.grace_period_s}")
-        if not self.release_grace_s >= 0:
-            raise ValueError(f"release_grace_s: must be >= 0, got {self.release_grace_s}")
-        FaultDelays.parse(self.role, self.fault_delays)  # names the bad field at start
-        if not self.reservation_ttl_s > 0:
-            raise ValueError(f"reservation_ttl_s: must be > 0, got {self.reservation_ttl_s}")
-        if self.fail_transfers < 0:
-            raise ValueError(f"fail_transfers: must be >= 0, got {self.fail_transfers}")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
 
 
 class WorkerServer:

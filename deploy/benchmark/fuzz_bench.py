@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from services.launcher import LocalCluster
+from deploy.local.launcher import LocalCluster
 
 from .fuzz_cases import make_case
 from .fuzz_client import FuzzClient

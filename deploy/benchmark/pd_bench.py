@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from deploy.local.launcher import LocalCluster
 from proto.baton.v1 import generation_pb2_grpc
 from services.engine.model.config_loader import load_model_config
-from services.launcher import LocalCluster
 from services.transfer import known_backends
 
 from .pd_report import ModeReport, PDReport

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from deploy.local.launcher import LocalCluster
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 from services.engine.model.config_loader import load_model_config
-from services.launcher import LocalCluster
 
 from .worker_threads import worker_threads as torch_threads
 

@@ -23,6 +23,7 @@ so it also repairs a router that Ray itself restarted with its first lists.
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import ray
@@ -30,8 +31,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from router.server import RouterConfig
-from services.engine.engine_config import EngineConfig
-from services.worker_server import WorkerConfig
+from services.worker_config import WorkerConfig
 
 from .placement import STRATEGIES, ServicePlacement
 from .router_actor import RouterActor, RouterEndpoints
@@ -47,9 +47,10 @@ class RayClusterConfig:
     Attributes:
         router: the router; its worker lists are filled in at start, its ``host`` is ``0.0.0.0``.
             ``disaggregation="never"`` (colocated) runs no prefill workers.
-        engine: every worker's engine; ``device`` becomes ``cuda`` when workers get GPUs.
+        workers: ``{role: WorkerConfig}``, each role's workers' config (``baton serve`` builds them
+            from its flags, as for local workers); each worker gets its own ``name``, the actor sets
+            its address, and the engine's ``device`` becomes ``cuda`` when workers get GPUs.
         prefill_workers, decode_workers: workers per role.
-        transfer_backend: the workers' handoff backend (``nixl``, ``grpc_bytes``).
         worker_num_cpus, worker_num_gpus: resources of each worker rank (its bundle).
         placement_strategy: ``PACK``, ``STRICT_PACK`` or ``SPREAD`` for each role's group.
         max_restarts: times Ray restarts a dead worker or router (-1: without limit).
@@ -58,10 +59,9 @@ class RayClusterConfig:
     """
 
     router: RouterConfig
-    engine: EngineConfig
+    workers: Mapping[str, WorkerConfig]
     prefill_workers: int = 1
     decode_workers: int = 1
-    transfer_backend: str = "nixl"
     worker_num_cpus: float = 1.0
     worker_num_gpus: float = 0.0
     placement_strategy: str = "PACK"
@@ -78,7 +78,10 @@ class RayClusterConfig:
             raise ValueError(f"placement_strategy: {self.placement_strategy!r} is not one of {STRATEGIES}")
         if self.max_restarts < -1:
             raise ValueError(f"max_restarts: must be >= -1, got {self.max_restarts}")
-        self.placements()  # validates the resources before anything starts
+        for service in self.placements():  # validates the resources before anything starts
+            config = self.workers.get(service.role)
+            if config is None or config.role != service.role:
+                raise ValueError(f"workers: needs a {service.role} WorkerConfig")
 
     def placements(self) -> list[ServicePlacement]:
         """One service per role that runs workers."""
@@ -139,10 +142,12 @@ class RayCluster:
 
     def _start(self) -> None:
         config = self.config
-        engine = replace(config.engine, device="cuda") if config.worker_num_gpus else config.engine
         pending = []
         for service in config.placements():
             group = self.groups[service.role] = service.create(config.ready_timeout_s)
+            worker = config.workers[service.role]
+            if config.worker_num_gpus:  # the actor sees its own GPUs only, as cuda
+                worker = replace(worker, engine=replace(worker.engine, device="cuda"))
             for i in range(service.workers):
                 name = f"{service.role}-{i}"
                 actor = WorkerActor.options(
@@ -150,7 +155,7 @@ class RayCluster:
                     num_gpus=service.num_gpus,
                     max_restarts=config.max_restarts,
                     scheduling_strategy=service.strategy_for(group, i),
-                ).remote(WorkerConfig(service.role, engine, name, transfer_backend=config.transfer_backend))
+                ).remote(replace(worker, name=name))
                 self._actors.append(actor)
                 pending.append((service.role, name, actor))
         infos = self._get([actor.info.remote() for _, _, actor in pending], "workers")

@@ -4,17 +4,20 @@ import argparse
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from router.server import RouterConfig
-from services.engine.engine_config import EngineConfig
+from services.worker_config import WorkerConfig
 
 from .cluster import RayCluster, RayClusterConfig
 
 
-def cluster_config(args: argparse.Namespace, disaggregation: str) -> RayClusterConfig:
-    """The ``RayClusterConfig`` that ``baton serve``'s flags describe."""
+def cluster_config(
+    args: argparse.Namespace, disaggregation: str, workers: Mapping[str, WorkerConfig]
+) -> RayClusterConfig:
+    """The ``RayClusterConfig`` that ``baton serve``'s flags describe; ``workers``: its per-role
+    ``WorkerConfig`` (``cli.serve_command.worker_configs``), the same the local launcher starts."""
     model = str(args.model)
     router = RouterConfig(
         model=model,
@@ -28,13 +31,11 @@ def cluster_config(args: argparse.Namespace, disaggregation: str) -> RayClusterC
         slo_ttft_s=args.slo_ttft_ms / 1000,
         slo_tpot_s=args.slo_tpot_ms / 1000,
     )
-    engine = EngineConfig(model=model, dtype=args.dtype, batch_invariant=args.batch_invariant)
     return RayClusterConfig(
         router=router,
-        engine=engine,
+        workers=workers,
         prefill_workers=args.prefill_workers,
         decode_workers=args.decode_workers,
-        transfer_backend=args.transfer_backend,
         worker_num_cpus=args.worker_num_cpus,
         worker_num_gpus=args.worker_num_gpus,
         placement_strategy=args.placement_strategy,
@@ -45,13 +46,15 @@ def serve_on_ray(
     args: argparse.Namespace,
     disaggregation: str,
     announce: Callable[[str, str, list[tuple[str, str]], str | None], None],
+    workers: Mapping[str, WorkerConfig],
 ) -> int:
     """Run the cluster on Ray (``--ray-address``; none: a local Ray instance started here) until
-    SIGINT / SIGTERM; ``announce(router, metrics, [(name, address)], http)`` prints the SERVING line.
+    SIGINT / SIGTERM; ``announce(router, metrics, [(name, address)], http)`` prints the SERVING line;
+    ``workers``: each role's ``WorkerConfig``.
     """
     if not Path(args.model).is_dir() and args.ray_address is None:
         raise FileNotFoundError(f"--model: {args.model} is not a folder")  # local: check before Ray starts
-    config = cluster_config(args, disaggregation)
+    config = cluster_config(args, disaggregation, workers)
     logging.getLogger("deploy.ray").setLevel(logging.INFO)
     cluster = RayCluster(config, ray_address=args.ray_address)
     try:

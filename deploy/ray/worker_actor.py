@@ -5,7 +5,8 @@ from dataclasses import dataclass, replace
 
 import ray
 
-from services.worker_server import WorkerConfig, WorkerServer
+from services.worker_config import WorkerConfig
+from services.worker_server import WorkerServer
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,16 @@ def args(c: dict) -> dict[str, str]:
     return parsed
 
 
+def worker_config_text(objects: list[dict], role: str) -> str:
+    """The ``worker.yaml`` a worker role's pods read (``baton worker --config``), from its ConfigMap."""
+    return one(objects, "ConfigMap", f"{RELEASE}-{role}-config")["data"]["worker.yaml"]
+
+
+def worker_config(objects: list[dict], role: str) -> dict:
+    """A worker role's config file, parsed (``engine`` nested)."""
+    return yaml.safe_load(worker_config_text(objects, role))
+
+
 def selects(selector: dict, labels: dict) -> bool:
     """Whether a LabelSelector (matchLabels, matchExpressions In/NotIn/Exists) selects ``labels``."""
     if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):

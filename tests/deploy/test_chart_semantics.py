@@ -130,12 +130,17 @@ def test_probes_are_grpc_health_on_the_grpc_port(values):
         (grpc_port,) = [p["containerPort"] for p in c["ports"] if p["name"] == "grpc"]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert c[probe]["grpc"] == {"port": grpc_port}, (component, probe)
-        assert f"--port={grpc_port}" in c["args"]
+        if component == "router":
+            assert f"--port={grpc_port}" in c["args"]
+            drain = float(chart.args(c)["--grace-period"])
+        else:  # a worker's port and drain are in its config file
+            config = chart.worker_config(objects, component)
+            assert config["port"] == grpc_port
+            drain = float(config["grace_period_s"])
         # Drain: a preStop sleep, then the process's own drain (--grace-period), inside a longer grace
         # period (SIGKILL would cut the drain short).
         sleep = c["lifecycle"]["preStop"]["exec"]["command"]
         assert sleep[0] == "sleep"
-        drain = float(chart.args(c)["--grace-period"])
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > int(sleep[1]) + drain, component
 
@@ -165,7 +170,7 @@ def test_cpu_values_request_no_gpus():
     objects = chart.render("minimal")
     for role in ROLES:
         assert _gpus(objects, role) is None
-        assert "--device=cpu" in _container(objects, role)["args"]
+        assert chart.worker_config(objects, role)["engine"]["device"] == "cpu"
     assert _container(objects, "router")["image"] == "baton:0.1.0-cpu"
 
 
@@ -173,7 +178,12 @@ def test_cpu_values_request_no_gpus():
 def test_disabled_features_render_nothing(values):
     objects = chart.render(values)
     kinds = {o["kind"] for o in objects}
-    assert not kinds & {"ServiceMonitor", "PrometheusRule", "ConfigMap"}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
+    # The only ConfigMaps: each worker role's config file.
+    assert [o["metadata"]["name"] for o in chart.find(objects, "ConfigMap")] == [
+        "baton-prefill-config",
+        "baton-decode-config",
+    ]
     assert not [o for o in objects if o["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"]
     for component in COMPONENTS:
         assert "BATON_REDIS_URL" not in chart.env(_container(objects, component))
@@ -186,7 +196,7 @@ def test_disabled_features_render_nothing(values):
     switches = ["rbac.create", "serviceAccount.create", "networkPolicy.enabled"]
     switches += [f"{component}.podDisruptionBudget.enabled" for component in COMPONENTS]
     off = chart.render(values, *(arg for key in switches for arg in ("--set", f"{key}=false")))
-    assert {o["kind"] for o in off} == {"Deployment", "Service"}
+    assert {o["kind"] for o in off} == {"ConfigMap", "Deployment", "Service"}
 
 
 def test_pod_disruption_budgets_cover_each_component():
@@ -284,5 +294,6 @@ def test_baton_command_accepts_the_rendered_arguments(values):
             config = router_command.config_from(parsed)
             assert config.discovery == "kubernetes"
             assert config.port_name == "grpc"  # the workers' port name in their Services and pods
-        else:
-            assert parsed.role == component
+        else:  # --config names the ConfigMap's file, mounted where the args say
+            assert chart.args(_container(objects, component))["--config"] == "/etc/baton/worker.yaml"
+            assert parsed.config == Path("/etc/baton/worker.yaml")

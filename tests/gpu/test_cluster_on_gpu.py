@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from deploy.local.launcher import LocalCluster
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 from services.engine import LLM, SamplingParams
-from services.launcher import LocalCluster
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # Two GPUs: prefill on the first, decode on the second (GPU to GPU); one GPU: both on it.

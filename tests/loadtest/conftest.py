@@ -3,7 +3,7 @@ router with its OpenAI front and metrics endpoint, on free ports (started once f
 
 import pytest
 
-from services.launcher import LocalCluster
+from deploy.local.launcher import LocalCluster
 
 
 @pytest.fixture(scope="package")

@@ -15,8 +15,8 @@ import grpc
 import pytest
 import yaml
 
+from deploy.local.launcher import LocalCluster
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from services.launcher import LocalCluster
 from tests.observability.exported import RULES, rule_groups
 
 REQUESTS, PROMPT_TOKENS = 10, 40

@@ -17,6 +17,7 @@ from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from router.server import RouterConfig
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
+from services.worker_config import ROLES, WorkerConfig
 
 PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # more than --local-prefill-tokens: handed off
 MAX_TOKENS = 5
@@ -31,7 +32,7 @@ def served(tiny_checkpoint):
     try:
         config = RayClusterConfig(
             router=RouterConfig(model=model, prefill=(), decode=(), port=0),
-            engine=EngineConfig(model=model, dtype="float32"),
+            workers={role: WorkerConfig(role, EngineConfig(model=model, dtype="float32")) for role in ROLES},
             ready_timeout_s=120,
             supervise_interval_s=0.2,
         )

@@ -11,7 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_config import EngineConfig
-from services.worker_server import WorkerConfig, WorkerServer
+from services.worker_config import WorkerConfig
+from services.worker_server import WorkerServer
 from tests.services.workers import running_workers
 
 PROMPT = [(5 * i) % 83 + 4 for i in range(30)]

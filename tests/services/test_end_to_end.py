@@ -6,9 +6,9 @@ import grpc
 import numpy as np
 import pytest
 
+from deploy.local.launcher import LocalCluster
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from services.engine import LLM, SamplingParams
-from services.launcher import LocalCluster
 from tests.conftest import FAMILIES
 from tests.router_http.client import post
 

@@ -8,7 +8,8 @@ import pytest
 
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_config import EngineConfig
-from services.worker_server import WorkerConfig, WorkerServer
+from services.worker_config import WorkerConfig
+from services.worker_server import WorkerServer
 
 PROMPT = list(range(30, 71))
 SAMPLING = generation_pb2.SamplingParameters(max_tokens=2)

@@ -14,8 +14,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.local.launcher import LocalCluster
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from services.launcher import LocalCluster
 
 CLIENTS = 30
 PROMPTS = [[(k * 17 + 5 * i) % 93 + 2 for i in range(20 + 3 * k)] for k in range(6)]  # handed off

@@ -77,10 +77,19 @@ def served(tiny_checkpoint):
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def worker_pids(name: str, model) -> list[int]:
-    pattern = f"cli.main worker .*--name {name} .*--model {model} "
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+def worker_pids(name: str, parent: int) -> list[int]:
+    """The ``baton worker`` processes named ``name`` that ``parent`` (this test's serve) started."""
+    pattern = f"cli.main worker .*--name {name}( |$)"
+    found = subprocess.run(["pgrep", "-P", str(parent), "-f", pattern], capture_output=True, text=True)
     return [int(pid) for pid in found.stdout.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_client_through_the_served_cluster(served):
@@ -95,13 +104,13 @@ def test_client_through_the_served_cluster(served):
 
 
 def test_a_dead_worker_is_restarted_and_serving_resumes(served):
-    model, _, port, _ = served
-    before = worker_pids("decode-0", model)
+    _, process, port, _ = served
+    before = worker_pids("decode-0", process.pid)
     assert len(before) == 1
     os.kill(before[0], signal.SIGKILL)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        after = worker_pids("decode-0", model)
+        after = worker_pids("decode-0", process.pid)
         if after and after != before:
             break
         time.sleep(0.5)
@@ -118,8 +127,10 @@ def test_a_dead_worker_is_restarted_and_serving_resumes(served):
 
 
 def test_ctrl_c_stops_every_process(served):
-    model, process, _, workers = served
+    _, process, _, workers = served
+    pids = [pid for name in workers for pid in worker_pids(name, process.pid)]
+    assert len(pids) == len(workers)
     process.send_signal(signal.SIGINT)
     process.wait(timeout=60)
     assert process.returncode == 0
-    assert all(not worker_pids(name, model) for name in workers)
+    assert not [pid for pid in pids if alive(pid)]

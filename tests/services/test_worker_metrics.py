@@ -7,7 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.engine import SamplingParams
 from services.engine.engine_config import EngineConfig
-from services.worker_server import WorkerConfig, WorkerServer
+from services.worker_config import WorkerConfig
+from services.worker_server import WorkerServer
 
 
 def scrape(port: int) -> dict:

@@ -3,7 +3,8 @@
 import contextlib
 from pathlib import Path
 
-from services.launcher import REPO, ManagedWorker
+from deploy.local.launcher import REPO, ManagedWorker
+from services.config_flags import worker_config_from_flags
 
 __all__ = ["REPO", "WorkerProcess", "running_workers"]
 
@@ -12,7 +13,8 @@ class WorkerProcess:
     """``baton worker`` in a subprocess, READY on return; ``address`` is where it listens."""
 
     def __init__(self, role: str, model: Path, *extra: str, ready_timeout_s: float = 120.0):
-        self.worker = ManagedWorker(role, f"{role}-test", ["--model", str(model), *extra])
+        flags = ["--role", role, "--name", f"{role}-test", "--model", str(model), *extra]
+        self.worker = ManagedWorker(worker_config_from_flags(flags))
         self.worker.start(ready_timeout_s)
 
     @property

@@ -11,10 +11,10 @@ with ``--fail-transfers``), runs, and stops it.
 
 import time
 
+from deploy.local.launcher import LocalCluster
 from sdk import Client
 from sdk.errors import BatonError
 from services.engine.model.config_loader import load_model_config
-from services.launcher import LocalCluster
 
 from ..worker_threads import worker_threads as torch_threads
 from .availability_probe import AvailabilityProbe

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from deploy.local.launcher import ManagedWorker
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
-from services.launcher import ManagedWorker
 
 _POLL_S = 0.1
 

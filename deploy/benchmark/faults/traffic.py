@@ -15,10 +15,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from deploy.local.launcher import REPO
 from sdk import AsyncClient
 from sdk.errors import BatonError
 from sdk.retry import RetryPolicy
-from services.launcher import REPO
 
 from .scenario import RequestPlan
 

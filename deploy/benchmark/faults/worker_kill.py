@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.launcher import LocalCluster, ManagedWorker
+from deploy.local.launcher import LocalCluster, ManagedWorker
 
 from .router_metrics import worker_up
 

@@ -143,3 +143,24 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+A worker's config file (`baton worker --config`, services/worker_config.py): WorkerConfig fields at the
+top, EngineConfig fields under engine:. The role's engine values are camelCase here and snake_case there
+(maxNumSeqs -> max_num_seqs); a null one is left out, so the worker's default holds. Call with (dict
+"root" $ "component" "prefill").
+*/}}
+{{- define "baton.workerConfig" -}}
+{{- $w := index .root.Values .component -}}
+{{- $engine := dict "model" (include "baton.modelPath" .root) "device" $w.device "dtype" $w.dtype -}}
+{{- range $key, $value := $w.engine }}
+{{- if not (kindIs "invalid" $value) }}
+{{- $_ := set $engine (snakecase $key) $value }}
+{{- end }}
+{{- end }}
+{{- $config := dict "role" .component "host" "0.0.0.0" "port" $w.port "metrics_port" $w.metricsPort -}}
+{{- $_ := set $config "transfer_backend" .root.Values.transfer.backend -}}
+{{- $_ := set $config "grace_period_s" $w.drainSeconds -}}
+{{- $_ := set $config "engine" $engine -}}
+{{- toYaml $config -}}
+{{- end }}

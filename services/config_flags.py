@@ -1,0 +1,192 @@
+"""Command-line flags generated from the fields of ``WorkerConfig`` and ``EngineConfig``: one declaration.
+
+A field's flag is its name in kebab case (``kv_format`` -> ``--kv-format``); a boolean is a pair
+(``--cuda-graphs / --no-cuda-graphs``). ``FLAG_NAMES`` lists the few that keep the names they had
+before the flags were generated (``--grace-period``, ``--fault-delay``, ``--prefix-caching``).
+
+``baton worker`` adds every field with ``suppress=True``: a flag not given leaves no value, so the
+file and environment below it keep theirs (``services/worker_config.py``). Commands that run an engine
+without a worker (``baton generate``, ``capacity``, ``bench``, ``serve``) add the engine fields they use
+with ordinary defaults, overriding a default where their job needs another one.
+"""
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
+
+from services.engine.engine_config import EngineConfig
+
+from .worker_config import ROLES, WorkerConfig, engine_fields, worker_fields
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+# Flags that keep their earlier names; the first is the one shown, every one works.
+FLAG_NAMES = {
+    "grace_period_s": ("--grace-period",),
+    "fault_delays": ("--fault-delay",),
+    "enable_prefix_caching": ("--prefix-caching", "--enable-prefix-caching"),
+}
+
+HELP = {
+    # WorkerConfig
+    "role": "prefill or decode",
+    "name": "worker name in routes and stats (default: ROLE-PORT)",
+    "host": "listen address",
+    "port": "listen port (0: any free port)",
+    "transfer_backend": "handoff backend: nixl or grpc_bytes",
+    "max_workers": "gRPC handler threads (default: two per sequence slot + 16)",
+    "metrics_port": "/metrics port (0: any free port)",
+    "fail_transfers": "fault injection for tests and chaos drills: this prefill worker's first N "
+    "handoffs fail",
+    "reservation_ttl_s": "decode: backstop: free a reservation still waiting for its state after S seconds, "
+    "even if its router's lease looks alive",
+    "release_grace_s": "decode: a reservation whose router left waits up to S seconds for a handoff that "
+    "may still be writing into it",
+    "fault_delays": "fault injection for tests and chaos drills: pause S seconds at PHASE (decode: "
+    "reserve, decode_start; prefill: prefill, handoff); repeatable",
+    "grace_period_s": "on SIGTERM/SIGINT: admit nothing new (health NOT_SERVING) and give running requests "
+    "and handoffs S seconds to finish; the router moves streams still running to another worker (a "
+    "second signal ends the wait)",
+    # EngineConfig
+    "model": "checkpoint folder",
+    "device": "cpu, cuda or cuda:N",
+    "dtype": "compute dtype (default: the checkpoint's)",
+    "block_size": "tokens per packed KV block",
+    "num_blocks": "blocks in the KV pool (default: max-num-seqs contexts of max-model-len tokens)",
+    "max_num_seqs": "requests running at once (also the number of KDA state slots)",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
+    "max_model_len": "longest prompt + generation a request may reach",
+    "batch_invariant": "bitwise-reproducible numerics whatever the batch",
+    "enable_prefix_caching": "reuse cached blocks (and KDA snapshots) across requests",
+    "snapshot_stride": "take a KDA state snapshot every this many blocks",
+    "num_snapshots": "KDA snapshots kept for the prefix cache (default: max-num-seqs)",
+    "kv_format": "KV block storage: auto (the model dtype) or fp8 (packed FP8 latents and index keys)",
+    "kernels": "op backends: reference (float32 PyTorch oracle) or triton (default: triton on CUDA, "
+    "reference on the CPU and when batch-invariant; triton on the CPU needs TRITON_INTERPRET=1)",
+    "cuda_graphs": "replay CUDA graphs for pure-decode steps (a no-op on the CPU)",
+}
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    from services.engine.cache.layout import KV_FORMATS
+    from services.engine.model.backends import KERNEL_BACKENDS
+
+    return {"role": ROLES, "dtype": DTYPE_NAMES, "kv_format": KV_FORMATS, "kernels": KERNEL_BACKENDS}
+
+
+_METAVARS = {"fault_delays": "PHASE=S", "fail_transfers": "N"}
+
+
+def flag_names(field: str) -> tuple[str, ...]:
+    """The flags that set ``field``: ``kv_format`` -> ``("--kv-format",)``."""
+    return FLAG_NAMES.get(field, ("--" + field.replace("_", "-"),))
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    config: type = EngineConfig,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    defaults: Mapping[str, object] | None = None,
+    suppress: bool = False,
+) -> None:
+    """Add a flag per field of ``config`` (``EngineConfig`` or ``WorkerConfig``, whose ``engine`` is
+    left out: add ``EngineConfig`` too).
+
+    Args:
+        only, exclude: which fields (default: all).
+        defaults: ``{field: default}`` where this command needs another than the dataclass's.
+        suppress: a flag not given sets nothing (``given_flags`` then returns only those given), so
+            lower-precedence sources keep their values; required fields are not required here.
+    """
+    hints = engine_fields() if config is EngineConfig else worker_fields()
+    declared = {f.name: f for f in dataclasses.fields(config)}
+    names = [name for name in hints if only is None or name in set(only)]
+    defaults = dict(defaults or {})
+    choices = _choices()
+    for name in names:
+        if name in set(exclude):
+            continue
+        kind, _ = _optional(hints[name])
+        field = declared[name]
+        has_default = name in defaults or field.default is not dataclasses.MISSING
+        default = defaults.get(name, field.default)
+        shown = "" if not has_default or default in (None, "", ()) else f" (default {_shown(default)})"
+        options: dict = {"dest": name, "help": HELP[name] + shown}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+            options["help"] = HELP[name] + (f" (default {'on' if default else 'off'})" if has_default else "")
+        elif typing.get_origin(kind) is tuple:
+            options.update(action="append", metavar=_METAVARS.get(name))
+        else:
+            options.update(type=kind, metavar=_METAVARS.get(name, _metavar(name, kind)))
+            if name in choices:
+                options.update(choices=choices[name], metavar=None)
+        if suppress:
+            options["default"] = argparse.SUPPRESS
+        elif has_default:
+            options["default"] = list(default) if options.get("action") == "append" else default
+        else:
+            options["required"] = True
+        parser.add_argument(*flag_names(name), **options)
+
+
+def given_flags(args: argparse.Namespace, config: type = EngineConfig) -> dict[str, object]:
+    """``{field: value}`` of the fields of ``config`` that ``args`` holds (``suppress``: those given)."""
+    hints = engine_fields() if config is EngineConfig else worker_fields()
+    return {name: _value(getattr(args, name)) for name in hints if hasattr(args, name)}
+
+
+def engine_config(args: argparse.Namespace, **fixed) -> EngineConfig:
+    """The ``EngineConfig`` of a command's engine flags, with ``fixed`` fields on top.
+
+    Raises:
+        ValueError: as ``EngineConfig`` does, naming the flag (``--kv-format: ...``).
+    """
+    values = {**given_flags(args), **fixed}
+    values["model"] = str(values["model"])
+    try:
+        return EngineConfig(**values)
+    except ValueError as error:  # "kv_format: ..." -> "--kv-format: ..."
+        field, sep, message = str(error).partition(": ")
+        if sep and field in values:
+            raise ValueError(f"{flag_names(field)[0]}: {message}") from None
+        raise
+
+
+def worker_config_from_flags(argv: list[str]) -> WorkerConfig:
+    """A ``WorkerConfig`` from ``baton worker`` flags alone (no file, no environment)."""
+    from .worker_config import load_worker_config
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_config_flags(parser, WorkerConfig, suppress=True)
+    add_config_flags(parser, EngineConfig, suppress=True)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except argparse.ArgumentError as error:
+        raise ValueError(str(error)) from None
+    if extra:
+        raise ValueError(f"{extra[0]}: not a worker flag")
+    return load_worker_config(flags={**given_flags(args, WorkerConfig), **given_flags(args)})
+
+
+def _value(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _optional(hint):
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None)), True
+    return hint, False
+
+
+def _metavar(name: str, kind) -> str:
+    if name.endswith("_s") or name == "grace_period_s":
+        return "S"
+    return {int: "N", float: "X"}.get(kind, name.upper())
+
+
+def _shown(value) -> str:
+    return str(value)

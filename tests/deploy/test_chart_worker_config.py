@@ -1,0 +1,90 @@
+"""The worker config the chart renders (a ConfigMap per role, read with ``baton worker --config``) loads
+with the worker's own loader, carries every engine value, and a bad value fails naming the field."""
+
+import pytest
+import yaml
+
+from services.engine.engine_config import EngineConfig
+from services.worker_config import load_worker_config
+from tests.deploy import chart
+
+ROLES = ("prefill", "decode")
+# values.yaml's engine keys (camelCase) and the EngineConfig fields they set.
+ENGINE_VALUES = {
+    "maxNumSeqs": ("max_num_seqs", 7),
+    "maxNumBatchedTokens": ("max_num_batched_tokens", 512),
+    "maxModelLen": ("max_model_len", 1024),
+    "kvFormat": ("kv_format", "fp8"),
+    "blockSize": ("block_size", 32),
+    "numBlocks": ("num_blocks", 100),
+    "enablePrefixCaching": ("enable_prefix_caching", False),
+    "snapshotStride": ("snapshot_stride", 2),
+    "numSnapshots": ("num_snapshots", 3),
+    "kernels": ("kernels", "reference"),
+    "cudaGraphs": ("cuda_graphs", False),
+    "batchInvariant": ("batch_invariant", True),
+}
+
+
+def _text(value) -> str:
+    """A value as ``helm --set`` reads it (booleans lower case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _load(tmp_path, text: str):
+    path = tmp_path / "worker.yaml"
+    path.write_text(text)
+    return load_worker_config(path)
+
+
+@pytest.mark.parametrize("values", list(chart.VALUES))
+def test_rendered_config_loads_with_the_worker_loader(values, tmp_path):
+    objects = chart.render(values)
+    for role in ROLES:
+        config = _load(tmp_path, chart.worker_config_text(objects, role))
+        deployment = chart.one(objects, "Deployment", f"baton-{role}")
+        c = chart.container(deployment)
+        (port,) = [p["containerPort"] for p in c["ports"] if p["name"] == "grpc"]
+        (metrics,) = [p["containerPort"] for p in c["ports"] if p["name"] == "metrics"]
+        assert (config.role, config.host, config.port, config.metrics_port) == (
+            role,
+            "0.0.0.0",
+            port,
+            metrics,
+        )
+        assert config.engine.model.startswith("/models/")
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts["config"] == "/etc/baton"
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["config"]["configMap"]["name"] == f"baton-{role}-config"
+
+
+def test_every_engine_field_has_a_chart_value(tmp_path):
+    """Each EngineConfig field (but the model, device and dtype, set from their own keys) is a
+    role.engine value, mapped camelCase -> snake_case into the file."""
+    fields = set(EngineConfig.__dataclass_fields__) - {"model", "device", "dtype"}
+    assert {field for field, _ in ENGINE_VALUES.values()} == fields
+    sets = [a for key, (_, v) in ENGINE_VALUES.items() for a in ("--set", f"decode.engine.{key}={v}")]
+    objects = chart.render(
+        "minimal", *[a.replace("=True", "=true").replace("=False", "=false") for a in sets]
+    )
+    engine = _load(tmp_path, chart.worker_config_text(objects, "decode")).engine
+    assert {field: getattr(engine, field) for field, _ in ENGINE_VALUES.values()} == dict(
+        ENGINE_VALUES.values()
+    )
+    assert (engine.device, engine.dtype) == ("cpu", "float32")
+    # Unset (null) values are left out of the file, so the worker's defaults hold.
+    assert "kv_format" not in chart.worker_config(objects, "prefill")["engine"]
+
+
+def test_a_bad_engine_value_fails_naming_the_field(tmp_path):
+    # The chart's schema refuses it first ...
+    assert "kvFormat" in chart.render_error("default", "--set", "decode.engine.kvFormat=fp9")
+    # ... and past the schema, the worker refuses it at start, naming the config field.
+    objects = chart.render("default", "--skip-schema-validation", "--set", "decode.engine.kvFormat=fp9")
+    with pytest.raises(ValueError, match=r"engine\.kv_format: 'fp9' is not supported \(auto, fp8\)"):
+        _load(tmp_path, chart.worker_config_text(objects, "decode"))
+    data = chart.worker_config(chart.render(), "prefill")
+    data["engine"]["blockSize"] = 16  # a camelCase key that slipped through is an unknown key
+    with pytest.raises(ValueError, match=r"engine\.blockSize: unknown key"):
+        _load(tmp_path, yaml.safe_dump(data))
