@@ -5,12 +5,13 @@ worker, side by side in one run.
     (b) client ── Decode(local_prefill) ──────────────────────────► decode worker
     (c) client ── Reserve (prefill locally), Decode(local_prefill) ─► decode worker
 
-One decode worker, colocated (the router's ``never`` mode: the worker prefills every prompt, so the
-router sends the prompt with the Decode call and skips the reservation), prompts of ``prompt_tokens``
-and ``max_tokens=1``, one request in flight at a time, the paths taking turns (each goes first as
-often) so all see the same machine. Each time is the client's, from sending to the stream's end. The
-difference of the (a) and (b) percentiles is what the router adds; the goal is at most ``GOAL_P50_MS``
-at p50. (c) is the reservation round trip a prompt that may be handed off pays on top of (b).
+One decode worker and a router in its own process (as deployed), colocated (the router's ``never`` mode:
+the worker prefills every prompt, so the router sends the prompt with the Decode call and skips the
+reservation), prompts of ``prompt_tokens`` and ``max_tokens=1``, one request in flight at a time, the
+paths taking turns (each goes first as often) so all see the same machine. Each time is the client's,
+from sending to the stream's end. The difference of the (a) and (b) percentiles is what the router adds;
+the goal is at most ``GOAL_P50_MS`` at p50. (c) is the reservation round trip a prompt that may be
+handed off pays on top of (b).
 """
 
 import random
@@ -20,8 +21,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from deploy.local.launcher import LocalCluster
+from deploy.local.launcher import ManagedWorker
+from deploy.local.router_process import RouterProcess
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
+from services.config_flags import worker_config_from_flags
 from services.engine.model.config_loader import load_model_config
 
 from .worker_threads import worker_threads as torch_threads
@@ -96,7 +99,7 @@ def measure_router_latency(
     seed: int = 0,
     timeout_s: float = 60.0,
 ) -> RouterLatencyReport:
-    """Start one decode worker and a router over it, time ``requests`` requests on each path.
+    """Start one decode worker and a router process over it, time ``requests`` requests on each path.
 
     Raises:
         ValueError: a bad argument (named as its ``baton bench router-latency`` flag).
@@ -110,20 +113,17 @@ def measure_router_latency(
     vocab = load_model_config(model).vocab_size
     rng = random.Random(seed)
     prompts = [[rng.randrange(1, vocab) for _ in range(prompt_tokens)] for _ in range(warmup + requests)]
+    flags = ["--role", "decode", "--name", "decode-bench", "--model", model, *worker_args]
+    decode_worker = ManagedWorker(worker_config_from_flags(flags))
     with torch_threads(worker_threads):
-        cluster = LocalCluster(
-            model,
-            port=0,
-            prefill_workers=0,
-            decode_workers=1,
-            worker_args=list(worker_args),
-            disaggregation="never",
-        )
+        decode_worker.start(ready_timeout_s=120)
+    # The router in its own process, as deployed (in this one it would share the client's GIL).
+    router_process = RouterProcess(model, [], [decode_worker.address], "--colocated")
     try:
-        decode_address = cluster.workers[0].address
+        router_process.start()
         with (
-            grpc.insecure_channel(f"127.0.0.1:{cluster.port}") as router_channel,
-            grpc.insecure_channel(decode_address) as decode_channel,
+            grpc.insecure_channel(f"127.0.0.1:{router_process.port}") as router_channel,
+            grpc.insecure_channel(decode_worker.address) as decode_channel,
         ):
             router = generation_pb2_grpc.GenerationStub(router_channel)
             decode = workers_pb2_grpc.DecodeWorkerStub(decode_channel)
@@ -139,7 +139,9 @@ def measure_router_latency(
                     if index >= warmup:
                         times.append(elapsed)
     finally:
-        cluster.stop()
+        if router_process.process is not None:
+            router_process.stop()
+        decode_worker.stop()
     (_, router_ms), (_, direct_ms), (_, reserve_ms) = paths
     return RouterLatencyReport(model, prompt_tokens, tuple(router_ms), tuple(direct_ms), tuple(reserve_ms))
 

@@ -1,8 +1,5 @@
 """Helpers for the lifecycle tests: a router over given workers, the workers' held state, metrics."""
 
-import subprocess
-import sys
-import threading
 import time
 from typing import NamedTuple
 from urllib.request import urlopen
@@ -10,9 +7,10 @@ from urllib.request import urlopen
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+import deploy.local.router_process as deployed
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 from router.server import RouterServer
-from tests.services.workers import REPO, WorkerProcess
+from tests.services.workers import WorkerProcess
 
 
 class Router(NamedTuple):
@@ -101,37 +99,16 @@ def freed(decode: WorkerProcess, reason: str) -> float:
     return worker_metric(decode, "baton_reservations_freed_total", reason=reason)
 
 
-class RouterProcess:
-    """``baton router`` in its own process (a GIL and a life of its own: killed, started again on the
-    same port); ``stub`` calls it."""
+class RouterProcess(deployed.RouterProcess):
+    """``baton router`` in its own process over test workers, started; ``stub`` calls it."""
 
     def __init__(self, model, prefill: list[WorkerProcess], decode: list[WorkerProcess], *flags: str):
-        self.command = [
-            sys.executable,
-            "-m",
-            "cli.main",
-            "router",
-            "--model",
-            str(model),
-            "--prefill",
-            ",".join(p.address for p in prefill),
-            "--decode",
-            ",".join(d.address for d in decode),
-            *flags,
-        ]
-        self.port = 0
-        self.process: subprocess.Popen | None = None
+        super().__init__(model, [p.address for p in prefill], [d.address for d in decode], *flags)
         self.channel: grpc.Channel | None = None
         self.start()
 
     def start(self, ready_timeout_s: float = 120.0) -> None:
-        self.process = subprocess.Popen(
-            [*self.command, "--port", str(self.port)], cwd=REPO, stdout=subprocess.PIPE, text=True
-        )
-        line = _read_line(self.process, ready_timeout_s)
-        assert line.startswith("READY "), f"router did not start: {line!r}"
-        fields = dict(field.split("=", 1) for field in line.split()[1:])
-        self.port, self.metrics_port = int(fields["port"]), int(fields["metrics_port"])
+        super().start(ready_timeout_s)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
@@ -139,25 +116,9 @@ class RouterProcess:
         return scrape(self.metrics_port, name, **labels)
 
     def kill(self) -> None:
-        """SIGKILL: no shutdown code runs, its connections just drop."""
-        self.process.kill()
-        self.process.wait(timeout=30)
+        super().kill()
         self.channel.close()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
+        super().stop()
         self.channel.close()
-
-
-def _read_line(process: subprocess.Popen, timeout_s: float) -> str:
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    return lines[0] if lines else ""
