@@ -1,33 +1,13 @@
 """Helpers for the lifecycle tests: a router over given workers, the workers' held state, metrics."""
 
 import time
-from typing import NamedTuple
-from urllib.request import urlopen
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 import deploy.local.router_process as deployed
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
-from router.server import RouterServer
+from tests.services.routers import scrape
 from tests.services.workers import WorkerProcess
-
-
-class Router(NamedTuple):
-    server: RouterServer
-    stub: generation_pb2_grpc.GenerationStub
-
-    def metric(self, name: str, **labels) -> float:
-        return scrape(self.server.metrics_port, name, **labels)
-
-
-def scrape(metrics_port: int, name: str, **labels) -> float:
-    text = urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    return 0.0
 
 
 def request(prompt: list[int], max_tokens: int, request_id: str = "") -> generation_pb2.GenerateRequest:

@@ -1,12 +1,9 @@
 """Workers that pause at every phase of a request (``--fault-delay``), so a test can cancel, time out or
 kill exactly there, and a router factory over any workers."""
 
-import grpc
 import pytest
 
-from proto.baton.v1 import generation_pb2_grpc
-from router.server import RouterConfig, RouterServer
-from tests.lifecycle.cluster import Router
+from tests.services.routers import router_factory
 from tests.services.workers import running_workers
 
 PHASE_S = 1.0  # each injected pause: long enough to land a cancel in it on a loaded machine
@@ -31,25 +28,7 @@ def slow(model):
 
 @pytest.fixture
 def router_over(model):
-    """``router_over(prefill_workers, decode_workers, **RouterConfig options) -> Router``, in-process."""
-    made = []
-
-    def make(prefill, decode, **options) -> Router:
-        options.setdefault("disaggregation", "always")
-        server = RouterServer(
-            RouterConfig(
-                model=str(model),
-                prefill=tuple(p.address for p in prefill),
-                decode=tuple(d.address for d in decode),
-                port=0,
-                **options,
-            )
-        )
-        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-        made.append((server, channel))
-        return Router(server, generation_pb2_grpc.GenerationStub(channel))
-
-    yield make
-    for server, channel in made:
-        channel.close()
-        server.stop()
+    """``router_over(prefill_workers, decode_workers, **RouterConfig options) -> Router``, in-process
+    (every prompt handed off unless told otherwise)."""
+    with router_factory(model, disaggregation="always") as make:
+        yield make

@@ -8,11 +8,10 @@ from urllib.request import urlopen
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
-from router.server import RouterConfig, RouterServer
+from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine import LLM, SamplingParams
+from tests.services.routers import router_factory
 from tests.services.workers import WorkerProcess, running_workers
 
 
@@ -34,41 +33,10 @@ def workers(tiny_checkpoint):
         yield Workers(model, started[:2], started[2], started[3], LLM(str(model), dtype="float32"))
 
 
-class Router(NamedTuple):
-    server: RouterServer
-    stub: generation_pb2_grpc.GenerationStub
-
-    def metric(self, name: str, **labels) -> float:
-        text = urlopen(f"http://127.0.0.1:{self.server.metrics_port}/metrics").read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and sample.labels == labels:
-                    return sample.value
-        return 0.0
-
-
 @pytest.fixture
 def router_over(workers):
-    made = []
-
-    def make(prefill, decode, **options) -> Router:
-        server = RouterServer(
-            RouterConfig(
-                model=str(workers.model),
-                prefill=tuple(p.address for p in prefill),
-                decode=tuple(d.address for d in decode),
-                port=0,
-                **options,
-            )
-        )
-        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-        made.append((server, channel))
-        return Router(server, generation_pb2_grpc.GenerationStub(channel))
-
-    yield make
-    for server, channel in made:
-        channel.close()
-        server.stop()
+    with router_factory(workers.model) as make:
+        yield make
 
 
 def generate(stub, prompt, max_tokens, **fields):

@@ -24,17 +24,7 @@ def test_role_args_reach_each_role_s_workers(tiny_checkpoint):
         role_args={"prefill": ["--max-num-seqs", "3"], "decode": ["--max-num-seqs", "5"]},
     )
     try:
-        slots = {}
-        for worker in cluster.workers:
-            with grpc.insecure_channel(worker.address) as channel:
-                stub_class = (
-                    workers_pb2_grpc.DecodeWorkerStub
-                    if worker.role == "decode"
-                    else workers_pb2_grpc.PrefillWorkerStub
-                )
-                slots[worker.role] = (
-                    stub_class(channel).Stats(workers_pb2.StatsRequest(), timeout=10).total_slots
-                )
+        slots = {worker.role: _stats(worker).total_slots for worker in cluster.workers}
     finally:
         cluster.stop()
     assert slots == {"prefill": 3, "decode": 5}
@@ -68,13 +58,7 @@ def test_serve_engine_flags_reach_the_workers_through_their_config_files(tiny_ch
     cluster = LocalCluster(model, 0, 1, 1, configs=configs)
     try:
         for worker in cluster.workers:
-            with grpc.insecure_channel(worker.address) as channel:
-                stub_class = (
-                    workers_pb2_grpc.DecodeWorkerStub
-                    if worker.role == "decode"
-                    else workers_pb2_grpc.PrefillWorkerStub
-                )
-                stats = stub_class(channel).Stats(workers_pb2.StatsRequest(), timeout=10)
+            stats = _stats(worker)
             assert (stats.block_size, stats.total_blocks, stats.total_slots) == (32, 48, 3), worker.name
         with grpc.insecure_channel(f"127.0.0.1:{cluster.port}") as channel:
             request = generation_pb2.GenerateRequest(
@@ -86,3 +70,12 @@ def test_serve_engine_flags_reach_the_workers_through_their_config_files(tiny_ch
         assert replies[-1].route.transfer_bytes > 0  # handed off: fp8 blocks crossed between workers
     finally:
         cluster.stop()
+
+
+def _stats(worker: ManagedWorker) -> workers_pb2.WorkerStats:
+    """A launched worker's ``Stats``."""
+    stub_class = (
+        workers_pb2_grpc.DecodeWorkerStub if worker.role == "decode" else workers_pb2_grpc.PrefillWorkerStub
+    )
+    with grpc.insecure_channel(worker.address) as channel:
+        return stub_class(channel).Stats(workers_pb2.StatsRequest(), timeout=10)

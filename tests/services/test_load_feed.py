@@ -9,10 +9,10 @@ import grpc
 import pytest
 
 import router.worker_pool
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
+from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from router.prefix_index import PromptHashes
-from router.server import RouterConfig, RouterServer
 from tests.lifecycle.cluster import wait_until
+from tests.services.routers import router_factory
 from tests.services.workers import WorkerProcess, running_workers
 
 FLAGS = ("--dtype", "float32")
@@ -50,32 +50,14 @@ class StatsCalls(grpc.UnaryUnaryClientInterceptor):
 def router_over(workers, monkeypatch):
     """``router_over(prefill, decode, **options) -> (RouterServer, stub, StatsCalls)``; the pool's
     channels count the ``Stats`` calls the router makes."""
-    made, calls = [], StatsCalls()
-    plain = grpc.insecure_channel
+    calls, plain = StatsCalls(), grpc.insecure_channel
     monkeypatch.setattr(
         router.worker_pool.grpc,
         "insecure_channel",
         lambda address: grpc.intercept_channel(plain(address), calls),
     )
-
-    def make(prefill, decode, **options):
-        server = RouterServer(
-            RouterConfig(
-                model=str(workers.model),
-                prefill=tuple(p.address for p in prefill),
-                decode=tuple(d.address for d in decode),
-                port=0,
-                **options,
-            )
-        )
-        channel = plain(f"127.0.0.1:{server.port}")
-        made.append((server, channel))
-        return server, generation_pb2_grpc.GenerationStub(channel), calls
-
-    yield make
-    for server, channel in made:
-        channel.close()
-        server.stop()
+    with router_factory(workers.model) as make:
+        yield lambda prefill, decode, **options: (*make(prefill, decode, **options), calls)
 
 
 def generate(stub, prompt: list[int], max_tokens: int = 1) -> generation_pb2.GenerateResponse:
