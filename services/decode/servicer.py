@@ -34,7 +34,8 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
     """Args: the worker's name, its engine, its transfer backend (pools registered), its stats
     snapshot, its metrics, its drain (while draining, Reserve and local prefills are refused; a
     reservation whose state is arriving is still decoded; once the grace period is over, Decode calls
-    are refused and running streams end, for the router to move), how long a Decode call waits for its
+    are refused and running streams end, for the router to move), its load feed (``WatchLoad``), how
+    long a Decode call waits for its
     handoff's state, how long a released reservation waits for a handoff that may still be writing
     into it, and the injected fault delays."""
 
@@ -46,10 +47,10 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         stats: StatsBoard,
         metrics: Metrics,
         drain: Drain,
+        load_feed: LoadFeed,
         transfer_timeout_s: float = 60.0,
         release_grace_s: float = 5.0,
         faults: FaultDelays = NO_FAULTS,
-        load_feed: LoadFeed | None = None,
     ):
         self.name = name
         self.engine = engine
@@ -208,9 +209,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         return self.stats.latest()
 
     def WatchLoad(self, request, context):
-        if self.load_feed is None:
-            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
-        yield from self.load_feed.updates(context)
+        return self.load_feed.updates(context)
 
     def CheckIntegrity(self, request, context):
         return integrity_to_pb(self.name, self.engine.integrity())

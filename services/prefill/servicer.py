@@ -24,8 +24,8 @@ from ..worker_stats import StatsBoard
 class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
     """Args: the worker's name, its engine, its transfer backend (pools registered), its metrics,
     its stats snapshot, its drain (while draining, new prefills are refused; running ones and their
-    handoffs complete), how long a prefill may wait for a step, and the injected faults (failed
-    handoffs, delays).
+    handoffs complete), its load feed (``WatchLoad``), how long a prefill may wait for a step, and the
+    injected faults (failed handoffs, delays).
 
     A request's cache here lives only within its ``Prefill`` call: held for the handoff, then freed
     however the call ends (done, failed, cancelled)."""
@@ -38,10 +38,10 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         metrics: Metrics,
         stats: StatsBoard,
         drain: Drain,
+        load_feed: LoadFeed,
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
         faults: FaultDelays = NO_FAULTS,
-        load_feed: LoadFeed | None = None,
     ):
         self.name = name
         self.faults = faults
@@ -132,9 +132,7 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
         return self.stats.latest()
 
     def WatchLoad(self, request, context):
-        if self.load_feed is None:
-            raise NotImplementedError("WatchLoad: this worker publishes no load feed")
-        yield from self.load_feed.updates(context)
+        return self.load_feed.updates(context)
 
     def CheckIntegrity(self, request, context):
         return integrity_to_pb(self.name, self.engine.integrity())
