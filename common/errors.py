@@ -1,5 +1,5 @@
 """The failures that cross a process boundary: raised in a worker or the router, mapped to one gRPC
-status code each by ``services/rpc/errors.py`` (and back to a typed error by the SDK)."""
+status code each by ``common/rpc/errors.py`` (and back to a typed error by the SDK)."""
 
 
 class NoCapacity(RuntimeError):

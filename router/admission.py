@@ -3,7 +3,7 @@
 import threading
 
 from common.errors import NoCapacity
-from services.metrics import Metrics
+from common.metrics import Metrics
 
 _RECHECK_FIRST_S = 0.05  # a request waiting for decode room looks again after this, doubling...
 _RECHECK_MAX_S = 1.0  # ...up to this (room can free without a request leaving here: other routers)

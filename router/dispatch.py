@@ -21,9 +21,9 @@ import time
 import grpc
 
 from common.errors import NoCapacity, TransferError
+from common.metrics import Metrics
+from common.rpc.callbacks import when_call_ends
 from proto.baton.v1 import generation_pb2, workers_pb2
-from services.metrics import Metrics
-from services.rpc.callbacks import when_call_ends
 
 from .admission import Admission
 from .prefix_index import PromptHashes

@@ -21,9 +21,9 @@ client then gets UNAVAILABLE, as it would without this module.
 
 import logging
 
+from common.metrics import Metrics
 from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2
-from services.metrics import Metrics
 
 from .dispatch import DecodeLost, Dispatcher
 

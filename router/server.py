@@ -8,11 +8,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.metrics import Metrics
 from common.model_info import read_model_info
+from common.rpc.errors import ErrorInterceptor
 from common.tokenizer import Tokenizer, TokenizerNotFoundError
 from proto.baton.v1 import generation_pb2_grpc
-from services.metrics import Metrics
-from services.rpc.errors import ErrorInterceptor
 
 from .admission import Admission
 from .discovery import Discovery, discovery_for

@@ -4,13 +4,13 @@ import secrets
 import time
 
 from common.limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
+from common.metrics import Metrics
 from common.model_info import ModelInfo
+from common.rpc.errors import status_for
 from common.sampling_pb import sampling_from_pb
 from common.stop_strings import stop_cut
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from services.metrics import Metrics
-from services.rpc.errors import status_for
 
 from .admission import Admission
 from .dispatch import Dispatcher, time_left

@@ -9,12 +9,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.metrics import Metrics
+from common.rpc.errors import ErrorInterceptor
 from proto.baton.v1 import workers_pb2_grpc
 from services.engine.engine_core import EngineCore
 from services.engine.engine_service import EngineService
 from services.engine.engine_views import EnginePass
-from services.metrics import Metrics
-from services.rpc.errors import ErrorInterceptor
 from services.transfer import make_backend
 from services.transfer.inbox import SharedTransfer
 

@@ -5,7 +5,7 @@
 
 The targets live here only: the alerts compare histogram buckets at ``le=<target>``, which PromQL cannot
 take from a series, so they are written into the expressions. Each target must be a bucket boundary of
-its histogram (``services/metrics.py``) and match the router's default (``RouterConfig.slo_*_s``);
+its histogram (``common/metrics.py``) and match the router's default (``RouterConfig.slo_*_s``);
 ``tests/observability/test_rules.py`` checks both, and that the files here are what this writes.
 """
 

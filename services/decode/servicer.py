@@ -10,12 +10,12 @@ import queue
 import time
 
 from common.errors import TransferError
+from common.metrics import Metrics
+from common.rpc.callbacks import when_call_ends
 from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 from services.engine.engine_service import EngineService
 from services.engine.scheduler import SampledToken
-from services.metrics import Metrics
-from services.rpc.callbacks import when_call_ends
 from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb
 from services.transfer.inbox import SharedTransfer
 

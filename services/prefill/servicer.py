@@ -5,12 +5,12 @@ import queue
 import threading
 
 from common.errors import TransferError
+from common.metrics import Metrics
+from common.rpc.callbacks import when_call_ends
 from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.engine.engine_service import EngineService
 from services.engine.handoff import HeldPrefill, send_state
-from services.metrics import Metrics
-from services.rpc.callbacks import when_call_ends
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb
 from services.transfer.inbox import SharedTransfer
 

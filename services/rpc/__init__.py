@@ -1,1 +1,1 @@
-"""gRPC plumbing shared by the services: the workers' protobuf conversions and the one error interceptor."""
+"""The workers' protobuf <-> engine conversions (the shared gRPC plumbing is ``common/rpc``)."""

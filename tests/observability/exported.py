@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from services.metrics import Metrics
+from common.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus"

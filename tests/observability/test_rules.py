@@ -8,8 +8,8 @@ import subprocess
 import pytest
 import yaml
 
+from common.metrics import Metrics
 from router.server import RouterConfig
-from services.metrics import Metrics
 from tests.observability.exported import (
     BUILTIN,
     RULES,

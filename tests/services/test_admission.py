@@ -6,8 +6,8 @@ import time
 import pytest
 
 from common.errors import NoCapacity
+from common.metrics import Metrics
 from router.admission import Admission
-from services.metrics import Metrics
 
 
 def gauges(metrics: Metrics) -> dict[str, float]:

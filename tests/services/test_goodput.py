@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from common.metrics import Metrics
 from proto.baton.v1 import generation_pb2
 from router.admission import Admission
 from router.servicer import GenerationServicer
-from services.metrics import Metrics
 
 
 class Clock:

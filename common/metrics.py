@@ -4,12 +4,7 @@ Names follow Prometheus conventions (base units, ``_seconds``, ``_bytes``, ``_to
 bounded: no request ids, no prompts. Each process builds one ``Metrics`` on its own registry.
 """
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-if TYPE_CHECKING:  # the router imports this module and never torch
-    from services.engine.engine_views import EngineInfo, WorkerLoad
 
 # The SLO targets (RouterConfig.slo_ttft_s = 2, slo_tpot_s = 0.1) must be bucket boundaries: the
 # alerts in deploy/prometheus count bad requests as count - bucket{le=target}.
@@ -141,13 +136,13 @@ class Metrics:
             "baton_router_inflight_requests_limit", "Admission seats (max_running)", registry=r
         )
 
-    def record_engine(self, info: "EngineInfo") -> None:
+    def record_engine(self, info) -> None:
         """Set ``baton_engine_info`` from an engine's resolved configuration (an ``EngineInfo``, once,
         at start)."""
         graphs = "on" if info.cuda_graphs else "off"
         self.engine_info.labels(self.role, info.kernels, graphs).set(1)
 
-    def observe_load(self, load: "WorkerLoad") -> None:
+    def observe_load(self, load) -> None:
         """Refresh the pool and queue gauges from a ``WorkerLoad`` (the engine's, once per pass)."""
         self.blocks_used.labels(self.role).set(load.used_blocks)
         self.blocks_capacity.labels(self.role).set(load.total_blocks)
