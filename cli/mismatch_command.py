@@ -17,7 +17,11 @@ from mismatch.report import to_json, to_text
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    modes = "; ".join(f"{m.name}: A = {m.a}, B = {m.b}" for m in MODES.values())
+    modes = " | ".join(
+        f"{m.name}: A = {m.a}; B = {m.b}; may differ: {', '.join(m.may_differ) or 'nothing'}"
+        + ("; needs batch_invariant" if m.batch_invariant else "")
+        for m in MODES.values()
+    )
     parser = commands.add_parser(
         "mismatch",
         help="compare two log-prob dumps bitwise (served vs trainer, two servers, ...)",

@@ -222,8 +222,10 @@ def _read_header(path: Path, number: int, line: str) -> Environment:
     if header[FORMAT_KEY] != FORMAT_VERSION:
         found = header[FORMAT_KEY]
         raise DumpError(f"{where}: {FORMAT_KEY}: version {found!r} (this reader: {FORMAT_VERSION})")
+    if not isinstance(header.get("environment"), dict):
+        raise DumpError(f"{where}: environment: expected an object, got {header.get('environment')!r}")
     try:
-        return Environment.from_json(header.get("environment"))
+        return Environment.from_json(header["environment"])
     except (TypeError, ValueError) as error:
         raise DumpError(f"{where}: environment.{error}") from None
 

@@ -124,6 +124,7 @@ BAD_INPUT = {
         ['{"baton_logprob_dump": 1, "environment": {"python": "3"}}'],
         "line 1: environment.platform",
     ),
+    "no-environment": (['{"baton_logprob_dump": 1}'], "line 1: environment: expected an object, got None"),
     "bad-json": ([HEADER, json.dumps(GOOD), '{"id": '], "line 3: not valid JSON"),
     "no-token-ids": ([HEADER, json.dumps({"id": "a", "path": "generate"})], "line 2: token_ids: missing"),
     "bad-path": ([HEADER, json.dumps({**GOOD, "path": "served"})], "line 2: path: 'served' is not one of"),
