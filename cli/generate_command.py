@@ -1,7 +1,8 @@
 """``baton generate``: run prompts through the in-process engine (``services.engine.LLM``).
 
 One prompt (``--prompt`` / ``--prompt-ids``) prints its text and token ids; a JSONL file of prompts
-(``--prompts IN.jsonl --out OUT.jsonl``) writes one result line per input line, in input order.
+(``--prompts IN.jsonl --out OUT.jsonl``) writes a log-prob dump (``mismatch/dump.py``): the environment
+fingerprint, then one record per input line, in input order, which ``baton mismatch`` compares.
 """
 
 import argparse
@@ -10,6 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from mismatch import LogprobRecord, collect_environment, cpu_name, write_dump
+from mismatch.environment import Environment
 from services.config_flags import add_config_flags, engine_config
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
@@ -76,19 +81,23 @@ def run(args: argparse.Namespace) -> int:
             f"finish={output.finish_reason}] ids: {','.join(map(str, output.token_ids))}"
         )
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w") as sink:
-        for request_id, output in zip(ids, outputs, strict=True):
-            record = {
-                "id": request_id,
-                "token_ids": output.token_ids,
+    records = (
+        LogprobRecord.from_values(
+            request_id,
+            "generate",
+            output.token_ids,
+            output.logprobs,  # float32 values (the sampler's log_softmax), stored as their bits
+            "float32",
+            prompt_ids=output.prompt_ids,
+            extra={
                 "text": output.text,
                 "finish_reason": output.finish_reason,
                 "num_cached_tokens": output.num_cached_tokens,
-            }
-            if output.logprobs is not None:
-                record["logprobs"] = output.logprobs  # float32 values; repr round-trips them exactly
-            sink.write(json.dumps(record) + "\n")
+            },
+        )
+        for request_id, output in zip(ids, outputs, strict=True)
+    )
+    write_dump(args.out, _environment(llm, params), records)
     print(f"wrote {len(outputs)} results to {args.out}", file=sys.stderr)
     return 0
 
@@ -127,3 +136,29 @@ def _read_prompts(args: argparse.Namespace) -> tuple[list, list]:
     if not prompts:
         raise ValueError(f"--prompts: {args.prompts} holds no prompts")
     return ids, prompts
+
+
+def _environment(llm: LLM, params: SamplingParams) -> Environment:
+    """The fingerprint of this run: the engine's resolved settings, the sampling parameters."""
+    config = llm.config
+    device = torch.device(config.device)
+    flags = {
+        name: value
+        for name, value in dataclasses.asdict(config).items()
+        if name not in ("model", "device", "dtype", "batch_invariant", "kv_format", "kernels")
+    }
+    flags.update(
+        {
+            f"sampling.{name}": getattr(params, name)
+            for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos")
+        }
+    )
+    return collect_environment(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        kernels=config.kernel_backend,
+        numerics="batch_invariant" if config.batch_invariant else "default",
+        dtype=str(llm.engine.model.lm_head.weight.dtype).removeprefix("torch."),
+        kv_format=config.kv_format,
+        checkpoint=llm.engine.model_fingerprint,
+        flags=flags,
+    )

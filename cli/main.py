@@ -13,6 +13,7 @@ from . import (
     loadtest_command,
     loadtest_compare_command,
     logits_command,
+    mismatch_command,
     router_command,
     serve_command,
     worker_command,
@@ -30,6 +31,7 @@ SUBCOMMANDS = (
     client_command,
     loadtest_command,
     loadtest_compare_command,
+    mismatch_command,
 )
 
 

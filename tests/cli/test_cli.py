@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from mismatch import read_dump
 from services.engine.checkpoint.loader import load_model
 from tests.conftest import FAMILIES
 
@@ -259,17 +260,21 @@ def test_generate_jsonl_round_trips_logprobs_exactly(k3_dir, tmp_path):
         "--batch-invariant",
     )
     assert result.returncode == 0, result.stderr
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in records] == ["a", 2]
+    dump = read_dump(out)
+    records = dump.records
+    assert [r.request_id for r in records] == ["a", 2]
+    assert dump.environment.numerics == "batch_invariant" and dump.environment.dtype == "float32"
     from services.engine import LLM, SamplingParams
 
     llm = LLM(str(k3_dir), batch_invariant=True)
     want = llm.generate(
         [[3, 4, 5]], SamplingParams(max_tokens=5, temperature=0, logprobs=0, ignore_eos=True)
     )[0]
-    assert records[0]["token_ids"] == want.token_ids
-    assert records[0]["logprobs"] == want.logprobs  # exact float equality after the JSON round trip
-    assert all(len(r["token_ids"]) == 5 and r["finish_reason"] == "length" for r in records)
+    assert list(records[0].token_ids) == want.token_ids and list(records[0].prompt_ids) == [3, 4, 5]
+    assert list(records[0].logprobs) == want.logprobs  # exact float equality after the JSON round trip
+    want_bits = torch.tensor(want.logprobs, dtype=torch.float32).view(torch.int32).tolist()
+    assert [b - (1 << 32) if b >= 1 << 31 else b for b in records[0].logprob_bits] == want_bits
+    assert all(len(r.token_ids) == 5 and r.extra["finish_reason"] == "length" for r in records)
 
 
 JSONL_ERRORS = {
