@@ -29,6 +29,7 @@ class EngineConfig:
         kernels: the op families' backend, ``reference`` or ``triton``; None takes the default
             (``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode).
         cuda_graphs: replay CUDA graphs for pure-decode steps (CUDA only; a no-op on the CPU).
+        adapters: ``(name, folder)`` LoRA adapters (PEFT format) to load at start.
     """
 
     model: str
@@ -46,6 +47,7 @@ class EngineConfig:
     kv_format: str = "auto"
     kernels: str | None = None
     cuda_graphs: bool = True
+    adapters: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if self.kv_format not in ("auto", "fp8"):
