@@ -79,7 +79,7 @@ class EngineCore:
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
         )
         self.adapters = AdapterRegistry(self.model)
-        for name, folder in config.adapters:
+        for name, folder in config.adapter_folders().items():
             self.adapters.load(name, folder)
         self.runner = ModelRunner(self.model, self.cache, adapters=self.adapters)
         if use_graphs:

@@ -12,13 +12,15 @@ from pathlib import Path
 
 from torch import nn
 
+from common.errors import InUse
+
 from .lora_adapter import LoraAdapter, load_lora_adapter
 from .peft_format import AdapterError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
 
 
-class AdapterInUse(AdapterError):
+class AdapterInUse(AdapterError, InUse):
     """An unload refused because unfinished requests use the adapter."""
 
 
