@@ -112,6 +112,7 @@ class Dispatcher:
             sampling=request.sampling,
             tenant=request.tenant,
             resumed_tokens=resumed_tokens,
+            adapter=request.adapter,
         )
         if self.disaggregation == "never":
             reserve.local_prefill_max_tokens = _LOCAL_ALWAYS
@@ -264,6 +265,7 @@ class Dispatcher:
             sampling=request.sampling,
             tenant=request.tenant,
             resumed_tokens=resumed_tokens,
+            adapter=request.adapter,
         )
         for attempt, prefill in enumerate(candidates):
             if attempt:
@@ -315,6 +317,7 @@ def _local_prefill(prompt_ids: list[int], request, resumed_tokens: int) -> worke
         sampling=request.sampling,
         tenant=request.tenant,
         resumed_tokens=resumed_tokens,
+        adapter=request.adapter,
     )
 
 
