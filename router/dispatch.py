@@ -256,7 +256,7 @@ class Dispatcher:
 
     def _prefill(self, reserved, prompt_ids, request, context, resumed_tokens: int):
         """``(prefill worker, PrefillResponse)``, or None when every attempt failed."""
-        prompt = PromptHashes(prompt_ids, request.tenant)
+        prompt = PromptHashes(prompt_ids, request.tenant, request.adapter)
         candidates = self.pool.prefill_order(prompt, _FEED_WAIT_S)[:_PREFILL_ATTEMPTS]
         prefill_request = workers_pb2.PrefillRequest(
             reservation=reserved.reservation,
