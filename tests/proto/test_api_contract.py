@@ -2,7 +2,6 @@
 
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 
-
 ADAPTER_METHODS = ("LoadAdapter", "UnloadAdapter", "ListAdapters")  # LoRA, on both worker services
 
 
