@@ -96,6 +96,24 @@ def test_many_adapters_in_one_batch_equal_each_alone_bitwise(family, adapters):
     assert mixed[0] != run(llm, [PROMPT], "")[0]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_served_logprobs_equal_the_full_sequence_forward_bitwise(family, adapters):
+    """What a trainer computes (one forward over the whole sequence, ``CausalLM.forward(adapter=)``)
+    gives the served-with-adapter logprobs bit for bit in batch-invariant mode."""
+    model_dir, folders = adapters(family)
+    llm = make_llm(model_dir, folders, invariant=True, max_num_batched_tokens=16, block_size=16)
+    served = llm.generate([PROMPT, OTHERS[1]], GREEDY, adapter=["alpha", "beta"])[0]
+    sequence = PROMPT + served.token_ids[:-1]
+    with torch.no_grad():
+        logits = llm.engine.model(torch.tensor([sequence]), adapter=llm.engine.adapters.get("alpha"))[0]
+    first = len(PROMPT) - 1
+    full = [
+        float(torch.log_softmax(logits[first + i].float(), dim=-1)[token])
+        for i, token in enumerate(served.token_ids)
+    ]
+    assert bits(full) == bits(served.logprobs)
+
+
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
 def test_base_rows_of_a_step_keep_the_base_bits(invariant, adapters):
     """Same step, same rows: the base sequence's logits do not change when its neighbour gets an adapter."""

@@ -1,5 +1,6 @@
 """The decoder stack and LM head for all three families; parameter names follow transformers."""
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -149,12 +150,16 @@ class CausalLM(nn.Module):
         hidden = hidden[meta.logit_rows]
         return nx.linear(self.model.norm(hidden, nx), self.lm_head.weight)
 
-    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, cache=None, adapter: "LoraAdapter | None" = None
+    ) -> torch.Tensor:
         """Logits for ``B`` sequences' new tokens, continuing ``cache`` (updated in place) when given.
 
         Args:
             input_ids: ``[B, T]`` token ids, each in ``[0, vocab_size)``.
             cache: a ``ContiguousCache`` holding the B sequences' previous tokens, or None.
+            adapter: a LoRA adapter applied to every sequence (``load_lora_adapter`` on this model), or
+                None; the same merge contract as serving, so served-with-adapter logprobs equal these.
 
         Returns:
             ``[B, T, vocab_size]`` logits in the model dtype.
@@ -174,6 +179,8 @@ class CausalLM(nn.Module):
             )
         new_tokens = input_ids.tolist()
         steps = cache.steps(new_tokens)
+        if adapter is not None:
+            steps = [dataclasses.replace(step, adapter=1) for step in steps]
         meta = build_step_metadata(
             steps,
             cache.block_size,
@@ -181,7 +188,7 @@ class CausalLM(nn.Module):
             logit_rows=list(range(input_ids.numel())),
             index_topk=self.index_topk,
         )
-        logits = self.forward_step(meta, cache)
+        logits = self.forward_step(meta, cache, None if adapter is None else {1: adapter})
         cache.advance(new_tokens)
         return logits.view(*input_ids.shape, -1)
 
