@@ -17,6 +17,7 @@ from services.engine import LLM, SamplingParams
 from services.engine.adapters.merge import scaling_of
 from services.engine.adapters.peft_format import AdapterError
 from services.engine.adapters.registry import AdapterInUse, UnknownAdapter
+from services.engine.adapters.step_lora import StepLora
 from services.engine.cache.contiguous_cache import ContiguousCache
 from services.engine.model.step_metadata import build_step_metadata
 from tests.conftest import TEST_DEVICE
@@ -229,3 +230,21 @@ def test_bad_adapters_are_refused_naming_the_field(case, match, adapters, tmp_pa
     with pytest.raises(AdapterError, match=match):
         llm.load_adapter("bad", str(folder))
     assert llm.engine.adapters.names == []
+
+
+def test_segmented_kernel_path_equals_the_grouped_path(adapters):
+    """``StepLora(segmented=True)`` (the GPU's Triton kernel, interpreted here) gives the grouped path's
+    rows within float32 tolerance and leaves base rows bitwise untouched."""
+    model_dir, folders = adapters("k3")
+    llm = make_llm(model_dir, folders, invariant=False)
+    alpha, beta = (llm.engine.adapters.get(name) for name in ("alpha", "beta"))
+    module = llm.engine.model.model.layers[2].self_attn.q_a_proj
+    x = torch.randn(9, module.in_features, generator=torch.Generator().manual_seed(3))
+    base = llm.engine.model.numerics.linear(x, module.weight)
+    groups = [(alpha, torch.tensor([0, 4, 5])), (beta, torch.tensor([2, 8]))]
+    grouped = StepLora(groups).linear(module, x, base, llm.engine.model.numerics)
+    segmented = StepLora(groups, segmented=True).linear(module, x, base, llm.engine.model.numerics)
+    untouched = [1, 3, 6, 7]
+    assert torch.equal(segmented[untouched], base[untouched])
+    assert not torch.equal(segmented[[0, 2]], base[[0, 2]])
+    torch.testing.assert_close(segmented, grouped, rtol=1e-5, atol=1e-5)

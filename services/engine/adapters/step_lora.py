@@ -9,6 +9,12 @@ gathered, passed through the merge contract and written back; base rows keep the
 (the output is only cloned, never recomputed). Groups run in increasing adapter slot; a row belongs to
 one group, so the order cannot change a row.
 
+Segmented form (``segmented=True``: default numerics on a GPU): one Triton launch per adapted linear
+computes every adapted row's delta with its own adapter's pair (``kernels/lora/segmented.py``, ranks
+zero-padded to the step's largest); the scaling, the float32 sum with the base output and the
+rounding are the same elementwise steps as ``merge.lora_output``. The batch-invariant numerics always
+take the grouped form (their fixed-order products).
+
 Routed experts: the step's MoE backend first computes every row as the base model does; then each
 group whose adapter adapts this layer's experts recomputes its rows with ``lora_moe_experts`` (the
 reference expert loop) and replaces them. That computes adapted rows' experts twice, which is the
@@ -32,10 +38,12 @@ class StepLora:
 
     Args:
         groups: the groups (rows of different groups are disjoint).
+        segmented: linears take the one-launch segmented kernel instead of one pass per group.
     """
 
-    def __init__(self, groups: list[tuple[LoraAdapter, torch.Tensor]]):
+    def __init__(self, groups: list[tuple[LoraAdapter, torch.Tensor]], segmented: bool = False):
         self.groups = groups
+        self.segmented = segmented
 
     @classmethod
     def build(
@@ -44,6 +52,7 @@ class StepLora:
         query_start_loc: tuple[int, ...],
         table: Mapping[int, LoraAdapter],
         device: torch.device,
+        segmented: bool = False,
     ) -> "StepLora | None":
         """Group a step's rows by their sequence's adapter slot (0: none); None when no row has one.
 
@@ -52,6 +61,7 @@ class StepLora:
             query_start_loc: the sequences' row offsets (host).
             table: slot -> adapter, covering every nonzero slot.
             device: where the row indices go.
+            segmented: use the segmented kernel for linears (see the module docstring).
         """
         rows: dict[int, list[int]] = {}
         for seq, slot in enumerate(seq_adapters):
@@ -62,10 +72,12 @@ class StepLora:
         groups = [
             (table[slot], torch.tensor(rows[slot], dtype=torch.int64, device=device)) for slot in sorted(rows)
         ]
-        return cls(groups)
+        return cls(groups, segmented)
 
     def linear(self, module: nn.Linear, x: torch.Tensor, base: torch.Tensor, nx: Numerics) -> torch.Tensor:
         """``base`` (``module``'s output for ``x [N, K]``) with each group's adapter applied to its rows."""
+        if self.segmented:
+            return self._linear_segmented(module, x, base)
         out = base
         for adapter, rows in self.groups:
             pair = adapter.linears.get(module)
@@ -74,6 +86,28 @@ class StepLora:
             if out is base:
                 out = base.clone()
             out[rows] = lora_output(base[rows], x[rows], pair.a, pair.b, pair.scaling, nx)
+        return out
+
+    def _linear_segmented(self, module: nn.Linear, x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        from kernels.lora.segmented import lora_delta_segmented  # Triton: imported only when used
+
+        present = [(rows, a.linears[module]) for a, rows in self.groups if module in a.linears]
+        if not present:
+            return base
+        rank = max(pair.a.shape[0] for _, pair in present)
+        a_stack = x.new_zeros(len(present), rank, x.shape[-1], dtype=torch.float32)
+        b_stack = x.new_zeros(len(present), base.shape[-1], rank, dtype=torch.float32)
+        slots = torch.full((x.shape[0],), -1, dtype=torch.int32, device=x.device)
+        scaling = x.new_zeros(x.shape[0], 1, dtype=torch.float32)
+        for index, (rows, pair) in enumerate(present):
+            a_stack[index, : pair.a.shape[0]] = pair.a
+            b_stack[index, :, : pair.a.shape[0]] = pair.b
+            slots[rows] = index
+            scaling[rows] = pair.scaling
+        delta = lora_delta_segmented(x, slots, a_stack, b_stack)
+        rows = torch.cat([rows for rows, _ in present])
+        out = base.clone()
+        out[rows] = (base[rows].to(torch.float32) + scaling[rows] * delta[rows]).to(base.dtype)
         return out
 
     def experts(

@@ -138,8 +138,11 @@ class CausalLM(nn.Module):
         nx, ops = self.numerics, self.kernels
         lora = None
         if any(meta.seq_adapters_host):
+            device = meta.input_ids.device
+            # The segmented Triton kernel where library products are allowed (default numerics, GPU).
+            segmented = device.type == "cuda" and not nx.batch_invariant
             lora = StepLora.build(
-                meta.seq_adapters_host, meta.query_start_loc_host, adapters or {}, meta.input_ids.device
+                meta.seq_adapters_host, meta.query_start_loc_host, adapters or {}, device, segmented
             )
         hidden = self.model.embed_tokens(meta.input_ids)
         cos = sin = None
