@@ -68,6 +68,9 @@ class InvariantNumerics(Numerics):
     def linear(self, x, weight):
         return self._product(x, weight).to(x.dtype)
 
+    def linear_f32(self, x, weight):
+        return self._product(x.to(torch.float32), weight.to(torch.float32))
+
     def rms_norm(self, x, weight, eps):
         return invariant_rms_norm(x, weight, eps)
 
