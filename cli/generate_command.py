@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from mismatch import LogprobRecord, write_dump
-from mismatch.environment import Environment, Scalar
+from mismatch.environment import Environment
 from services.config_flags import add_config_flags, engine_config
 from services.engine import LLM, SamplingParams
-from services.engine.dump_environment import adapters_flag, model_environment
+from services.engine.dump_environment import engine_environment, engine_flags
 from services.engine.engine_config import EngineConfig
 from services.engine.model.config_loader import load_model_config
 
@@ -159,20 +159,3 @@ def _environment(llm: LLM, params: SamplingParams) -> Environment:
         }
     )
     return engine_environment(llm, flags)
-
-
-def engine_flags(llm: LLM) -> dict[str, Scalar]:
-    """The engine's settings as dump flags (those the environment has fields for left out; the loaded
-    adapters as ``name@digest``, their folders' contents rather than their paths)."""
-    fields = ("model", "device", "dtype", "batch_invariant", "kv_format", "kernels", "adapters")
-    flags = {name: value for name, value in dataclasses.asdict(llm.config).items() if name not in fields}
-    engine_adapters = llm.engine.adapters
-    flags["adapters"] = adapters_flag(engine_adapters.get(name) for name in engine_adapters.names)
-    return flags
-
-
-def engine_environment(llm: LLM, flags: dict[str, Scalar]) -> Environment:
-    """The fingerprint of log-probs ``llm``'s engine computed (``baton generate`` and ``baton score``)."""
-    return model_environment(
-        llm.engine.model, checkpoint=llm.engine.model_fingerprint, kv_format=llm.config.kv_format, flags=flags
-    )
