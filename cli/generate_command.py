@@ -11,12 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
-from mismatch import LogprobRecord, collect_environment, cpu_name, write_dump
+from mismatch import LogprobRecord, write_dump
 from mismatch.environment import Environment
 from services.config_flags import add_config_flags, engine_config
 from services.engine import LLM, SamplingParams
+from services.engine.dump_environment import engine_environment, engine_flags
 from services.engine.engine_config import EngineConfig
 from services.engine.model.config_loader import load_model_config
 
@@ -30,7 +29,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     prompt.add_argument("--prompt", help="prompt text (needs the folder's tokenizer)")
     prompt.add_argument("--prompt-ids", help="comma-separated prompt token ids")
     prompt.add_argument(
-        "--prompts", type=Path, help='JSONL: {"id": ..., "prompt_ids": [...]} or {"id": ..., "prompt": "..."}'
+        "--prompts",
+        type=Path,
+        help='JSONL: {"id": ..., "prompt_ids": [...]} or {"id": ..., "prompt": "..."}, '
+        'optionally "adapter": NAME (overrides --adapter for that line)',
     )
     parser.add_argument("--out", type=Path, help="JSONL results (required with --prompts)")
     parser.add_argument(
@@ -45,6 +47,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     parser.add_argument("--logprobs", action="store_true", help="include the logprob of each generated token")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
+    parser.add_argument(
+        "--adapter", default="", help="LoRA adapter (loaded with --adapters NAME=FOLDER) for every prompt"
+    )
     add_config_flags(parser.add_argument_group("engine"), EngineConfig, exclude=("model",))
     parser.set_defaults(run=run)
 
@@ -52,7 +57,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.prompts is not None and args.out is None:
         raise ValueError("--out: required with --prompts")
-    ids, prompts = _read_prompts(args)
+    ids, prompts, adapters = _read_prompts(args)
     try:
         params = SamplingParams(
             max_tokens=args.max_tokens,
@@ -72,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if llm.tokenizer is None or args.prompt is None:
             raise ValueError("--chat: needs --prompt and a checkpoint with a tokenizer")
         prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])]
-    outputs = llm.generate(prompts, params)
+    outputs = llm.generate(prompts, params, adapter=adapters)
     if args.prompts is None:
         output = outputs[0]
         print(output.text)
@@ -93,25 +98,27 @@ def run(args: argparse.Namespace) -> int:
                 "text": output.text,
                 "finish_reason": output.finish_reason,
                 "num_cached_tokens": output.num_cached_tokens,
+                **({"adapter": adapter} if adapter else {}),
             },
         )
-        for request_id, output in zip(ids, outputs, strict=True)
+        for request_id, output, adapter in zip(ids, outputs, adapters, strict=True)
     )
     write_dump(args.out, _environment(llm, params), records)
     print(f"wrote {len(outputs)} results to {args.out}", file=sys.stderr)
     return 0
 
 
-def _read_prompts(args: argparse.Namespace) -> tuple[list, list]:
+def _read_prompts(args: argparse.Namespace) -> tuple[list, list, list[str]]:
+    """``(ids, prompts, adapter names)``, one each per prompt."""
     if args.prompt is not None:
-        return [None], [args.prompt]
+        return [None], [args.prompt], [args.adapter]
     if args.prompt_ids is not None:
         ids = parse_token_ids(args.prompt_ids, "--prompt-ids")
         check_vocabulary(ids, load_model_config(args.model).vocab_size, "--prompt-ids")
-        return [None], [ids]
+        return [None], [ids], [args.adapter]
     if not args.prompts.is_file():
         raise FileNotFoundError(f"--prompts: {args.prompts} not found")
-    ids, prompts = [], []
+    ids, prompts, adapters = [], [], []
     for number, line in enumerate(args.prompts.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -131,34 +138,24 @@ def _read_prompts(args: argparse.Namespace) -> tuple[list, list]:
             raise ValueError(f"{where}: prompt_ids must be a non-empty list of integers")
         if "prompt" in record and not isinstance(prompt, str):
             raise ValueError(f"{where}: prompt must be a string")
+        adapter = record.get("adapter", args.adapter)
+        if not isinstance(adapter, str):
+            raise ValueError(f"{where}: adapter must be a string (an adapter's name)")
         ids.append(record.get("id", number))
         prompts.append(prompt)
+        adapters.append(adapter)
     if not prompts:
         raise ValueError(f"--prompts: {args.prompts} holds no prompts")
-    return ids, prompts
+    return ids, prompts, adapters
 
 
 def _environment(llm: LLM, params: SamplingParams) -> Environment:
     """The fingerprint of this run: the engine's resolved settings, the sampling parameters."""
-    config = llm.config
-    device = torch.device(config.device)
-    flags = {
-        name: value
-        for name, value in dataclasses.asdict(config).items()
-        if name not in ("model", "device", "dtype", "batch_invariant", "kv_format", "kernels")
-    }
+    flags = engine_flags(llm)
     flags.update(
         {
             f"sampling.{name}": getattr(params, name)
             for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos")
         }
     )
-    return collect_environment(
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-        kernels=config.kernel_backend,
-        numerics="batch_invariant" if config.batch_invariant else "default",
-        dtype=str(llm.engine.model.lm_head.weight.dtype).removeprefix("torch."),
-        kv_format=config.kv_format,
-        checkpoint=llm.engine.model_fingerprint,
-        flags=flags,
-    )
+    return engine_environment(llm, flags)

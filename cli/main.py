@@ -16,6 +16,7 @@ from . import (
     logits_command,
     mismatch_command,
     router_command,
+    score_command,
     serve_command,
     worker_command,
 )
@@ -24,6 +25,7 @@ SUBCOMMANDS = (
     checkpoint_command,
     logits_command,
     generate_command,
+    score_command,
     capacity_command,
     bench_command,
     worker_command,

@@ -29,12 +29,15 @@ only the forward bits are contracted. Integer choices are constants of the backw
   experts and gets no gradient (it is moved by load balancing, not by the loss).
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
+from services.engine.adapters.lora_adapter import LoraAdapter
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, build_step_metadata
+from services.engine.sampling.sampler import raw_logprobs
 
 from .training_cache import TrainingCache
 from .trajectory import PackedBatch
@@ -74,7 +77,10 @@ def make_trainable(model: CausalLM) -> CausalLM:
 
 
 def trajectory_logprobs(
-    model: CausalLM, batch: PackedBatch, include_prompt: bool = False
+    model: CausalLM,
+    batch: PackedBatch,
+    include_prompt: bool = False,
+    adapters: Mapping[str, LoraAdapter] | None = None,
 ) -> TrajectoryLogprobs:
     """Recompute the log-probs of ``batch``'s tokens with the served forward numerics, differentiably.
 
@@ -82,18 +88,30 @@ def trajectory_logprobs(
         model: a batch-invariant model (``make_trainable``), the weights the tokens were served with.
         batch: the trajectories, packed in any order.
         include_prompt: also score each prompt token after the first.
+        adapters: name -> LoRA adapter on ``model`` (``load_lora_adapter``, or an engine's
+            ``llm.engine.adapters.get(name)`` when it serves the same module) for every
+            ``Trajectory.adapter`` named; the served merge contract applies it to that trajectory's
+            rows, and its A/B get gradients where they require them (``trainable_adapter``).
 
     Returns:
         ``TrajectoryLogprobs``; a generated token's value has the served logprob's bits.
 
     Raises:
-        ValueError: the model is not in batch-invariant mode, or a token is outside the vocabulary.
+        ValueError: the model is not in batch-invariant mode, a trajectory names an adapter not in
+            ``adapters``, or a token is outside the vocabulary.
     """
     if not model.numerics.batch_invariant or model.kernels.name != "reference":
         raise ValueError(
             "model: the trainer forward reproduces the batch-invariant served forward; "
             "call make_trainable(model) (or model.set_batch_invariant(True)) first"
         )
+    given = dict(adapters or {})
+    for index, trajectory in enumerate(batch.trajectories):
+        if trajectory.adapter and trajectory.adapter not in given:
+            raise ValueError(
+                f"adapters: trajectory {index} was served with adapter {trajectory.adapter!r}, which is not "
+                f"given (given: {', '.join(sorted(given)) or 'none'})"
+            )
     device = model.lm_head.weight.device
     ids = batch.input_ids
     input_ids = torch.tensor(ids, dtype=torch.long, device=device)
@@ -110,7 +128,7 @@ def trajectory_logprobs(
     scored = torch.zeros(batch.num_tokens, dtype=torch.bool)
     scored[positions] = True
     if positions:
-        logits = _logits(model, batch, rows)
+        logits = _logits(model, batch, rows, given)
         values = torch.stack(
             [_served_logprob(logits[j], ids[position]) for j, position in enumerate(positions)]
         )
@@ -118,19 +136,31 @@ def trajectory_logprobs(
     return TrajectoryLogprobs(batch, logprobs, scored.to(device), generated.to(device))
 
 
-def _logits(model: CausalLM, batch: PackedBatch, rows: list[int]) -> torch.Tensor:
-    """``[len(rows), V]`` logits of packed rows ``rows``; trajectory ``i`` is block ``i`` and slot ``i``."""
-    # Adapter hook: a trajectory served with a LoRA adapter runs with it here too (its slot in the
-    # SequenceStep, the adapter table passed to forward_step); its A/B then get gradients as well.
-    steps = [SequenceStep(t.token_ids, 0, (i,), i) for i, t in enumerate(batch.trajectories)]
+def _logits(
+    model: CausalLM, batch: PackedBatch, rows: list[int], adapters: Mapping[str, LoraAdapter]
+) -> torch.Tensor:
+    """``[len(rows), V]`` logits of packed rows ``rows``; trajectory ``i`` is block ``i`` and slot ``i``.
+
+    Adapters take the served path: each trajectory's adapter slot in its ``SequenceStep`` and the
+    slot table passed to ``forward_step``, which groups the rows by slot (``StepLora``) and applies
+    ``merge.lora_output``. The slot numbers are this step's own (1.. by name); a row's bits do not
+    depend on them (groups are disjoint), only on its adapter's tensors.
+    """
+    names = sorted({t.adapter for t in batch.trajectories if t.adapter})
+    slots = {name: slot for slot, name in enumerate(names, start=1)}
+    table = {slot: adapters[name] for name, slot in slots.items()}
+    steps = [
+        SequenceStep(t.token_ids, 0, (i,), i, slots.get(t.adapter, 0))
+        for i, t in enumerate(batch.trajectories)
+    ]
     block_size = max(len(t) for t in batch.trajectories)  # one block holds a whole trajectory
     meta = build_step_metadata(
         steps, block_size, model.lm_head.weight.device, logit_rows=rows, index_topk=model.index_topk
     )
-    return model.forward_step(meta, TrainingCache(batch.cu_seqlens, model.lm_head.weight.dtype))
+    cache = TrainingCache(batch.cu_seqlens, model.lm_head.weight.dtype)
+    return model.forward_step(meta, cache, table or None)
 
 
 def _served_logprob(row: torch.Tensor, token: int) -> torch.Tensor:
-    """The sampler's logprob of ``token`` from one ``[V]`` logits row (``sampler.sample``: the row in
-    float32, contiguous, ``log_softmax`` over it alone, never a batched one)."""
-    return torch.log_softmax(row.to(torch.float32).contiguous(), dim=-1)[token]
+    """The sampler's logprob of ``token`` from one ``[V]`` logits row (``raw_logprobs``, as ``sample``)."""
+    return raw_logprobs(row)[token]

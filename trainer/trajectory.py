@@ -21,10 +21,13 @@ class Trajectory:
     Attributes:
         prompt_ids: the prompt's token ids (at least one).
         output_ids: the tokens the server generated after it (may be empty).
+        adapter: the LoRA adapter the request was served with ("": the base model); the trainer
+            applies it to this trajectory's rows only (``trajectory_logprobs(..., adapters=)``).
     """
 
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
+    adapter: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))

@@ -10,6 +10,7 @@ from services.engine.model.causal_lm import CausalLM
 from .engine_config import EngineConfig
 from .engine_core import EngineCore
 from .request import FinishReason, Request, RequestOutput
+from .scoring import ScoreItem, score_tokens
 
 Prompt = str | list[int] | dict
 
@@ -102,6 +103,45 @@ class LLM:
             self.engine.step()
             self._apply_stop_strings(requests, streams)
         return [self._output(request, streams[request.request_id]) for request in requests]
+
+    def score(
+        self, prompts: list[list[int]], continuations: list[list[int]], adapter: str | list[str] = ""
+    ) -> list[list[float]]:
+        """The log-probs of given continuations, from one prefill of prompt + continuation each
+        (``services/engine/scoring.py``); no token is generated and the serving pools are not touched.
+
+        Args:
+            prompts: token ids of each context (at least one each).
+            continuations: the tokens to score after each prompt (may be empty).
+            adapter: a loaded adapter's name for all, or one per prompt ("": the base model).
+
+        Returns:
+            Per prompt, its continuation's log-probs: Python floats holding float32 values, the
+            sampler's (``raw_logprobs``). In batch-invariant mode each has the bits the engine reports
+            when it generates that token after that prompt.
+
+        Raises:
+            ValueError: mismatched lengths, an empty prompt, a sequence over ``max_model_len``, a token
+                outside the vocabulary or an adapter not loaded, naming it.
+        """
+        adapters = adapter if isinstance(adapter, list) else [adapter] * len(prompts)
+        if not len(prompts) == len(continuations) == len(adapters):
+            raise ValueError(
+                f"continuations, adapter: {len(continuations)} and {len(adapters)} given for "
+                f"{len(prompts)} prompts"
+            )
+        items = []
+        for index, (prompt, tokens, name) in enumerate(zip(prompts, continuations, adapters, strict=True)):
+            if not prompt:
+                raise ValueError(f"prompts[{index}]: needs at least one token")
+            if len(prompt) + len(tokens) > self.config.max_model_len:
+                raise ValueError(
+                    f"prompts[{index}]: {len(prompt) + len(tokens)} tokens exceed max_model_len "
+                    f"{self.config.max_model_len}"
+                )
+            items.append(ScoreItem(tuple(prompt), tuple(tokens), self.engine.adapters.slot(name)))
+        table = self.engine.adapters.table
+        return score_tokens(self.engine.model, items, table, self.config.max_num_batched_tokens)
 
     def load_adapter(self, name: str, folder: str) -> None:
         """Load a PEFT LoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``) as ``name``."""

@@ -50,6 +50,8 @@ class LoraAdapter:
         linears: adapted ``nn.Linear`` module -> its pair.
         experts: ``Experts`` module -> expert id -> ``"gate" | "up" | "down"`` -> pair.
         modules: the adapted modules' Baton names (for listings and errors).
+        pairs: the folder's module name (PEFT's) -> its pair, the same tensors ``linears`` and
+            ``experts`` hold (what a trainer optimises and writes back).
     """
 
     name: str
@@ -58,6 +60,7 @@ class LoraAdapter:
     linears: dict[nn.Module, LoraPair] = field(default_factory=dict)
     experts: dict[nn.Module, dict[int, dict[str, LoraPair]]] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
+    pairs: dict[str, LoraPair] = field(default_factory=dict)
 
     @property
     def cache_salt(self) -> str:
@@ -78,7 +81,7 @@ def load_lora_adapter(name: str, folder: str | Path, model: nn.Module) -> LoraAd
     mapper = NameMapper(model.config, set(parameters))
     device = model.lm_head.weight.device
     adapter = LoraAdapter(name=name, path=str(folder), digest=peft.digest)
-    names = []
+    names, pairs = [], {}
     for module_name, (a, b) in sorted(peft.pairs.items()):
         rank, alpha = peft.rank_and_alpha(module_name)
         tensor = f"base_model.model.{module_name}.lora_A.weight"
@@ -93,6 +96,7 @@ def load_lora_adapter(name: str, folder: str | Path, model: nn.Module) -> LoraAd
             scaling_of(alpha, rank, peft.use_rslora),
         )
         names.append(_attach(adapter, model, mapper, module_name, pair, tensor))
+        pairs[module_name] = pair
     return LoraAdapter(
         name=name,
         path=str(folder),
@@ -100,6 +104,7 @@ def load_lora_adapter(name: str, folder: str | Path, model: nn.Module) -> LoraAd
         linears=adapter.linears,
         experts=adapter.experts,
         modules=tuple(names),
+        pairs=pairs,
     )
 
 

@@ -96,10 +96,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[i
             logprobs.append(None)
             top_logprobs.append(None)
             continue
-        raw = torch.log_softmax(row, dim=-1)
+        raw = raw_logprobs(row)
         logprobs.append(raw[token].item())
         top_logprobs.append(_top_n(raw, params[i].logprobs) if params[i].logprobs > 0 else None)
     return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def raw_logprobs(row: torch.Tensor) -> torch.Tensor:
+    """The raw log-probs of one ``[V]`` logits row: ``log_softmax`` over the row alone, in float32,
+    contiguous (a batched one could round differently with the batch). Every logprob the engine
+    reports comes from here: the sampled tokens', ``LLM.score``'s, and the trainer's recomputation."""
+    return torch.log_softmax(row.to(torch.float32).contiguous(), dim=-1)
 
 
 def _sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
