@@ -1,0 +1,127 @@
+"""Batch-invariant softmax and log-softmax over rows in Triton (sampler log-probs, attention weights).
+
+One program per row, the row read in fixed ``BLOCK``-wide chunks in order, twice::
+
+    pass 1, per lane j (chunks in order):   m[j] = running max,  s[j] = s[j] * exp(m_old - m) + exp(x - m)
+    close the row (one fixed tree):         M = max_j m[j],      S = sum_j s[j] * exp(m[j] - M)
+    pass 2:                                 log-softmax x - M - log(S)   |   softmax exp(x - M) / S
+
+``BLOCK`` and the warp count depend on the row length only, so a row's bits depend only on that row:
+never on the number of rows or the row's place. With a mask, masked positions are ignored (their
+scores may be anything, NaN included) and come out as exactly ``+0.0`` (softmax) or ``-inf``
+(log-softmax); a lane that only ever sees masked positions keeps ``s = +0.0`` and adds an exact zero
+in the closing sum, so appending masked positions to a row never changes the bits of the others.
+A row with no valid position gives all zeros (softmax) or all ``-inf`` (log-softmax).
+
+References (float32, same signatures): ``log_softmax_reference`` below and
+``kernels.invariant.attention.invariant_softmax``.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_env import require_triton_device
+
+
+@triton.jit
+def _softmax_row_kernel(
+    x,
+    mask,
+    out,
+    stride_x,
+    stride_mask,
+    stride_o,
+    S: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LOG: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    p_x = x + row * stride_x
+    m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in range(0, S, BLOCK):
+        o_c = c0 + tl.arange(0, BLOCK)
+        valid = o_c < S
+        if HAS_MASK:
+            valid = valid & (tl.load(mask + row * stride_mask + o_c, mask=o_c < S, other=0) != 0)
+        v = tl.where(valid, tl.load(p_x + o_c, mask=valid, other=0.0).to(tl.float32), float("-inf"))
+        m_new = tl.maximum(m, v)
+        seen = m_new > float("-inf")  # else both are -inf: keep s = +0.0, avoid exp(nan)
+        rescale = tl.where(seen, tl.exp(m - tl.where(seen, m_new, 0.0)), 0.0)
+        s = s * rescale + tl.where(valid, tl.exp(v - tl.where(seen, m_new, 0.0)), 0.0)
+        m = m_new
+    row_max = tl.max(m, axis=0)
+    lane_seen = m > float("-inf")
+    total = tl.sum(tl.where(lane_seen, s * tl.exp(m - tl.where(lane_seen, row_max, 0.0)), 0.0), axis=0)
+    if LOG:
+        log_total = tl.log(total)
+    for c0 in range(0, S, BLOCK):
+        o_c = c0 + tl.arange(0, BLOCK)
+        valid = o_c < S
+        if HAS_MASK:
+            valid = valid & (tl.load(mask + row * stride_mask + o_c, mask=o_c < S, other=0) != 0)
+        v = tl.load(p_x + o_c, mask=valid, other=0.0).to(tl.float32)
+        if LOG:
+            y = tl.where(valid, (v - row_max) - log_total, float("-inf"))
+        else:
+            # a row with no valid position has total = 0 but writes only the +0.0 of the masked ones
+            y = tl.where(valid, tl.div_rn(tl.exp(v - row_max), total), 0.0)
+        tl.store(out + row * stride_o + o_c, y, mask=o_c < S)
+
+
+def softmax_block(s: int) -> tuple[int, int]:
+    """``(BLOCK, num_warps)`` for rows of ``s`` entries: a function of ``s`` alone."""
+    block = min(4096, max(16, triton.next_power_of_2(s)))
+    return block, 4 if block <= 1024 else 8
+
+
+def _launch_softmax(x: torch.Tensor, valid: torch.Tensor | None, log: bool) -> torch.Tensor:
+    """Rows of ``x [..., S]`` (and ``valid``, broadcast to it) -> float32 ``[..., S]``."""
+    s = x.shape[-1]
+    rows = x.reshape(-1, s)
+    rows = rows if rows.stride(-1) == 1 else rows.contiguous()
+    mask = rows
+    if valid is not None:
+        mask = valid.expand(x.shape).reshape(-1, s).to(torch.int8).contiguous()
+    out = torch.empty(rows.shape[0], s, dtype=torch.float32, device=x.device)
+    block, warps = softmax_block(s)
+    if rows.numel() > 0:
+        _softmax_row_kernel[(rows.shape[0],)](
+            rows, mask, out, rows.stride(0), mask.stride(0), out.stride(0),
+            S=s, BLOCK=block, LOG=log, HAS_MASK=valid is not None, num_warps=warps,
+        )  # fmt: skip
+    return out.reshape(x.shape)
+
+
+def log_softmax_triton(logits: torch.Tensor) -> torch.Tensor:
+    """Log-softmax over the last dim (the sampler's log-probs over the vocabulary), batch-invariant.
+
+    Args:
+        logits: ``[..., V]`` float32, bfloat16 or float16.
+
+    Returns:
+        ``[..., V]`` float32 ``x - max - log(sum(exp(x - max)))``.
+    """
+    require_triton_device("log_softmax_triton", logits)
+    return _launch_softmax(logits, None, log=True)
+
+
+def masked_softmax_triton(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim restricted to ``valid`` (same contract as ``invariant_softmax``).
+
+    Args:
+        scores: ``[..., S]`` any float dtype; values at invalid positions are ignored.
+        valid: ``[..., S]`` bool, broadcastable to ``scores``.
+
+    Returns:
+        ``[..., S]`` float32; exactly ``+0.0`` at invalid positions, all zeros for a row with none valid.
+    """
+    require_triton_device("masked_softmax_triton", scores, valid)
+    return _launch_softmax(scores, valid, log=False)
+
+
+def log_softmax_reference(logits: torch.Tensor) -> torch.Tensor:
+    """Float32 reference of ``log_softmax_triton``: ``[..., V]`` -> ``[..., V]`` float32."""
+    return torch.log_softmax(logits.to(torch.float32), dim=-1)
