@@ -6,8 +6,8 @@ One program per row, the row read in fixed ``BLOCK``-wide chunks in order, twice
     close the row (one fixed tree):         M = max_j m[j],      S = sum_j s[j] * exp(m[j] - M)
     pass 2:                                 log-softmax x - M - log(S)   |   softmax exp(x - M) / S
 
-``BLOCK`` and the warp count depend on the row length only, so a row's bits depend only on that row:
-never on the number of rows or the row's place. With a mask, masked positions are ignored (their
+``BLOCK`` and the warp count are constants (``VOCAB_BLOCK``, ``KEY_BLOCK``), so a row's bits depend
+only on that row: never on the number of rows, the row's place, or the padded row length. With a mask, masked positions are ignored (their
 scores may be anything, NaN included) and come out as exactly ``+0.0`` (softmax) or ``-inf``
 (log-softmax); a lane that only ever sees masked positions keeps ``s = +0.0`` and adds an exact zero
 in the closing sum, so appending masked positions to a row never changes the bits of the others.
@@ -24,7 +24,7 @@ import triton.language as tl
 from kernels.triton_env import require_triton_device
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])  # attention rows change length every step: one compile
 def _softmax_row_kernel(
     x,
     mask,
@@ -32,7 +32,7 @@ def _softmax_row_kernel(
     stride_x,
     stride_mask,
     stride_o,
-    S: tl.constexpr,
+    S,
     BLOCK: tl.constexpr,
     LOG: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -71,10 +71,11 @@ def _softmax_row_kernel(
         tl.store(out + row * stride_o + o_c, y, mask=o_c < S)
 
 
-def softmax_block(s: int) -> tuple[int, int]:
-    """``(BLOCK, num_warps)`` for rows of ``s`` entries: a function of ``s`` alone."""
-    block = min(4096, max(16, triton.next_power_of_2(s)))
-    return block, 4 if block <= 1024 else 8
+# Fixed chunk widths (lanes), never derived from the row length: a key list padded with masked keys
+# (its length set by the longest query of the batch) must keep every lane's sequence of values.
+VOCAB_BLOCK = 4096  # log-softmax over the vocabulary: long rows, few of them
+KEY_BLOCK = 256  # masked softmax over attention keys: short rows, many of them
+_WARPS = {VOCAB_BLOCK: 8, KEY_BLOCK: 4}
 
 
 def _launch_softmax(x: torch.Tensor, valid: torch.Tensor | None, log: bool) -> torch.Tensor:
@@ -86,11 +87,11 @@ def _launch_softmax(x: torch.Tensor, valid: torch.Tensor | None, log: bool) -> t
     if valid is not None:
         mask = valid.expand(x.shape).reshape(-1, s).to(torch.int8).contiguous()
     out = torch.empty(rows.shape[0], s, dtype=torch.float32, device=x.device)
-    block, warps = softmax_block(s)
+    block = VOCAB_BLOCK if log else KEY_BLOCK
     if rows.numel() > 0:
         _softmax_row_kernel[(rows.shape[0],)](
             rows, mask, out, rows.stride(0), mask.stride(0), out.stride(0),
-            S=s, BLOCK=block, LOG=log, HAS_MASK=valid is not None, num_warps=warps,
+            S=s, BLOCK=block, LOG=log, HAS_MASK=valid is not None, num_warps=_WARPS[block],
         )  # fmt: skip
     return out.reshape(x.shape)
 
