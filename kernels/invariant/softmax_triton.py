@@ -24,6 +24,38 @@ import triton.language as tl
 from kernels.triton_env import require_triton_device
 
 
+@triton.jit
+def _load_chunk(p_x, p_mask, c0, S, BLOCK: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Chunk ``[c0, c0 + BLOCK)`` of a row: ``(float32 scores, -inf where not valid; valid)``."""
+    o_c = c0 + tl.arange(0, BLOCK)
+    valid = o_c < S
+    if HAS_MASK:
+        valid = valid & (tl.load(p_mask + o_c, mask=o_c < S, other=0) != 0)
+    v = tl.load(p_x + o_c, mask=valid, other=0.0).to(tl.float32)
+    return tl.where(valid, v, float("-inf")), valid
+
+
+@triton.jit
+def _accumulate(m, s, v, valid):
+    """Per lane: fold a chunk into the running max ``m`` and the sum ``s`` of ``exp(x - m)``."""
+    m_new = tl.maximum(m, v)
+    seen = m_new > float("-inf")  # else both are -inf: keep s = +0.0, avoid exp(nan)
+    shift = tl.where(seen, m_new, 0.0)
+    s = s * tl.where(seen, tl.exp(m - shift), 0.0) + tl.where(valid, tl.exp(v - shift), 0.0)
+    return m_new, s
+
+
+@triton.jit
+def _write_chunk(p_o, c0, S, v, valid, row_max, total, log_total, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    o_c = c0 + tl.arange(0, BLOCK)
+    if LOG:
+        y = tl.where(valid, (v - row_max) - log_total, float("-inf"))
+    else:
+        # a row with no valid position has total = 0 but writes only the +0.0 of the masked ones
+        y = tl.where(valid, tl.div_rn(tl.exp(v - row_max), total), 0.0)
+    tl.store(p_o + o_c, y, mask=o_c < S)
+
+
 @triton.jit(do_not_specialize=["S"])  # attention rows change length every step: one compile
 def _softmax_row_kernel(
     x,
@@ -36,39 +68,39 @@ def _softmax_row_kernel(
     BLOCK: tl.constexpr,
     LOG: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    LOOP_WHILE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     p_x = x + row * stride_x
+    p_mask = mask + row * stride_mask
+    p_o = out + row * stride_o
     m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     s = tl.zeros([BLOCK], dtype=tl.float32)
-    for c0 in range(0, S, BLOCK):
-        o_c = c0 + tl.arange(0, BLOCK)
-        valid = o_c < S
-        if HAS_MASK:
-            valid = valid & (tl.load(mask + row * stride_mask + o_c, mask=o_c < S, other=0) != 0)
-        v = tl.where(valid, tl.load(p_x + o_c, mask=valid, other=0.0).to(tl.float32), float("-inf"))
-        m_new = tl.maximum(m, v)
-        seen = m_new > float("-inf")  # else both are -inf: keep s = +0.0, avoid exp(nan)
-        rescale = tl.where(seen, tl.exp(m - tl.where(seen, m_new, 0.0)), 0.0)
-        s = s * rescale + tl.where(valid, tl.exp(v - tl.where(seen, m_new, 0.0)), 0.0)
-        m = m_new
+    # the interpreter cannot run a for loop over a runtime bound; the same chunks, in the same order
+    if LOOP_WHILE:
+        c0 = 0
+        while c0 < S:
+            v, valid = _load_chunk(p_x, p_mask, c0, S, BLOCK, HAS_MASK)
+            m, s = _accumulate(m, s, v, valid)
+            c0 += BLOCK
+    else:
+        for c0 in tl.range(0, S, BLOCK):
+            v, valid = _load_chunk(p_x, p_mask, c0, S, BLOCK, HAS_MASK)
+            m, s = _accumulate(m, s, v, valid)
     row_max = tl.max(m, axis=0)
     lane_seen = m > float("-inf")
     total = tl.sum(tl.where(lane_seen, s * tl.exp(m - tl.where(lane_seen, row_max, 0.0)), 0.0), axis=0)
-    if LOG:
-        log_total = tl.log(total)
-    for c0 in range(0, S, BLOCK):
-        o_c = c0 + tl.arange(0, BLOCK)
-        valid = o_c < S
-        if HAS_MASK:
-            valid = valid & (tl.load(mask + row * stride_mask + o_c, mask=o_c < S, other=0) != 0)
-        v = tl.load(p_x + o_c, mask=valid, other=0.0).to(tl.float32)
-        if LOG:
-            y = tl.where(valid, (v - row_max) - log_total, float("-inf"))
-        else:
-            # a row with no valid position has total = 0 but writes only the +0.0 of the masked ones
-            y = tl.where(valid, tl.div_rn(tl.exp(v - row_max), total), 0.0)
-        tl.store(out + row * stride_o + o_c, y, mask=o_c < S)
+    log_total = tl.log(total) if LOG else total
+    if LOOP_WHILE:
+        c0 = 0
+        while c0 < S:
+            v, valid = _load_chunk(p_x, p_mask, c0, S, BLOCK, HAS_MASK)
+            _write_chunk(p_o, c0, S, v, valid, row_max, total, log_total, BLOCK, LOG)
+            c0 += BLOCK
+    else:
+        for c0 in tl.range(0, S, BLOCK):
+            v, valid = _load_chunk(p_x, p_mask, c0, S, BLOCK, HAS_MASK)
+            _write_chunk(p_o, c0, S, v, valid, row_max, total, log_total, BLOCK, LOG)
 
 
 # Fixed chunk widths (lanes), never derived from the row length: a key list padded with masked keys
@@ -91,7 +123,8 @@ def _launch_softmax(x: torch.Tensor, valid: torch.Tensor | None, log: bool) -> t
     if rows.numel() > 0:
         _softmax_row_kernel[(rows.shape[0],)](
             rows, mask, out, rows.stride(0), mask.stride(0), out.stride(0),
-            S=s, BLOCK=block, LOG=log, HAS_MASK=valid is not None, num_warps=_WARPS[block],
+            S=s, BLOCK=block, LOG=log, HAS_MASK=valid is not None,
+            LOOP_WHILE=x.device.type == "cpu", num_warps=_WARPS[block],
         )  # fmt: skip
     return out.reshape(x.shape)
 
