@@ -7,10 +7,13 @@ One program per row, the row read in fixed ``BLOCK``-wide chunks in order, twice
     pass 2:                                 log-softmax x - M - log(S)   |   softmax exp(x - M) / S
 
 ``BLOCK`` and the warp count are constants (``VOCAB_BLOCK``, ``KEY_BLOCK``), so a row's bits depend
-only on that row: never on the number of rows, the row's place, or the padded row length. With a mask, masked positions are ignored (their
-scores may be anything, NaN included) and come out as exactly ``+0.0`` (softmax) or ``-inf``
-(log-softmax); a lane that only ever sees masked positions keeps ``s = +0.0`` and adds an exact zero
-in the closing sum, so appending masked positions to a row never changes the bits of the others.
+only on that row: never on the number of rows, the row's place, or the padded row length.
+
+With a mask, masked positions are ignored (their scores may be anything, NaN included) and come out
+as exactly ``+0.0`` (softmax) or ``-inf`` (log-softmax). A masked position leaves its lane's ``m`` and
+``s`` bit for bit (``s * 1 + 0``), and a lane that only ever sees masked positions keeps
+``s = +0.0`` and adds an exact zero in the closing sum: appending masked positions to a row (the
+attention case, keys padded to the longest query of the batch) never changes the other bits.
 A row with no valid position gives all zeros (softmax) or all ``-inf`` (log-softmax).
 
 References (float32, same signatures): ``log_softmax_reference`` below and
@@ -41,7 +44,9 @@ def _accumulate(m, s, v, valid):
     m_new = tl.maximum(m, v)
     seen = m_new > float("-inf")  # else both are -inf: keep s = +0.0, avoid exp(nan)
     shift = tl.where(seen, m_new, 0.0)
-    s = s * tl.where(seen, tl.exp(m - shift), 0.0) + tl.where(valid, tl.exp(v - shift), 0.0)
+    # an unchanged max rescales by exactly 1 (not by a fast exp(0)): masked chunks leave s bit for bit
+    rescale = tl.where(m_new == m, 1.0, tl.where(seen, tl.exp(m - shift), 0.0))
+    s = s * rescale + tl.where(valid, tl.exp(v - shift), 0.0)
     return m_new, s
 
 
