@@ -5,9 +5,16 @@ Every matrix product goes through ``fixed_linear`` (fixed 16-row tiles), every r
 MLA always runs absorbed, each query over exactly the keys it may see, compacted in position order
 (so a DSA selection and a causal prefix look the same to the reduction); KDA runs the CF-BI
 fixed-chunk rows (``kernels.kda.fixed_chunk``); the short conv adds its taps in a fixed order.
+
+``device_kernels`` picks who computes the matrix products, row norms and attention softmax: ``torch``
+(the ``kernels.invariant`` ops above, the CPU path under MKL's strict mode) or ``triton`` (the fixed-
+tiling Triton kernels ``kernels.invariant.*_triton``, the fast path on CUDA; on the CPU they run only
+under the Triton interpreter). Both are batch-invariant; they do not give each other's bits.
 """
 
 import logging
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -37,23 +44,36 @@ from .numerics import Numerics
 log = logging.getLogger(__name__)
 
 QUERY_BLOCK = 16  # queries per attention slab: bounds memory, cannot change a row's bits
+DEVICE_KERNELS = ("torch", "triton")
 
 
 class InvariantNumerics(Numerics):
     """Same interface as ``Numerics``; see the module docstring for the guarantees.
 
-    Matrix products use ``fixed_linear`` where a probe shows this machine's GEMM keeps its rows
-    invariant for that weight shape, else the slower ``tree_linear`` (invariant by construction).
-    On the CPU they run only under MKL's strict reproducible mode (``ensure_strict_mkl``), so that
-    neither the thread count nor the CPU's kernel choice changes a row's bits.
+    With ``device_kernels="torch"``, matrix products use ``fixed_linear`` where a probe shows this
+    machine's GEMM keeps its rows invariant for that weight shape, else the slower ``tree_linear``
+    (invariant by construction). On the CPU they run only under MKL's strict reproducible mode
+    (``ensure_strict_mkl``), so that neither the thread count nor the CPU's kernel choice changes a
+    row's bits. With ``device_kernels="triton"`` they, the row norms and the attention softmax run the
+    fixed-tiling Triton kernels (invariant by construction, no probe).
+
+    Raises:
+        ValueError: an unknown ``device_kernels``.
     """
 
     batch_invariant = True
 
-    def __init__(self):
+    def __init__(self, device_kernels: str = "torch"):
+        if device_kernels not in DEVICE_KERNELS:
+            raise ValueError(f"device_kernels: {device_kernels!r} is not one of {', '.join(DEVICE_KERNELS)}")
+        self.device_kernels = device_kernels
         self._fixed_tiles_ok: dict[tuple, bool] = {}
+        self._triton = _triton_ops() if device_kernels == "triton" else None
 
     def _product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T`` in float32."""
+        if self._triton:
+            return self._triton.linear(x, weight, torch.float32)
         key = (weight.device.type, tuple(weight.shape), weight.dtype)
         if key not in self._fixed_tiles_ok:
             if weight.device.type == "cpu":
@@ -66,18 +86,28 @@ class InvariantNumerics(Numerics):
         return fixed_linear(x, weight) if self._fixed_tiles_ok[key] else tree_linear(x, weight)
 
     def linear(self, x, weight):
+        if self._triton:  # rounds the float32 accumulator to x.dtype once, in the kernel
+            return self._triton.linear(x, weight, x.dtype)
         return self._product(x, weight).to(x.dtype)
 
     def rms_norm(self, x, weight, eps):
+        if self._triton:
+            return self._triton.rms_norm(x, weight, eps)
         return invariant_rms_norm(x, weight, eps)
 
     def gated_rms_norm(self, x, gate, weight, eps):
+        if self._triton:
+            return self._triton.gated_rms_norm(x, gate, weight, eps)
         return invariant_gated_rms_norm(x, gate, weight, eps)
 
     def l2_normalize(self, x):
+        if self._triton:
+            return self._triton.l2_normalize(x)
         return invariant_l2_normalize(x)
 
     def layer_norm(self, x, weight, bias, eps):
+        if self._triton:
+            return self._triton.layer_norm(x, weight, bias, eps)
         return invariant_layer_norm(x, weight, bias, eps)
 
     def silu(self, x):
@@ -136,7 +166,8 @@ class InvariantNumerics(Numerics):
             scores = tree_sum(q_latent[rows, :, None, :] * keys_lat[:, None], -1) + tree_sum(
                 q_rope[rows].float()[:, :, None, :] * keys_rope[:, None], -1
             )
-            probs = invariant_softmax(scores * scale, valid[rows, None, :])
+            softmax = self._triton.masked_softmax if self._triton else invariant_softmax
+            probs = softmax(scores * scale, valid[rows, None, :])
             out_latent.append(invariant_weighted_sum(probs, keys_lat))
         out_latent = torch.cat(out_latent)
         out = torch.stack([self._product(out_latent[:, h], w_uv[h]) for h in range(heads)], 1)
@@ -151,3 +182,35 @@ class InvariantNumerics(Numerics):
 
     def moe_experts(self, x, expert_ids, weights, w_gate_up, w_down):
         return moe_experts(x, expert_ids, weights, w_gate_up, w_down, linear=self.linear, silu=self.silu)
+
+
+class _TritonOps(NamedTuple):
+    """The invariant Triton kernels, imported only when asked for (Triton reads ``TRITON_INTERPRET``
+    when a kernel module is imported)."""
+
+    linear: Callable
+    rms_norm: Callable
+    gated_rms_norm: Callable
+    l2_normalize: Callable
+    layer_norm: Callable
+    masked_softmax: Callable
+
+
+def _triton_ops() -> _TritonOps:
+    from kernels.invariant.linear_triton import invariant_linear_triton
+    from kernels.invariant.norm_triton import (
+        gated_rms_norm_triton,
+        l2_normalize_triton,
+        layer_norm_triton,
+        rms_norm_triton,
+    )
+    from kernels.invariant.softmax_triton import masked_softmax_triton
+
+    return _TritonOps(
+        invariant_linear_triton,
+        rms_norm_triton,
+        gated_rms_norm_triton,
+        l2_normalize_triton,
+        layer_norm_triton,
+        masked_softmax_triton,
+    )
