@@ -6,7 +6,7 @@ MLA always runs absorbed, each query over exactly the keys it may see, compacted
 (so a DSA selection and a causal prefix look the same to the reduction); KDA runs the CF-BI
 fixed-chunk rows (``kernels.kda.fixed_chunk``); the short conv adds its taps in a fixed order.
 
-``device_kernels`` picks who computes the matrix products, row norms and attention softmax: ``torch``
+``device_kernels`` picks who computes the matrix products, row norms and latent attention: ``torch``
 (the ``kernels.invariant`` ops above, the CPU path under MKL's strict mode) or ``triton`` (the fixed-
 tiling Triton kernels ``kernels.invariant.*_triton``, the fast path on CUDA; on the CPU they run only
 under the Triton interpreter). Both are batch-invariant; they do not give each other's bits.
@@ -54,8 +54,9 @@ class InvariantNumerics(Numerics):
     machine's GEMM keeps its rows invariant for that weight shape, else the slower ``tree_linear``
     (invariant by construction). On the CPU they run only under MKL's strict reproducible mode
     (``ensure_strict_mkl``), so that neither the thread count nor the CPU's kernel choice changes a
-    row's bits. With ``device_kernels="triton"`` they, the row norms and the attention softmax run the
-    fixed-tiling Triton kernels (invariant by construction, no probe).
+    row's bits. With ``device_kernels="triton"`` they and the row norms run the
+    fixed-tiling Triton kernels (invariant by construction, no probe), and MLA attends in one launch
+    (``mla_latent_attention_triton``).
 
     Raises:
         ValueError: an unknown ``device_kernels``.
@@ -157,19 +158,12 @@ class InvariantNumerics(Numerics):
         width = int(counts.max())
         # Each query's visible keys in position order, then masked padding at the end.
         order = torch.sort(allowed.to(torch.int8), dim=-1, descending=True, stable=True).indices[:, :width]
-        valid = torch.arange(width, device=allowed.device)[None, :] < counts[:, None]
-        lat, rope = latent.to(torch.float32), k_rope.to(torch.float32)
-        out_latent = []
-        for start in range(0, q_nope.shape[0], QUERY_BLOCK):
-            rows = slice(start, start + QUERY_BLOCK)
-            keys_lat, keys_rope = lat[order[rows]], rope[order[rows]]  # [t, w, *]
-            scores = tree_sum(q_latent[rows, :, None, :] * keys_lat[:, None], -1) + tree_sum(
-                q_rope[rows].float()[:, :, None, :] * keys_rope[:, None], -1
+        if self._triton:  # one launch: each query over its own keys, in fixed tiles in position order
+            out_latent = self._triton.mla_latent_attention(
+                q_latent, q_rope, latent, k_rope, scale, order, counts
             )
-            softmax = self._triton.masked_softmax if self._triton else invariant_softmax
-            probs = softmax(scores * scale, valid[rows, None, :])
-            out_latent.append(invariant_weighted_sum(probs, keys_lat))
-        out_latent = torch.cat(out_latent)
+        else:
+            out_latent = _latent_attention(q_latent, q_rope, latent, k_rope, scale, order, counts)
         out = torch.stack([self._product(out_latent[:, h], w_uv[h]) for h in range(heads)], 1)
         return out.to(q_nope.dtype)
 
@@ -184,6 +178,23 @@ class InvariantNumerics(Numerics):
         return moe_experts(x, expert_ids, weights, w_gate_up, w_down, linear=self.linear, silu=self.silu)
 
 
+def _latent_attention(q_latent, q_rope, latent, k_rope, scale, order, counts) -> torch.Tensor:
+    """Absorbed attention in the latent space from ``tree_sum`` and ``invariant_softmax``: ``[T, H, Dc]``
+    float32 (the ``mla_latent_attention_triton`` contract), in ``QUERY_BLOCK``-query slabs."""
+    valid = torch.arange(order.shape[1], device=order.device)[None, :] < counts[:, None]
+    lat, rope = latent.to(torch.float32), k_rope.to(torch.float32)
+    out_latent = []
+    for start in range(0, q_latent.shape[0], QUERY_BLOCK):
+        rows = slice(start, start + QUERY_BLOCK)
+        keys_lat, keys_rope = lat[order[rows]], rope[order[rows]]  # [t, w, *]
+        scores = tree_sum(q_latent[rows, :, None, :] * keys_lat[:, None], -1) + tree_sum(
+            q_rope[rows].float()[:, :, None, :] * keys_rope[:, None], -1
+        )
+        probs = invariant_softmax(scores * scale, valid[rows, None, :])
+        out_latent.append(invariant_weighted_sum(probs, keys_lat))
+    return torch.cat(out_latent)
+
+
 class _TritonOps(NamedTuple):
     """The invariant Triton kernels, imported only when asked for (Triton reads ``TRITON_INTERPRET``
     when a kernel module is imported)."""
@@ -193,10 +204,11 @@ class _TritonOps(NamedTuple):
     gated_rms_norm: Callable
     l2_normalize: Callable
     layer_norm: Callable
-    masked_softmax: Callable
+    mla_latent_attention: Callable
 
 
 def _triton_ops() -> _TritonOps:
+    from kernels.invariant.attention_triton import mla_latent_attention_triton
     from kernels.invariant.linear_triton import invariant_linear_triton
     from kernels.invariant.norm_triton import (
         gated_rms_norm_triton,
@@ -204,7 +216,6 @@ def _triton_ops() -> _TritonOps:
         layer_norm_triton,
         rms_norm_triton,
     )
-    from kernels.invariant.softmax_triton import masked_softmax_triton
 
     return _TritonOps(
         invariant_linear_triton,
@@ -212,5 +223,5 @@ def _triton_ops() -> _TritonOps:
         gated_rms_norm_triton,
         l2_normalize_triton,
         layer_norm_triton,
-        masked_softmax_triton,
+        mla_latent_attention_triton,
     )

@@ -1,5 +1,5 @@
-"""Batch-invariant Triton kernels (matmul, row norms, softmax): each against its float32 reference, and
-bitwise row invariance on CUDA when there is one, else under Triton's interpreter.
+"""Batch-invariant Triton kernels (matmul, row norms, softmax, latent attention): each against its
+float32 reference, and bitwise row invariance on CUDA when there is one, else under the interpreter.
 
 ``_assert_rows_invariant`` computes each of ``POOL`` rows alone, then inside batches of 1, 2, 3, 7 and
 16 rows picked in shuffled order at several offsets (so a row sits at many positions next to many
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kernels.invariant.attention import invariant_softmax
+from kernels.invariant.attention_triton import mla_latent_attention_reference, mla_latent_attention_triton
 from kernels.invariant.linear import tree_linear
 from kernels.invariant.linear_triton import invariant_linear_triton, linear_tiles
 from kernels.invariant.norm import (
@@ -217,3 +218,53 @@ def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
         rms_norm_triton(x, torch.ones(8), EPS)
     with pytest.raises(RuntimeError, match="log_softmax_triton"):
         log_softmax_triton(x)
+
+
+# ---- latent attention --------------------------------------------------------------------------------
+
+ATTENTION_SHAPES = {"h3_dc40_dr8": (3, 40, 8), "h20_dc32_dr16": (20, 32, 16)}  # heads, Dc, Dr
+
+
+def _attention_inputs(heads, dc, dr, counts, device, seed, width=None):
+    """Queries, a 70-key cache and per-query key lists: ``counts[t]`` sorted positions then -1 padding."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, keys = len(counts), 70
+    q_lat, q_rope = torch.randn(tokens, heads, dc, generator=g), torch.randn(tokens, heads, dr, generator=g)
+    latent, k_rope = torch.randn(keys, dc, generator=g), torch.randn(keys, dr, generator=g)
+    width = width or max(counts)
+    index = torch.full((tokens, width), -1, dtype=torch.int64)
+    for t, c in enumerate(counts):
+        index[t, :c] = torch.sort(torch.randperm(keys, generator=g)[:c]).values
+    tensors = (q_lat, q_rope, latent, k_rope)
+    return (*(x.to(device) for x in tensors), index.to(device), torch.tensor(counts, device=device))
+
+
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES.values(), ids=ATTENTION_SHAPES.keys())
+def test_latent_attention_matches_reference(shape, device):
+    q_lat, q_rope, latent, k_rope, index, counts = _attention_inputs(
+        *shape, [0, 1, 31, 32, 33, 70], device, 23
+    )
+    got = mla_latent_attention_triton(q_lat, q_rope, latent, k_rope, 0.3, index, counts)
+    want = mla_latent_attention_reference(q_lat, q_rope, latent, k_rope, 0.3, index, counts)
+    assert_rel(got, want, 1e-5, "out latent")
+    assert bool((got[0] == 0).all()), "a query without keys is not zero"
+
+
+def test_latent_attention_bitwise_invariant_to_batch_and_key_list_width(device):
+    """A query's bits alone, inside batches of queries (any position), and with its key list padded to
+    a wider batch: prefill (many queries) and decode (one) give the same bits."""
+    counts = [1, 5, 17, 31, 32, 33, 40, 64, 70, 2, 9, 50, 66, 3, 45, 12]
+    q_lat, q_rope, latent, k_rope, index, counts_t = _attention_inputs(20, 32, 16, counts, device, 24)
+
+    def attend(rows: torch.Tensor) -> torch.Tensor:  # rows: query ids
+        sub_counts = counts_t[rows]
+        width = int(sub_counts.max())
+        return mla_latent_attention_triton(
+            q_lat[rows], q_rope[rows], latent, k_rope, 0.3, index[rows, :width], sub_counts
+        )
+
+    pool = torch.arange(len(counts), device=device)
+    _assert_rows_invariant(attend, pool, seed=25)
+    wide = torch.cat([index, torch.full((len(counts), 100), -1, device=device)], 1)
+    padded = mla_latent_attention_triton(q_lat, q_rope, latent, k_rope, 0.3, wide, counts_t)
+    _assert_bitwise(padded, attend(pool), "key lists padded by 100")
