@@ -6,10 +6,11 @@ MLA always runs absorbed, each query over exactly the keys it may see, compacted
 (so a DSA selection and a causal prefix look the same to the reduction); KDA runs the CF-BI
 fixed-chunk rows (``kernels.kda.fixed_chunk``); the short conv adds its taps in a fixed order.
 
-``device_kernels`` picks who computes the matrix products, row norms and latent attention: ``torch``
-(the ``kernels.invariant`` ops above, the CPU path under MKL's strict mode) or ``triton`` (the fixed-
-tiling Triton kernels ``kernels.invariant.*_triton``, the fast path on CUDA; on the CPU they run only
-under the Triton interpreter). Both are batch-invariant; they do not give each other's bits.
+``device_kernels`` picks who computes the products, norms, elementwise functions, latent attention
+and indexer scores: ``torch`` (the ``kernels.invariant`` ops above, the CPU path under MKL's strict
+mode) or ``triton`` (the fixed-tiling Triton kernels ``kernels.invariant.*_triton``, the fast path on
+CUDA; on the CPU they run only under the Triton interpreter). Both are batch-invariant; they do not
+give each other's bits.
 """
 
 import logging
@@ -44,6 +45,14 @@ from .numerics import Numerics
 log = logging.getLogger(__name__)
 
 QUERY_BLOCK = 16  # queries per attention slab: bounds memory, cannot change a row's bits
+_FIXED_UNARY = {
+    "exp": fixed_exp,
+    "sigmoid": fixed_sigmoid,
+    "silu": fixed_silu,
+    "softplus": fixed_softplus,
+    "cos": lambda x: fixed_elementwise(torch.cos, x),
+    "sin": lambda x: fixed_elementwise(torch.sin, x),
+}
 DEVICE_KERNELS = ("torch", "triton")
 
 
@@ -54,9 +63,10 @@ class InvariantNumerics(Numerics):
     machine's GEMM keeps its rows invariant for that weight shape, else the slower ``tree_linear``
     (invariant by construction). On the CPU they run only under MKL's strict reproducible mode
     (``ensure_strict_mkl``), so that neither the thread count nor the CPU's kernel choice changes a
-    row's bits. With ``device_kernels="triton"`` they and the row norms run the
-    fixed-tiling Triton kernels (invariant by construction, no probe), and MLA attends in one launch
-    (``mla_latent_attention_triton``).
+    row's bits. With ``device_kernels="triton"`` they, the row norms, the elementwise functions and the
+    indexer scores run the fixed-tiling Triton kernels (invariant by construction, no probe), and MLA
+    attends in one launch (``mla_latent_attention_triton``). KDA (CF-BI rows), the short conv and the
+    MoE combine stay torch code in both.
 
     Raises:
         ValueError: an unknown ``device_kernels``.
@@ -111,21 +121,29 @@ class InvariantNumerics(Numerics):
             return self._triton.layer_norm(x, weight, bias, eps)
         return invariant_layer_norm(x, weight, bias, eps)
 
+    def _elementwise(self, op: str, x: torch.Tensor) -> torch.Tensor:
+        """``op(x)`` in float32, position-invariant: one Triton launch, or the ``fixed_*`` blocks."""
+        if self._triton:
+            return self._triton.unary(op, x)
+        return _FIXED_UNARY[op](x)
+
     def silu(self, x):
-        return fixed_silu(x).to(x.dtype)
+        return self._elementwise("silu", x).to(x.dtype)
 
     def sigmoid(self, x):
-        return fixed_sigmoid(x).to(x.dtype)
+        return self._elementwise("sigmoid", x).to(x.dtype)
 
     def forget_gate(self, logits, dt_bias, a_log):
         heads, k_dim = logits.shape[-2:]
         x = logits.to(torch.float32) + dt_bias.to(torch.float32).view(heads, k_dim)
-        return -fixed_exp(a_log.to(torch.float32).reshape(heads, 1)) * fixed_softplus(x)
+        return -self._elementwise("exp", a_log.to(torch.float32).reshape(heads, 1)) * self._elementwise(
+            "softplus", x
+        )
 
     def rope_cos_sin(self, positions, inv_freq, attention_factor, dtype):
         angles = positions[..., None].to(torch.float32) * inv_freq.to(torch.float32)
-        cos = fixed_elementwise(torch.cos, angles) * attention_factor
-        sin = fixed_elementwise(torch.sin, angles) * attention_factor
+        cos = self._elementwise("cos", angles) * attention_factor
+        sin = self._elementwise("sin", angles) * attention_factor
         return cos.to(dtype), sin.to(dtype)
 
     def causal_conv1d(self, x, weight, state):
@@ -138,7 +156,7 @@ class InvariantNumerics(Numerics):
         total = weight[:, 0:1] * padded[:, 0:length]
         for tap in range(1, taps):
             total = total + weight[:, tap : tap + 1] * padded[:, tap : tap + length]
-        y = fixed_silu(total).to(x.dtype).transpose(0, 1)
+        y = self._elementwise("silu", total).to(x.dtype).transpose(0, 1)
         return y, padded[:, padded.shape[-1] - (taps - 1) :].contiguous()
 
     def kda(self, q, k, v, g, beta, scale, previous):
@@ -168,11 +186,13 @@ class InvariantNumerics(Numerics):
         return out.to(q_nope.dtype)
 
     def indexer_scores(self, q, keys, weights, scale):
+        if self._triton:
+            return self._triton.indexer_scores(q, keys, weights, scale)
         dots = tree_sum(q.float()[:, :, None, :] * keys.float()[None, None], -1)  # [T, Hi, S]
         return tree_sum(weights.float()[:, :, None] * torch.relu(dots * scale), 1)
 
     def router_scores(self, x, weight):
-        return fixed_sigmoid(self._product(x.float(), weight.float()))
+        return self._elementwise("sigmoid", self._product(x.float(), weight.float()))
 
     def moe_experts(self, x, expert_ids, weights, w_gate_up, w_down):
         return moe_experts(x, expert_ids, weights, w_gate_up, w_down, linear=self.linear, silu=self.silu)
@@ -205,10 +225,14 @@ class _TritonOps(NamedTuple):
     l2_normalize: Callable
     layer_norm: Callable
     mla_latent_attention: Callable
+    indexer_scores: Callable
+    unary: Callable
 
 
 def _triton_ops() -> _TritonOps:
     from kernels.invariant.attention_triton import mla_latent_attention_triton
+    from kernels.invariant.elementwise_triton import unary_triton
+    from kernels.invariant.indexer_triton import indexer_scores_triton
     from kernels.invariant.linear_triton import invariant_linear_triton
     from kernels.invariant.norm_triton import (
         gated_rms_norm_triton,
@@ -224,4 +248,6 @@ def _triton_ops() -> _TritonOps:
         l2_normalize_triton,
         layer_norm_triton,
         mla_latent_attention_triton,
+        indexer_scores_triton,
+        unary_triton,
     )

@@ -16,6 +16,9 @@ import torch
 
 from kernels.invariant.attention import invariant_softmax
 from kernels.invariant.attention_triton import mla_latent_attention_reference, mla_latent_attention_triton
+from kernels.invariant.elementwise import fixed_exp, fixed_log, fixed_sigmoid, fixed_silu, fixed_softplus
+from kernels.invariant.elementwise_triton import UNARY_OPS, unary_triton
+from kernels.invariant.indexer_triton import indexer_scores_reference, indexer_scores_triton
 from kernels.invariant.linear import tree_linear
 from kernels.invariant.linear_triton import invariant_linear_triton, linear_tiles
 from kernels.invariant.norm import (
@@ -268,3 +271,40 @@ def test_latent_attention_bitwise_invariant_to_batch_and_key_list_width(device):
     wide = torch.cat([index, torch.full((len(counts), 100), -1, device=device)], 1)
     padded = mla_latent_attention_triton(q_lat, q_rope, latent, k_rope, 0.3, wide, counts_t)
     _assert_bitwise(padded, attend(pool), "key lists padded by 100")
+
+
+# ---- elementwise and indexer -------------------------------------------------------------------------
+
+UNARY_REFERENCES = {
+    "exp": fixed_exp,
+    "log": fixed_log,
+    "sigmoid": fixed_sigmoid,
+    "silu": fixed_silu,
+    "softplus": fixed_softplus,
+    "cos": torch.cos,
+    "sin": torch.sin,
+}
+
+
+@pytest.mark.parametrize("op", UNARY_OPS)
+def test_unary_matches_reference_and_is_position_invariant(op, device):
+    x = _randn(3, 700, dtype=torch.float32, device=device, seed=26, scale=8.0)
+    x = x.abs() + 1e-3 if op == "log" else x
+    assert_rel(unary_triton(op, x), UNARY_REFERENCES[op](x.cpu()).to(device), 1e-5, op)
+    _assert_rows_invariant(lambda rows: unary_triton(op, rows), x.reshape(-1, 75)[:POOL], seed=27)
+    rounded = unary_triton(op, x.to(torch.bfloat16), torch.bfloat16)
+    assert rounded.dtype == torch.bfloat16
+    assert_rel(rounded.float(), UNARY_REFERENCES[op](x.to(torch.bfloat16).float().cpu()).to(device), 1e-2, op)
+
+
+def test_indexer_scores_match_reference_and_are_invariant(device):
+    g = torch.Generator().manual_seed(28)
+    q, keys = torch.randn(POOL, 4, 24, generator=g).to(device), torch.randn(70, 24, generator=g).to(device)
+    weights = torch.randn(POOL, 4, generator=g).to(device)
+    got = indexer_scores_triton(q, keys, weights, 0.2)
+    assert_rel(got, indexer_scores_reference(q, keys, weights, 0.2), 1e-5, "scores")
+    rows = torch.arange(POOL, device=device)
+    _assert_rows_invariant(lambda r: indexer_scores_triton(q[r], keys, weights[r], 0.2), rows, seed=29)
+    for count in (1, 31, 33, 69):  # fewer keys (an earlier step): the same bits for the keys seen
+        short = indexer_scores_triton(q, keys[:count], weights, 0.2)
+        _assert_bitwise(short, got[:, :count], f"{count} keys")
