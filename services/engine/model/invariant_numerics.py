@@ -6,11 +6,11 @@ MLA always runs absorbed, each query over exactly the keys it may see, compacted
 (so a DSA selection and a causal prefix look the same to the reduction); KDA runs the CF-BI
 fixed-chunk rows (``kernels.kda.fixed_chunk``); the short conv adds its taps in a fixed order.
 
-``device_kernels`` picks who computes the products, norms, elementwise functions, latent attention
-and indexer scores: ``torch`` (the ``kernels.invariant`` ops above, the CPU path under MKL's strict
-mode) or ``triton`` (the fixed-tiling Triton kernels ``kernels.invariant.*_triton``, the fast path on
-CUDA; on the CPU they run only under the Triton interpreter). Both are batch-invariant; they do not
-give each other's bits.
+``device_kernels`` picks who computes the products, norms, elementwise functions, latent attention,
+indexer scores and MoE experts: ``torch`` (the ``kernels.invariant`` ops above, the CPU path under
+MKL's strict mode) or ``triton`` (the fixed-tiling Triton kernels ``kernels.invariant.*_triton``, the
+fast path on CUDA; on the CPU they run only under the Triton interpreter). Both are batch-invariant;
+they do not give each other's bits.
 """
 
 import logging
@@ -64,9 +64,10 @@ class InvariantNumerics(Numerics):
     (invariant by construction). On the CPU they run only under MKL's strict reproducible mode
     (``ensure_strict_mkl``), so that neither the thread count nor the CPU's kernel choice changes a
     row's bits. With ``device_kernels="triton"`` they, the row norms, the elementwise functions and the
-    indexer scores run the fixed-tiling Triton kernels (invariant by construction, no probe), and MLA
-    attends in one launch (``mla_latent_attention_triton``). KDA (CF-BI rows), the short conv and the
-    MoE combine stay torch code in both.
+    indexer scores run the fixed-tiling Triton kernels (invariant by construction, no probe), MLA
+    attends in one launch (``mla_latent_attention_triton``) and the MoE experts run two grouped GEMMs
+    and an expert-id-order combine (``moe_experts_triton``). KDA (the CF-BI rows) and the short conv
+    stay torch code in both.
 
     Raises:
         ValueError: an unknown ``device_kernels``.
@@ -195,6 +196,8 @@ class InvariantNumerics(Numerics):
         return self._elementwise("sigmoid", self._product(x.float(), weight.float()))
 
     def moe_experts(self, x, expert_ids, weights, w_gate_up, w_down):
+        if self._triton:  # two fixed-tile grouped GEMMs, combined in expert-id order
+            return self._triton.moe_experts(x, expert_ids, weights, w_gate_up, w_down)
         return moe_experts(x, expert_ids, weights, w_gate_up, w_down, linear=self.linear, silu=self.silu)
 
 
@@ -227,6 +230,7 @@ class _TritonOps(NamedTuple):
     mla_latent_attention: Callable
     indexer_scores: Callable
     unary: Callable
+    moe_experts: Callable
 
 
 def _triton_ops() -> _TritonOps:
@@ -234,6 +238,7 @@ def _triton_ops() -> _TritonOps:
     from kernels.invariant.elementwise_triton import unary_triton
     from kernels.invariant.indexer_triton import indexer_scores_triton
     from kernels.invariant.linear_triton import invariant_linear_triton
+    from kernels.invariant.moe_triton import moe_experts_triton
     from kernels.invariant.norm_triton import (
         gated_rms_norm_triton,
         l2_normalize_triton,
@@ -250,4 +255,5 @@ def _triton_ops() -> _TritonOps:
         mla_latent_attention_triton,
         indexer_scores_triton,
         unary_triton,
+        moe_experts_triton,
     )

@@ -1,4 +1,4 @@
-"""Batch-invariant Triton kernels (matmul, row norms, softmax, latent attention): each against its
+"""Batch-invariant Triton kernels (matmul, norms, softmax, attention, indexer, MoE): each against its
 float32 reference, and bitwise row invariance on CUDA when there is one, else under the interpreter.
 
 ``_assert_rows_invariant`` computes each of ``POOL`` rows alone, then inside batches of 1, 2, 3, 7 and
@@ -21,6 +21,7 @@ from kernels.invariant.elementwise_triton import UNARY_OPS, unary_triton
 from kernels.invariant.indexer_triton import indexer_scores_reference, indexer_scores_triton
 from kernels.invariant.linear import tree_linear
 from kernels.invariant.linear_triton import invariant_linear_triton, linear_tiles
+from kernels.invariant.moe_triton import moe_experts_triton
 from kernels.invariant.norm import (
     invariant_gated_rms_norm,
     invariant_l2_normalize,
@@ -34,6 +35,7 @@ from kernels.invariant.norm_triton import (
     rms_norm_triton,
 )
 from kernels.invariant.softmax_triton import log_softmax_reference, log_softmax_triton, masked_softmax_triton
+from kernels.moe.naive import moe_experts
 from tests.kernels.kernel_testing import assert_rel
 
 POOL = 16
@@ -308,3 +310,39 @@ def test_indexer_scores_match_reference_and_are_invariant(device):
     for count in (1, 31, 33, 69):  # fewer keys (an earlier step): the same bits for the keys seen
         short = indexer_scores_triton(q, keys[:count], weights, 0.2)
         _assert_bitwise(short, got[:, :count], f"{count} keys")
+
+
+# ---- MoE ---------------------------------------------------------------------------------------------
+
+
+def _moe_inputs(tokens, device, dtype, seed, experts=6, top_k=3, hidden=24, inter=40):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype).to(device)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(device)
+    weights = torch.rand(tokens, top_k, generator=g).to(device)
+    w_gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden**-0.5).to(dtype).to(device)
+    w_down = (torch.randn(experts, hidden, inter, generator=g) * inter**-0.5).to(dtype).to(device)
+    return x, ids, weights, w_gate_up, w_down
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_moe_matches_reference(dtype, device):
+    x, ids, weights, w_gate_up, w_down = _moe_inputs(9, device, dtype, seed=30)
+    got = moe_experts_triton(x, ids, weights, w_gate_up, w_down)
+    f32 = (t.float() for t in (x, w_gate_up, w_down))
+    want = moe_experts(next(f32), ids, weights, next(f32), next(f32))
+    assert got.dtype == dtype
+    assert_rel(got.float(), want, TOL[dtype], "out")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_moe_bitwise_invariant_to_batch_and_choice_order(dtype, device):
+    """A token's bits alone, in any batch (other tokens change which pairs share its GEMM blocks), and
+    with its k choices listed in another order (the combine follows expert ids, not choice order)."""
+    x, ids, weights, w_gate_up, w_down = _moe_inputs(POOL, device, dtype, seed=31)
+    rows = torch.arange(POOL, device=device)
+    _assert_rows_invariant(
+        lambda r: moe_experts_triton(x[r], ids[r], weights[r], w_gate_up, w_down), rows, 32
+    )
+    flipped = moe_experts_triton(x, ids.flip(-1), weights.flip(-1), w_gate_up, w_down)
+    _assert_bitwise(flipped, moe_experts_triton(x, ids, weights, w_gate_up, w_down), "choices reversed")
