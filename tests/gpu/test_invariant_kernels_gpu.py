@@ -92,3 +92,39 @@ def test_log_softmax_full_vocab_matches_reference_and_is_batch_invariant():
     for size in (1, 2, 7, 64):
         batch = torch.cat([pool[8 : 8 + size - 1], probe[3:4]])
         assert torch.equal(_bits(log_softmax_triton(batch)[-1:]), _bits(alone[3:4])), f"last of {size}"
+
+
+def test_latent_attention_indexer_and_moe_real_shapes_are_batch_invariant():
+    """32 MLA heads over a 512 + 64 latent and 2000 cached keys, 64 x 128 indexer heads, 64 experts of
+    a K3-width MoE (top-8): one query / token alone vs the last of a 300-row batch, bitwise."""
+    from kernels.invariant.attention_triton import mla_latent_attention_reference, mla_latent_attention_triton
+    from kernels.invariant.indexer_triton import indexer_scores_reference, indexer_scores_triton
+    from kernels.invariant.moe_triton import moe_experts_triton
+
+    tokens, keys = 300, 2000
+    q_lat, q_rope = _randn(tokens, 32, 512, dtype=torch.float32, seed=8), _randn(tokens, 32, 64, seed=9)
+    latent, k_rope = _randn(keys, 512, seed=10), _randn(keys, 64, seed=11)
+    counts = torch.randint(1, keys, (tokens,), device=DEVICE)
+    index = torch.arange(keys, device=DEVICE).repeat(tokens, 1)
+    got = mla_latent_attention_triton(q_lat, q_rope, latent, k_rope, 0.05, index, counts)
+    want = mla_latent_attention_reference(q_lat[:4], q_rope[:4], latent, k_rope, 0.05, index[:4], counts[:4])
+    assert_rel(got[:4], want, 1e-4)
+    alone = mla_latent_attention_triton(
+        q_lat[-1:], q_rope[-1:], latent, k_rope, 0.05, index[-1:], counts[-1:]
+    )
+    assert torch.equal(_bits(alone), _bits(got[-1:])), "attention: last query alone"
+
+    q, k, w = _randn(tokens, 64, 128, seed=12), _randn(keys, 128, seed=13), _randn(tokens, 64, seed=14)
+    scores = indexer_scores_triton(q, k, w, 128**-0.5)
+    assert_rel(scores[:4], indexer_scores_reference(q[:4], k, w[:4], 128**-0.5), 1e-4)
+    alone = indexer_scores_triton(q[-1:], k[:1000], w[-1:], 128**-0.5)
+    assert torch.equal(_bits(alone), _bits(scores[-1:, :1000])), "indexer: last query alone, fewer keys"
+
+    x = _randn(tokens, HIDDEN, seed=15)
+    ids = torch.stack([torch.randperm(64, device=DEVICE)[:8] for _ in range(tokens)])
+    weights = torch.rand(tokens, 8, device=DEVICE)
+    w_gate_up = _randn(64, 2 * 1024, HIDDEN, seed=16) * HIDDEN**-0.5
+    w_down = _randn(64, HIDDEN, 1024, seed=17) * 1024**-0.5
+    out = moe_experts_triton(x, ids, weights, w_gate_up, w_down)
+    alone = moe_experts_triton(x[-1:], ids[-1:], weights[-1:], w_gate_up, w_down)
+    assert torch.equal(_bits(alone), _bits(out[-1:])), "moe: last token alone"
