@@ -95,7 +95,9 @@ def _softmax_row_kernel(
     row_max = tl.max(m, axis=0)
     lane_seen = m > float("-inf")
     total = tl.sum(tl.where(lane_seen, s * tl.exp(m - tl.where(lane_seen, row_max, 0.0)), 0.0), axis=0)
-    log_total = tl.log(total) if LOG else total
+    log_total = total
+    if LOG:
+        log_total = tl.log(total)
     if LOOP_WHILE:
         c0 = 0
         while c0 < S:
