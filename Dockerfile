@@ -28,9 +28,11 @@ COPY common common
 COPY deploy deploy
 COPY kernels kernels
 COPY loadtest loadtest
+COPY mismatch mismatch
 COPY router router
 COPY sdk sdk
 COPY services services
+COPY trainer trainer
 RUN pip install .
 
 FROM ${CUDA_IMAGE}

@@ -33,6 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     generate.add_argument("--session-id", default="", help="affinity key: a session's turns share workers")
     generate.add_argument("--tenant", default="", help="prefix-cache isolation key")
+    generate.add_argument("--adapter", default="", help="a LoRA adapter loaded on the workers")
     generate.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds (default 120)")
     generate.add_argument("--json", action="store_true", help="print one JSON object")
     generate.set_defaults(run=run_generate)
@@ -47,6 +48,7 @@ def run_generate(args: argparse.Namespace) -> int:
         logprobs=_logprobs(args),
         session_id=args.session_id,
         tenant=args.tenant,
+        adapter=args.adapter,
     )
     if args.prompt_ids is not None:
         if args.chat:

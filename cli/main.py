@@ -5,6 +5,7 @@ import logging
 import sys
 
 from . import (
+    adapters_command,
     bench_command,
     capacity_command,
     checkpoint_command,
@@ -29,6 +30,7 @@ SUBCOMMANDS = (
     router_command,
     serve_command,
     client_command,
+    adapters_command,
     loadtest_command,
     loadtest_compare_command,
     mismatch_command,

@@ -7,6 +7,11 @@ class NoCapacity(RuntimeError):
     queue is full. RESOURCE_EXHAUSTED: try another worker, or later."""
 
 
+class InUse(RuntimeError):
+    """A change refused because something in flight still uses its object (unloading a LoRA adapter
+    that a request is using). FAILED_PRECONDITION: retry once it is done."""
+
+
 class TransferError(RuntimeError):
     """A transfer (or the peer behind it) could not be set up or did not complete; the message names
     what failed. UNAVAILABLE."""

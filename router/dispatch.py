@@ -112,6 +112,7 @@ class Dispatcher:
             sampling=request.sampling,
             tenant=request.tenant,
             resumed_tokens=resumed_tokens,
+            adapter=request.adapter,
         )
         if self.disaggregation == "never":
             reserve.local_prefill_max_tokens = _LOCAL_ALWAYS
@@ -255,7 +256,7 @@ class Dispatcher:
 
     def _prefill(self, reserved, prompt_ids, request, context, resumed_tokens: int):
         """``(prefill worker, PrefillResponse)``, or None when every attempt failed."""
-        prompt = PromptHashes(prompt_ids, request.tenant)
+        prompt = PromptHashes(prompt_ids, request.tenant, request.adapter)
         candidates = self.pool.prefill_order(prompt, _FEED_WAIT_S)[:_PREFILL_ATTEMPTS]
         prefill_request = workers_pb2.PrefillRequest(
             reservation=reserved.reservation,
@@ -264,6 +265,7 @@ class Dispatcher:
             sampling=request.sampling,
             tenant=request.tenant,
             resumed_tokens=resumed_tokens,
+            adapter=request.adapter,
         )
         for attempt, prefill in enumerate(candidates):
             if attempt:
@@ -315,6 +317,7 @@ def _local_prefill(prompt_ids: list[int], request, resumed_tokens: int) -> worke
         sampling=request.sampling,
         tenant=request.tenant,
         resumed_tokens=resumed_tokens,
+        adapter=request.adapter,
     )
 
 

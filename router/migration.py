@@ -47,6 +47,11 @@ class Migrator:
         self.metrics = metrics
         self.max_migrations = max_migrations
 
+    @property
+    def pool(self):
+        """The dispatcher's workers (what the servicer reads the loaded adapters from)."""
+        return self.dispatcher.pool
+
     def run(self, request_id: str, prompt_ids: list[int], request, context, route: generation_pb2.Route):
         """Yield one request's messages (as ``Dispatcher.run``), moving it when its decode stream breaks.
 

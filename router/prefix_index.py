@@ -23,15 +23,20 @@ class ChainSalt:
 
 class PromptHashes:
     """One prompt's block hash chains, computed once per distinct worker salt (a request scores every
-    worker; most share one salt)."""
+    worker; most share one salt). A request under a LoRA ``adapter`` matches nothing: the engine salts
+    it with the adapter's name and content digest (``LoraAdapter.cache_salt``), which the load feed does
+    not carry, so the router cannot name its blocks and scores it by load alone."""
 
-    def __init__(self, prompt_ids: list[int], tenant: str):
+    def __init__(self, prompt_ids: list[int], tenant: str, adapter: str = BASE_ADAPTER):
         self.prompt_ids = prompt_ids
         self.tenant = tenant
+        self.adapter = adapter
         self._by_salt: dict[ChainSalt, list[bytes]] = {}
 
     def under(self, salt: ChainSalt) -> list[bytes]:
         """Hashes of the prompt's full blocks as a worker with ``salt`` names them."""
+        if self.adapter != BASE_ADAPTER:
+            return []
         hashes = self._by_salt.get(salt)
         if hashes is None:
             root = chain_root(salt.model_fingerprint, BASE_ADAPTER, self.tenant)

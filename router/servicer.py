@@ -103,8 +103,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.metrics.cached_tokens.inc(final.usage.cached_tokens)
 
     def _generate(self, request, context):
-        if request.model and request.model != self.model_id:
-            raise ValueError(f"model: {request.model!r} is not served here (serving {self.model_id!r})")
+        self._resolve_adapter(request)
         prompt_ids = self._prompt_ids(request)
         params = sampling_from_pb(request.sampling)  # validated here, before any worker is involved
         # The client's request_id is only a label, echoed back: workers key the request by an id of
@@ -151,10 +150,29 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return generation_pb2.TokenizeResponse(token_ids=ids)
 
     def ListModels(self, request, context):
-        model = generation_pb2.ModelInfo(
-            id=self.model_id, family=self.config.family, max_model_len=self.max_model_len
-        )
-        return generation_pb2.ListModelsResponse(models=[model])
+        base = dict(family=self.config.family, max_model_len=self.max_model_len)
+        models = [generation_pb2.ModelInfo(id=self.model_id, **base)]
+        models += [
+            generation_pb2.ModelInfo(id=name, parent=self.model_id, **base)
+            for name in sorted(self.dispatcher.pool.adapters())
+        ]
+        return generation_pb2.ListModelsResponse(models=models)
+
+    def _resolve_adapter(self, request) -> None:
+        """Check ``model`` and ``adapter``; a ``model`` naming a loaded LoRA adapter (the OpenAI front's
+        way to pick one) selects it. Known adapters: those the workers' load feeds report, so one
+        loaded a moment ago may be unknown until the worker's next update."""
+        loaded = self.dispatcher.pool.adapters()
+        if request.model and request.model != self.model_id:
+            if request.model not in loaded:
+                served = ", ".join([self.model_id, *sorted(loaded)])
+                raise ValueError(f"model: {request.model!r} is not served here (serving {served})")
+            if request.adapter and request.adapter != request.model:
+                raise ValueError(f"adapter: {request.adapter!r} contradicts model {request.model!r}")
+            request.adapter = request.model
+        if request.adapter and request.adapter not in loaded:
+            names = ", ".join(sorted(loaded)) or "none"
+            raise ValueError(f"adapter: {request.adapter!r} is not loaded on any worker (loaded: {names})")
 
     def _prompt_ids(self, request) -> list[int]:
         kind = request.WhichOneof("prompt")

@@ -27,7 +27,7 @@ def check_generate(
 ) -> None:
     """Refuse a ``GenerateRequest`` whose fields break a limit; raises FieldError naming the field
     (``request_id``, ``sampling.stop[1]``, ``chat.messages[3].role``, ``text``, ...)."""
-    for name in ("request_id", "model", "session_id", "tenant"):
+    for name in ("request_id", "model", "session_id", "tenant", "adapter"):
         check_text(getattr(request, name), name, MAX_LABEL_CHARS)
     sampling = request.sampling
     check_count(len(sampling.stop), "sampling.stop", MAX_STOP_STRINGS, "stop strings")

@@ -31,6 +31,7 @@ class Load:
     queued_prompt_tokens: int = 0
     block_size: int = 1
     draining: bool = False
+    adapters: tuple[str, ...] = ()  # LoRA adapters loaded there
 
     @classmethod
     def from_pb(cls, stats: workers_pb2.WorkerStats) -> "Load":
@@ -40,6 +41,7 @@ class Load:
             queued_prompt_tokens=stats.queued_prompt_tokens,
             block_size=max(stats.block_size, 1),
             draining=stats.draining,
+            adapters=tuple(stats.adapters),
         )
 
 
@@ -221,6 +223,12 @@ class WorkerPool:
                 for i in order
             }
         return [ranked[i] for i in sorted(order, key=lambda i: -scores[i])]
+
+    def adapters(self) -> set[str]:
+        """LoRA adapters some reachable worker reports loaded (its feed's latest ``WorkerStats``)."""
+        with self._lock:
+            workers = [*self.prefill, *self.decode]
+        return {name for w in workers if w.up and w.load is not None for name in w.load.adapters}
 
     def prefix_tokens(self, worker: Worker, prompt: PromptHashes) -> int:
         """Leading prompt tokens whose blocks ``worker`` holds, as its feed last said."""

@@ -36,6 +36,7 @@ def generate_request(
     request_id: str = "",
     model: str = "",
     no_migration: bool = False,
+    adapter: str = "",
 ) -> generation_pb2.GenerateRequest:
     """One ``GenerateRequest``.
 
@@ -56,6 +57,8 @@ def generate_request(
         model: empty means the cluster's only model.
         no_migration: when the decode worker streaming this request is lost, fail with
             UNAVAILABLE instead of letting the router continue the stream on another one.
+        adapter: a LoRA adapter loaded on the workers (``list_models`` lists them); empty: the base
+            model.
 
     Raises:
         InvalidRequest: an argument of the wrong type or shape, named in the message.
@@ -86,6 +89,7 @@ def generate_request(
         request_id=_string("request_id", request_id),
         model=_string("model", model),
         no_migration=_bool("no_migration", no_migration),
+        adapter=_string("adapter", adapter),
     )
     if prompt is not None:
         request.text = _string("prompt", prompt)

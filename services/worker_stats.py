@@ -19,6 +19,7 @@ def load_to_pb(name: str, load: WorkerLoad, draining: bool = False) -> workers_p
         block_size=load.block_size,
         queued_prompt_tokens=load.queued_prompt_tokens,
         draining=draining,
+        adapters=load.adapters,
     )
 
 

@@ -14,11 +14,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import grpc
 
-from common.errors import NoCapacity, TransferError
+from common.errors import InUse, NoCapacity, TransferError
 
 log = logging.getLogger(__name__)
 
 _CODES = (
+    (InUse, grpc.StatusCode.FAILED_PRECONDITION),  # before ValueError: AdapterInUse is both
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (NoCapacity, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (KeyError, grpc.StatusCode.NOT_FOUND),

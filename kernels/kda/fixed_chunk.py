@@ -85,10 +85,16 @@ def kda_fixed_chunk(
     """
     state = state.clone()
     qf, kf, vf, gf, bf = (t.to(torch.float32) for t in (q, k, v, g, beta))
-    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32, device=q.device)
-    for t in range(q.shape[0]):
-        out[t] = _row(qf[t], kf[t], vf[t], gf[t], bf[t], scale, state)
-    return out, state
+    rows = [_row(qf[t], kf[t], vf[t], gf[t], bf[t], scale, state) for t in range(q.shape[0])]
+    if not rows:
+        return torch.empty(0, q.shape[1], v.shape[-1], dtype=torch.float32, device=q.device), state
+    return torch.stack(rows), state
+
+
+def _put(rows: torch.Tensor, index: int, row: torch.Tensor) -> torch.Tensor:
+    """``rows`` with ``rows[index]`` replaced by ``row``, out of place: a tensor an earlier row read
+    (and autograd saved) is never written, so the trainer's backward runs through this code."""
+    return torch.cat([rows[:index], row[None].to(rows.dtype), rows[index + 1 :]])
 
 
 def _row(q, k, v, g, beta, scale, state: FixedChunkState) -> torch.Tensor:
@@ -105,12 +111,16 @@ def _row(q, k, v, g, beta, scale, state: FixedChunkState) -> torch.Tensor:
     own = tree_sum(q * k, -1)  # b_tt: exp(G_t - G_t) = 1
     intra = tree_sum(b[..., None] * state.open_delta[:n], 0) + own[:, None] * delta
     out = scale * (s0_out + intra)
-    state.open_k[n], state.open_g[n], state.open_delta[n] = k, g_cum, delta
+    state.open_k = _put(state.open_k, n, k)
+    state.open_g = _put(state.open_g, n, g_cum)
+    state.open_delta = _put(state.open_delta, n, delta)
     state.count = n + 1
     if state.count == CHUNK:
         to_end = fixed_exp(g_cum[None] - state.open_g)  # [C, H, K]
         update = tree_sum((state.open_k * to_end)[..., None] * state.open_delta[:, :, None, :], 0)
         state.s0 = decay_now[..., None] * state.s0 + update
-        state.open_k.zero_(), state.open_g.zero_(), state.open_delta.zero_()
+        state.open_k = torch.zeros_like(state.open_k)
+        state.open_g = torch.zeros_like(state.open_g)
+        state.open_delta = torch.zeros_like(state.open_delta)
         state.count = 0
     return out

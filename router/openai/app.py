@@ -92,6 +92,7 @@ class _Api:
             "created": self.created,
             "owned_by": "baton",
             "max_model_len": model.max_model_len,
+            **({"parent": model.parent} if model.parent else {}),
         }
 
     async def completions(self, request: web.Request) -> web.StreamResponse:

@@ -14,6 +14,7 @@ from common.metrics import Metrics
 from common.rpc.callbacks import when_call_ends
 from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
+from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
 from services.engine.scheduler import SampledToken
 from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb
@@ -30,7 +31,7 @@ from .releaser import ReservationReleaser
 _STATE_POLL_S = 0.25  # how often a Decode call waiting for its state checks that its caller is still there
 
 
-class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
+class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
     """Args: the worker's name, its engine, its transfer backend (pools registered), its stats
     snapshot, its metrics, its drain (while draining, Reserve and local prefills are refused; a
     reservation whose state is arriving is still decoded; once the grace period is over, Decode calls
@@ -81,6 +82,7 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
                 request.tenant,
                 resumed_tokens=request.resumed_tokens,
                 local_prefill_max_tokens=local_limit,
+                adapter=request.adapter,
             )
         if reserved.prefill_locally:
             reservation = workers_pb2.CacheReservation(
@@ -169,7 +171,12 @@ class DecodeServicer(workers_pb2_grpc.DecodeWorkerServicer):
         prompt = list(local.prompt_ids)
         with self.drain.admit("Decode with a local prefill"):
             stream = self.engine.generate(
-                prompt, params, request.request_id, local.tenant, resumed_tokens=local.resumed_tokens
+                prompt,
+                params,
+                request.request_id,
+                local.tenant,
+                resumed_tokens=local.resumed_tokens,
+                adapter=local.adapter,
             )
         yield from self._stream(request.request_id, stream, context)
 

@@ -27,9 +27,11 @@ class EngineConfig:
         num_snapshots: KDA snapshots kept for the prefix cache; None means ``max_num_seqs``.
         kv_format: ``auto`` (model dtype) or ``fp8`` (packed FP8 latents and index keys) block storage.
         kernels: the op families' backend, ``reference`` or ``triton``; None takes the default
-            (``triton`` on CUDA, ``reference`` on the CPU). With ``batch_invariant`` it picks the
-            invariant numerics' kernels instead: the torch ops or the fixed-tiling Triton kernels.
+            (``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode). With
+            ``batch_invariant`` it picks the invariant numerics' kernels instead: the torch ops
+            (``reference``) or the fixed-tiling Triton kernels (``triton``, opt-in: no backward yet).
         cuda_graphs: replay CUDA graphs for pure-decode steps (CUDA only; a no-op on the CPU).
+        adapters: ``NAME=FOLDER`` LoRA adapters (PEFT format, ``docs/adapters.md``) to load at start.
     """
 
     model: str
@@ -47,8 +49,10 @@ class EngineConfig:
     kv_format: str = "auto"
     kernels: str | None = None
     cuda_graphs: bool = True
+    adapters: tuple[str, ...] = ()
 
     def __post_init__(self):
+        self.adapter_folders()  # raises naming ``adapters``
         if self.kv_format not in ("auto", "fp8"):
             raise ValueError(f"kv_format: {self.kv_format!r} is not supported (auto, fp8)")
         if self.kernels is not None and self.kernels not in KERNEL_BACKENDS:
@@ -71,6 +75,22 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+    def adapter_folders(self) -> dict[str, str]:
+        """``adapters`` as ``{name: folder}``.
+
+        Raises:
+            ValueError: an entry that is not ``NAME=FOLDER``, or a name given twice (naming ``adapters``).
+        """
+        folders: dict[str, str] = {}
+        for entry in self.adapters:
+            name, sep, folder = entry.partition("=")
+            if not sep or not name.strip() or not folder.strip():
+                raise ValueError(f"adapters: {entry!r} is not NAME=FOLDER")
+            if name.strip() in folders:
+                raise ValueError(f"adapters: {name.strip()!r} is given twice")
+            folders[name.strip()] = folder.strip()
+        return folders
 
     @property
     def kernel_backend(self) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from common.sampling_params import SamplingParams
 from services.transfer import TransferBackend
 
+from .adapters.lora_adapter import LoraAdapter
 from .engine_core import EngineCore
 from .engine_loop import EngineLoop, RequestDelta
 from .engine_views import EngineInfo, EnginePass, PoolState, info_of, load_of, pool_state_of
@@ -99,6 +100,7 @@ class EngineService:
         tenant: str = "",
         resumed_tokens: int = 0,
         local_prefill_max_tokens: int | None = None,
+        adapter: str = "",
     ) -> ReserveResult:
         """Hold room for a prompt's handoff, or decline when ``local_prefill_max_tokens`` is given and
         the prompt is cheaper to prefill here (``prefill_here``). One loop call: the prefix lookup and
@@ -111,11 +113,13 @@ class EngineService:
 
         def reserve_or_decline(engine: EngineCore) -> ReserveResult:
             if local_prefill_max_tokens is not None:
-                cached = engine.cached_prefix_tokens(prompt_ids, tenant)
+                cached = engine.cached_prefix_tokens(prompt_ids, tenant, adapter)
                 block_size = engine.cache.blocks.block_size
                 if prefill_here(len(prompt_ids), cached, local_prefill_max_tokens, block_size):
                     return ReserveResult(None, cached)
-            reserved = engine.reserve(prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens)
+            reserved = engine.reserve(
+                prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens, adapter=adapter
+            )
             return ReserveResult(reservation_of(reserved, self.layout), 0)
 
         return self.loop.call(reserve_or_decline)
@@ -149,15 +153,18 @@ class EngineService:
         request_id: str,
         tenant: str = "",
         resumed_tokens: int = 0,
+        adapter: str = "",
     ) -> DeltaStream:
-        """Prefill and decode a request here; its deltas.
+        """Prefill and decode a request here; its deltas (``adapter``: a loaded LoRA adapter or "").
 
         Raises:
             ValueError: a bad request (naming the field).
         """
         return self.loop.call(
             lambda engine: self.loop.watch(
-                engine.add_request(prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens)
+                engine.add_request(
+                    prompt_ids, params, request_id, tenant, adapter=adapter, resumed_tokens=resumed_tokens
+                )
             )
         )
 
@@ -180,6 +187,7 @@ class EngineService:
         reservation: Reservation,
         tenant: str = "",
         resumed_tokens: int = 0,
+        adapter: str = "",
     ) -> DeltaStream:
         """Compute a prompt and its first token for ``reservation`` and keep its cache for the handoff
         (``held_prefill``, then ``discard``). The reservation's layout is checked first.
@@ -192,7 +200,9 @@ class EngineService:
         request_id = reservation.request_id
         return self.loop.call(
             lambda engine: self.loop.watch(
-                engine.add_prefill_only(prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens)
+                engine.add_prefill_only(
+                    prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens, adapter=adapter
+                )
             )
         )
 
@@ -208,6 +218,28 @@ class EngineService:
         """Free whatever the engine still keeps for ``request_id``: a held prefill's cache, or the
         prefill itself if still queued or running. Waits for the loop."""
         self.loop.call(lambda engine: _discard(engine, request_id))
+
+    # ---- LoRA adapters ----------------------------------------------------------------------------
+
+    def load_adapter(self, name: str, path: str) -> list[LoraAdapter]:
+        """Load a PEFT LoRA folder as ``name`` between steps; returns every adapter now loaded.
+
+        Raises:
+            AdapterError (a ValueError): a bad name or folder, or ``name`` already loaded.
+        """
+        return self.loop.call(lambda engine: (engine.load_adapter(name, path), _adapters(engine))[1])
+
+    def unload_adapter(self, name: str) -> list[LoraAdapter]:
+        """Unload ``name`` between steps; returns every adapter still loaded.
+
+        Raises:
+            UnknownAdapter: not loaded. AdapterInUse: a request uses it (refused, nothing changes).
+        """
+        return self.loop.call(lambda engine: (engine.unload_adapter(name), _adapters(engine))[1])
+
+    def adapters(self) -> list[LoraAdapter]:
+        """The adapters loaded now, sorted by name."""
+        return self.loop.call(_adapters)
 
     def close(self) -> None:
         self.loop.close()
@@ -231,6 +263,10 @@ def prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, bloc
     the last, partial one), is cheaper to prefill here than to hand off."""
     uncached = prompt_tokens - cached_tokens
     return uncached <= max_uncached or (cached_tokens > 0 and uncached <= block_size)
+
+
+def _adapters(engine: EngineCore) -> list[LoraAdapter]:
+    return [engine.adapters.get(name) for name in engine.adapters.names]
 
 
 def _free_reservation(engine: EngineCore, request_id: str) -> bool:

@@ -24,6 +24,7 @@ class WorkerLoad:
     total_slots: int
     block_size: int
     queued_prompt_tokens: int  # prompt tokens of waiting and running requests not yet computed
+    adapters: tuple[str, ...] = ()  # LoRA adapters loaded, sorted
 
     @property
     def used_blocks(self) -> int:
@@ -85,6 +86,7 @@ def load_of(engine: EngineCore) -> WorkerLoad:
         total_slots=cache.slots.num_slots,
         block_size=cache.blocks.block_size,
         queued_prompt_tokens=queued,
+        adapters=tuple(engine.adapters.names),
     )
 
 

@@ -60,6 +60,7 @@ class LLM:
         prompts: Prompt | list[Prompt],
         params: SamplingParams | list[SamplingParams] | None = None,
         tenant: str = "",
+        adapter: str | list[str] = "",
     ) -> list[RequestOutput]:
         """Run every prompt to completion.
 
@@ -68,6 +69,8 @@ class LLM:
                 ``prompt`` or ``prompt_ids``; or a list of these.
             params: one ``SamplingParams`` for all, or one per prompt (default: ``SamplingParams()``).
             tenant: prefix-cache isolation: requests share cached prefixes only within a tenant.
+            adapter: a loaded LoRA adapter's name for all prompts, or one per prompt ("": the base
+                model); see ``load_adapter``.
 
         Returns:
             One ``RequestOutput`` per prompt, in order.
@@ -79,12 +82,15 @@ class LLM:
         per_prompt = params if isinstance(params, list) else [params or SamplingParams()] * len(batch)
         if len(per_prompt) != len(batch):
             raise ValueError(f"params: {len(per_prompt)} given for {len(batch)} prompts")
+        adapters = adapter if isinstance(adapter, list) else [adapter] * len(batch)
+        if len(adapters) != len(batch):
+            raise ValueError(f"adapter: {len(adapters)} given for {len(batch)} prompts")
         encoded = [self._encode(prompt, index) for index, prompt in enumerate(batch)]
         requests = []
         try:
-            for index, (ids, sampling) in enumerate(zip(encoded, per_prompt, strict=True)):
+            for index, (ids, sampling, name) in enumerate(zip(encoded, per_prompt, adapters, strict=True)):
                 try:
-                    requests.append(self.engine.add_request(ids, sampling, tenant=tenant))
+                    requests.append(self.engine.add_request(ids, sampling, tenant=tenant, adapter=name))
                 except ValueError as error:
                     raise ValueError(f"prompts[{index}].{error}") from None
         except ValueError:
@@ -96,6 +102,14 @@ class LLM:
             self.engine.step()
             self._apply_stop_strings(requests, streams)
         return [self._output(request, streams[request.request_id]) for request in requests]
+
+    def load_adapter(self, name: str, folder: str) -> None:
+        """Load a PEFT LoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``) as ``name``."""
+        self.engine.load_adapter(name, folder)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload ``name`` (refused while a request uses it)."""
+        self.engine.unload_adapter(name)
 
     def _encode(self, prompt: Prompt, index: int) -> list[int]:
         if isinstance(prompt, dict):

@@ -4,6 +4,7 @@ import itertools
 
 import torch
 
+from services.engine.adapters.registry import AdapterRegistry
 from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, build_step_metadata
@@ -23,8 +24,15 @@ class ModelRunner:
         graphs: captured decode graphs, or None to run every step eagerly.
     """
 
-    def __init__(self, model: CausalLM, cache: CacheManager, graphs: DecodeGraphs | None = None):
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: CacheManager,
+        graphs: DecodeGraphs | None = None,
+        adapters: AdapterRegistry | None = None,
+    ):
         self.model = model
+        self.adapters = adapters
         self.cache = cache
         self.device = cache.blocks.storage.device
         self.paged = PagedModelCache(cache.blocks, cache.slots, model.config, model.lm_head.weight.dtype)
@@ -38,12 +46,17 @@ class ModelRunner:
             ``request_id -> SampledToken`` for every sampling chunk.
         """
         chunks = output.chunks
-        steps = [SequenceStep(c.token_ids, c.past, c.block_table, c.slot) for c in chunks]
+        adapters = [self._adapter_slot(requests[c.request_id]) for c in chunks]
+        steps = [
+            SequenceStep(c.token_ids, c.past, c.block_table, c.slot, adapter)
+            for c, adapter in zip(chunks, adapters, strict=True)
+        ]
         sampling = [i for i, chunk in enumerate(chunks) if chunk.samples]
         picked = [requests[chunks[i].request_id] for i in sampling]
         params = [r.params for r in picked]
         positions = [r.sample_position for r in picked]
-        if self.graphs is not None and self.graphs.can_replay(steps, len(sampling)):
+        # Decode graphs are captured without adapters: a step with any adapted row runs eagerly.
+        if self.graphs is not None and not any(adapters) and self.graphs.can_replay(steps, len(sampling)):
             result = self.graphs.replay(steps, params, positions)
         else:
             ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
@@ -54,7 +67,8 @@ class ModelRunner:
                 logit_rows=[ends[i] - 1 for i in sampling],
                 index_topk=self.model.index_topk,
             )
-            logits = self.model.forward_step(meta, self.paged)
+            table = self.adapters.table if self.adapters is not None else None
+            logits = self.model.forward_step(meta, self.paged, table)
             if not sampling:
                 return {}
             result = self.model.kernels.sampling.sample(logits, params, positions)
@@ -64,3 +78,10 @@ class ModelRunner:
             )
             for j, request in enumerate(picked)
         }
+
+    def _adapter_slot(self, request: Request) -> int:
+        if not request.adapter:
+            return 0
+        if self.adapters is None:
+            raise ValueError(f"adapter: {request.adapter!r} requested but this runner has no adapters")
+        return self.adapters.slot(request.adapter)

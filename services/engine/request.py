@@ -42,6 +42,7 @@ class Request:
     slot: int | None = None
     num_computed: int = 0
     cache_root: bytes = b""  # prefix-cache chain salt: model, adapter, tenant
+    adapter: str = ""  # the LoRA adapter's name, "" for the base model
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered: int = 0  # leading blocks registered in the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission

@@ -9,6 +9,7 @@ from common.metrics import Metrics
 from common.rpc.callbacks import when_call_ends
 from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
+from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
 from services.engine.handoff import HeldPrefill, send_state
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb
@@ -21,7 +22,7 @@ from ..worker_integrity import integrity_to_pb
 from ..worker_stats import StatsBoard
 
 
-class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
+class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
     """Args: the worker's name, its engine, its transfer backend (pools registered), its metrics,
     its stats snapshot, its drain (while draining, new prefills are refused; running ones and their
     handoffs complete), its load feed (``WatchLoad``), how long a prefill may wait for a step, and the
@@ -69,7 +70,12 @@ class PrefillServicer(workers_pb2_grpc.PrefillWorkerServicer):
             raise TransferError(f"request {request_id!r} was cancelled before its prefill")
         with self.drain.admit("Prefill"):  # refuses a reservation laid out unlike this engine's first
             stream = self.engine.prefill(
-                prompt, params, reservation, request.tenant, resumed_tokens=request.resumed_tokens
+                prompt,
+                params,
+                reservation,
+                request.tenant,
+                resumed_tokens=request.resumed_tokens,
+                adapter=request.adapter,
             )
         try:
             # The caller left: stop computing (queued, not awaited: this runs on gRPC's event thread).

@@ -91,3 +91,13 @@ def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
             **{f.name: getattr(message.layout, f.name) for f in dataclasses.fields(HandoffLayout)}
         )
     return Reservation(message.request_id, tuple(message.block_ids), message.slot, layout)
+
+
+def adapters_to_pb(adapters) -> workers_pb2.AdapterList:
+    """``[LoraAdapter]`` (``EngineService.adapters``) -> ``AdapterList``."""
+    return workers_pb2.AdapterList(
+        adapters=[
+            workers_pb2.AdapterInfo(name=a.name, path=a.path, digest=a.digest, modules=len(a.modules))
+            for a in adapters
+        ]
+    )

@@ -21,6 +21,7 @@ STRINGS = {
     "device": "cuda:1",
     "transfer_backend": "grpc_bytes",
     "fault_delays": ("reserve=0.5",),
+    "adapters": ("tuned=/adapters/tuned",),
 }
 
 

@@ -65,7 +65,7 @@ def test_backend_defaults_and_bad_choices_at_start(tiny_checkpoint, monkeypatch)
     model_dir = str(tiny_checkpoint("kimi_linear"))
     assert EngineConfig(model=model_dir).kernel_backend == "reference"
     assert EngineConfig(model=model_dir, device="cuda").kernel_backend == "triton"
-    assert EngineConfig(model=model_dir, device="cuda", batch_invariant=True).kernel_backend == "triton"
+    assert EngineConfig(model=model_dir, device="cuda", batch_invariant=True).kernel_backend == "reference"
     with pytest.raises(ValueError, match=r"kernels: 'fast' is not supported \(reference, triton\)"):
         EngineConfig(model=model_dir, kernels="fast")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

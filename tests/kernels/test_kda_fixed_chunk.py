@@ -69,3 +69,16 @@ def test_input_state_is_not_modified():
     kda_fixed_chunk(q, k, v, g, beta, 0.25, state)
     assert torch.equal(state.s0, before.s0) and torch.equal(state.open_k, before.open_k)
     assert state.count == before.count == 4
+
+
+def test_backward_matches_the_token_recurrence():
+    """Autograd runs through the CF-BI rows (the trainer's KDA backward) and agrees with the recurrence's."""
+    inputs = [t.requires_grad_(True) for t in make_inputs(40, 2, 16, 8, seed=2)]
+    weights = torch.randn(40, 2, 8, generator=torch.Generator().manual_seed(3))
+    got, _ = kda_fixed_chunk(*inputs, 0.25, FixedChunkState.zeros(2, 16, 8))
+    got_grads = torch.autograd.grad((got * weights).sum(), inputs)
+    want, _ = kda_recurrent(*(t[None] for t in inputs), 0.25, None)
+    want_grads = torch.autograd.grad((want[0] * weights).sum(), inputs)
+    for name, got_grad, want_grad in zip("q k v g beta".split(), got_grads, want_grads, strict=True):
+        assert torch.isfinite(got_grad).all(), name
+        assert_rel(got_grad, want_grad, 1e-4, f"d{name}")

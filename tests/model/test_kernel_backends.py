@@ -34,8 +34,7 @@ def test_library_has_every_kernel_and_its_flags_name_real_ones():
 def test_defaults_follow_the_device_and_mode():
     assert default_kernels("cuda") == default_kernels("cuda:1") == "triton"
     assert default_kernels("cpu") == "reference"
-    assert default_kernels("cuda", batch_invariant=True) == "triton"  # the invariant Triton kernels
-    assert default_kernels("cpu", batch_invariant=True) == "reference"
+    assert default_kernels("cuda", batch_invariant=True) == "reference"  # invariant Triton: opt-in
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 
+ADAPTER_METHODS = ("LoadAdapter", "UnloadAdapter", "ListAdapters")  # LoRA, on both worker services
+
 
 def test_services_and_methods():
     public = generation_pb2.DESCRIPTOR.services_by_name["Generation"]
@@ -17,8 +19,15 @@ def test_services_and_methods():
         "Stats",
         "CheckIntegrity",
         "WatchLoad",
+        *ADAPTER_METHODS,
     ]
-    assert [m.name for m in prefill.methods] == ["Prefill", "Stats", "CheckIntegrity", "WatchLoad"]
+    assert [m.name for m in prefill.methods] == [
+        "Prefill",
+        "Stats",
+        "CheckIntegrity",
+        "WatchLoad",
+        *ADAPTER_METHODS,
+    ]
     # A reservation lives while the router holds its Reserve stream open (a lease).
     assert decode.methods_by_name["Reserve"].server_streaming
     assert hasattr(generation_pb2_grpc, "GenerationStub") and hasattr(workers_pb2_grpc, "DecodeWorkerStub")

@@ -24,6 +24,8 @@ def test_the_routers_hashes_are_the_blocks_an_engine_registers(llm):
     assert all(blocks.lookup(h) is None for h in PromptHashes(PROMPT, "bob").under(salt))
     other_size = PromptHashes(PROMPT, "alice").under(ChainSalt(salt.model_fingerprint, 8))
     assert all(blocks.lookup(h) is None for h in other_size)
+    # A LoRA-adapted request's blocks are salted by the adapter's digest: the router matches none.
+    assert PromptHashes(PROMPT, "alice", adapter="tuned").under(salt) == []
 
 
 def test_a_match_counts_leading_held_blocks_in_tokens():

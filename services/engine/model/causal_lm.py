@@ -1,9 +1,14 @@
 """The decoder stack and LM head for all three families; parameter names follow transformers."""
 
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from kernels.invariant.reproducible_blas import ensure_strict_mkl
+from services.engine.adapters.step_lora import StepLora
 
 from .backends import KernelSet, build_kernels
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
@@ -16,6 +21,9 @@ from .norm import RMSNorm
 from .numerics import Numerics
 from .rotary import RotaryTables
 from .step_metadata import StepMetadata, build_step_metadata
+
+if TYPE_CHECKING:
+    from services.engine.adapters.lora_adapter import LoraAdapter
 
 # Parameters kept in float32 whatever the model dtype (as the reference implementations do).
 FLOAT32_PARAMETERS = (
@@ -42,16 +50,25 @@ class DecoderLayer(nn.Module):
             self.mlp = DenseMLP(config.hidden_size, config.intermediate_size)
 
     def forward(
-        self, x, cos, sin, meta: StepMetadata, cache: ModelCache, layer: int, nx: Numerics, ops: KernelSet
+        self,
+        x,
+        cos,
+        sin,
+        meta: StepMetadata,
+        cache: ModelCache,
+        layer: int,
+        nx: Numerics,
+        ops: KernelSet,
+        lora: StepLora | None = None,
     ) -> torch.Tensor:
         normed = self.input_layernorm(x, nx)
         if self.is_kda:
-            attn = self.self_attn(normed, meta, cache, layer, nx, ops)
+            attn = self.self_attn(normed, meta, cache, layer, nx, ops, lora)
         else:
-            attn = self.self_attn(normed, cos, sin, meta, cache, layer, nx, ops)
+            attn = self.self_attn(normed, cos, sin, meta, cache, layer, nx, ops, lora)
         x = x + attn
         normed = self.post_attention_layernorm(x, nx)
-        return x + (self.mlp(normed, nx, ops) if self.is_moe else self.mlp(normed, nx))
+        return x + (self.mlp(normed, nx, ops, lora) if self.is_moe else self.mlp(normed, nx, lora))
 
 
 class DecoderStack(nn.Module):
@@ -103,7 +120,9 @@ class CausalLM(nn.Module):
         self.numerics = InvariantNumerics() if enabled else Numerics()
         self.kernels = build_kernels("reference", self.numerics, str(self.lm_head.weight.device))
 
-    def forward_step(self, meta: StepMetadata, cache: ModelCache) -> torch.Tensor:
+    def forward_step(
+        self, meta: StepMetadata, cache: ModelCache, adapters: "Mapping[int, LoraAdapter] | None" = None
+    ) -> torch.Tensor:
         """Run one step's new tokens through the model, writing them into ``cache``.
 
         Reads no device value back on the fast path (the id check is the caller's, before the step:
@@ -112,26 +131,41 @@ class CausalLM(nn.Module):
         Args:
             meta: the step (its ``input_ids``, positions, block tables, slots).
             cache: the model cache.
+            adapters: adapter slot -> adapter for every nonzero slot in ``meta.seq_adapters_host``
+                (``AdapterRegistry.table``); each row's adapter is applied by the merge contract
+                (``services.engine.adapters.merge``). Rows of slot 0 get the base model's bits.
 
         Returns:
             ``[R, vocab_size]`` logits of ``meta.logit_rows`` in the model dtype.
         """
         nx, ops = self.numerics, self.kernels
+        lora = None
+        if any(meta.seq_adapters_host):
+            device = meta.input_ids.device
+            # The segmented Triton kernel where library products are allowed (default numerics, GPU).
+            segmented = device.type == "cuda" and not nx.batch_invariant
+            lora = StepLora.build(
+                meta.seq_adapters_host, meta.query_start_loc_host, adapters or {}, device, segmented
+            )
         hidden = self.model.embed_tokens(meta.input_ids)
         cos = sin = None
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(meta.positions, hidden.dtype, nx)
         for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos, sin, meta, cache, index, nx, ops)
+            hidden = layer(hidden, cos, sin, meta, cache, index, nx, ops, lora)
         hidden = hidden[meta.logit_rows]
         return nx.linear(self.model.norm(hidden, nx), self.lm_head.weight)
 
-    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, cache=None, adapter: "LoraAdapter | None" = None
+    ) -> torch.Tensor:
         """Logits for ``B`` sequences' new tokens, continuing ``cache`` (updated in place) when given.
 
         Args:
             input_ids: ``[B, T]`` token ids, each in ``[0, vocab_size)``.
             cache: a ``ContiguousCache`` holding the B sequences' previous tokens, or None.
+            adapter: a LoRA adapter applied to every sequence (``load_lora_adapter`` on this model), or
+                None; the same merge contract as serving, so served-with-adapter logprobs equal these.
 
         Returns:
             ``[B, T, vocab_size]`` logits in the model dtype.
@@ -151,6 +185,8 @@ class CausalLM(nn.Module):
             )
         new_tokens = input_ids.tolist()
         steps = cache.steps(new_tokens)
+        if adapter is not None:
+            steps = [dataclasses.replace(step, adapter=1) for step in steps]
         meta = build_step_metadata(
             steps,
             cache.block_size,
@@ -158,7 +194,7 @@ class CausalLM(nn.Module):
             logit_rows=list(range(input_ids.numel())),
             index_topk=self.index_topk,
         )
-        logits = self.forward_step(meta, cache)
+        logits = self.forward_step(meta, cache, None if adapter is None else {1: adapter})
         cache.advance(new_tokens)
         return logits.view(*input_ids.shape, -1)
 

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from kernels.rotary.naive import apply_rope_half
+from services.engine.adapters.step_lora import StepLora, project
 
 from .backends import KernelSet
 from .config import IndexerConfig
@@ -34,10 +35,15 @@ class LightningIndexer(nn.Module):
         self.weights_proj = nn.Linear(hidden_size, spec.n_heads, bias=False)
 
     def index_keys(
-        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, nx: Numerics
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        nx: Numerics,
+        lora: StepLora | None = None,
     ) -> torch.Tensor:
         """Keys to cache for new tokens: ``[N, Di]`` from ``x [N, D]`` (tables ``[N, Dr / 2]``)."""
-        keys = self.k_norm(nx.linear(x, self.wk.weight), nx)
+        keys = self.k_norm(project(x, self.wk, nx, lora), nx)
         return self._rotate(keys, cos, sin)
 
     def select(
@@ -50,6 +56,7 @@ class LightningIndexer(nn.Module):
         meta: StepMetadata,
         nx: Numerics,
         ops: KernelSet,
+        lora: StepLora | None = None,
     ) -> torch.Tensor:
         """The cached positions each new row's MLA attention may read.
 
@@ -59,16 +66,17 @@ class LightningIndexer(nn.Module):
             cos, sin: ``[N, Dr / 2]`` tables of the new tokens, or None for NoPE.
             cache: the layer's cache, this step's index keys already written.
             meta: the step.
-            nx: numerics of the projections; ops: the indexer backend.
+            nx: numerics of the projections; ops: the indexer backend; lora: the step's adapters.
 
         Returns:
             ``[N, topk] int32`` positions, -1 padded.
         """
-        q = nx.linear(query_input, self.wq_b.weight).view(-1, self.spec.n_heads, self.spec.head_dim)
+        q = project(query_input, self.wq_b, nx, lora).view(-1, self.spec.n_heads, self.spec.head_dim)
         q = self._rotate(
             q, None if cos is None else cos.unsqueeze(1), None if sin is None else sin.unsqueeze(1)
         )
-        weights = nx.linear(x.float(), self.weights_proj.weight.float()) * self.spec.n_heads**-0.5
+        # weights_proj is a float32 parameter (FLOAT32_PARAMETERS): the product runs in float32.
+        weights = project(x.float(), self.weights_proj, nx, lora) * self.spec.n_heads**-0.5
         return ops.indexer.topk(q, weights, cache, meta, self.spec.topk, self.spec.head_dim**-0.5)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:

@@ -102,6 +102,9 @@ class InvariantNumerics(Numerics):
             return self._triton.linear(x, weight, x.dtype)
         return self._product(x, weight).to(x.dtype)
 
+    def linear_f32(self, x, weight):
+        return self._product(x.to(torch.float32), weight.to(torch.float32))
+
     def rms_norm(self, x, weight, eps):
         if self._triton:
             return self._triton.rms_norm(x, weight, eps)

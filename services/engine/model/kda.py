@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from services.engine.adapters.step_lora import StepLora, project
+
 from .backends import KernelSet
 from .config import ModelConfig
 from .layer_cache import ModelCache
@@ -22,9 +24,9 @@ class KdaForgetGate(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(num_heads * head_dim))
         self.A_log = nn.Parameter(torch.zeros(1, 1, num_heads, 1))
 
-    def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, nx: Numerics, lora: StepLora | None = None) -> torch.Tensor:
         """``x [N, D]`` -> log forget gate ``[N, H, K]`` float32."""
-        logits = nx.linear(nx.linear(x, self.f_a_proj.weight), self.f_b_proj.weight)
+        logits = project(project(x, self.f_a_proj, nx, lora), self.f_b_proj, nx, lora)
         return nx.forget_gate(
             logits.view(x.shape[0], self.num_heads, self.head_dim), self.dt_bias, self.A_log
         )
@@ -50,7 +52,14 @@ class KimiDeltaAttention(nn.Module):
         self.o_proj = nn.Linear(width, hidden, bias=False)
 
     def forward(
-        self, x: torch.Tensor, meta: StepMetadata, cache: ModelCache, layer: int, nx: Numerics, ops: KernelSet
+        self,
+        x: torch.Tensor,
+        meta: StepMetadata,
+        cache: ModelCache,
+        layer: int,
+        nx: Numerics,
+        ops: KernelSet,
+        lora: StepLora | None = None,
     ) -> torch.Tensor:
         """Advance every sequence's recurrence over its new rows, continuing its state slot in place.
 
@@ -60,19 +69,20 @@ class KimiDeltaAttention(nn.Module):
             cache: the model cache; this layer's index is ``layer``.
             nx: numerics of the token-local work.
             ops: the kernel backends (short conv and KDA).
+            lora: the step's adapters (``services.engine.adapters``), or None.
 
         Returns:
             ``[N, D]``.
         """
         tokens = x.shape[0]
-        mixed = torch.cat([nx.linear(x, p.weight) for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
-        g = self.forget_gate(x, nx)
-        beta = nx.sigmoid(nx.linear(x, self.b_proj.weight))
+        mixed = torch.cat([project(x, p, nx, lora) for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
+        g = self.forget_gate(x, nx, lora)
+        beta = nx.sigmoid(project(x, self.b_proj, nx, lora))
         layer_cache = cache.kda(layer)
         mixed = ops.kda.short_conv(mixed, self.conv1d.weight.squeeze(1), layer_cache, meta)
         heads = (-1, self.num_heads, self.head_dim)
         q, k, v = (part.reshape(heads) for part in mixed.split(self.width, dim=-1))
         q, k = nx.l2_normalize(q), nx.l2_normalize(k)
         out = ops.kda.forward(q, k, v, g, beta, self.head_dim**-0.5, layer_cache, meta)
-        gate = nx.linear(nx.linear(x, self.g_a_proj.weight), self.g_b_proj.weight).view(heads)
-        return nx.linear(self.o_norm(out, gate, nx).reshape(tokens, -1), self.o_proj.weight)
+        gate = project(project(x, self.g_a_proj, nx, lora), self.g_b_proj, nx, lora).view(heads)
+        return project(self.o_norm(out, gate, nx).reshape(tokens, -1), self.o_proj, nx, lora)

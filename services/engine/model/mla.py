@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from kernels.rotary.naive import apply_rope_interleaved
+from services.engine.adapters.step_lora import StepLora, project
 
 from .backends import KernelSet
 from .config import ModelConfig
@@ -53,6 +54,7 @@ class MultiLatentAttention(nn.Module):
         layer: int,
         nx: Numerics,
         ops: KernelSet,
+        lora: StepLora | None = None,
     ) -> torch.Tensor:
         """Write the new tokens' latents to the cache (one scatter), then attend every row to its cache.
 
@@ -63,6 +65,7 @@ class MultiLatentAttention(nn.Module):
             cache: the model cache; this layer's index is ``layer``.
             nx: numerics of the token-local work.
             ops: the kernel backends (indexer and attention).
+            lora: the step's adapters (``services.engine.adapters``), or None.
 
         Returns:
             ``[N, D]``.
@@ -71,25 +74,25 @@ class MultiLatentAttention(nn.Module):
         tokens = x.shape[0]
         if c.q_lora_rank is None:
             query_input = x
-            q = nx.linear(x, self.q_proj.weight)
+            q = project(x, self.q_proj, nx, lora)
         else:
-            query_input = self.q_a_layernorm(nx.linear(x, self.q_a_proj.weight), nx)
-            q = nx.linear(query_input, self.q_b_proj.weight)
+            query_input = self.q_a_layernorm(project(x, self.q_a_proj, nx, lora), nx)
+            q = project(query_input, self.q_b_proj, nx, lora)
         q = q.view(tokens, c.num_attention_heads, c.qk_head_dim)
         q_nope, q_rope = q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim :]
-        compressed = nx.linear(x, self.kv_a_proj_with_mqa.weight)
+        compressed = project(x, self.kv_a_proj_with_mqa, nx, lora)
         latent = self.kv_a_layernorm(compressed[..., : c.kv_lora_rank], nx)
         k_rope = compressed[..., c.kv_lora_rank :]
         if cos is not None:
             q_rope = apply_rope_interleaved(q_rope, cos.unsqueeze(1), sin.unsqueeze(1))
             k_rope = apply_rope_interleaved(k_rope, cos, sin)
         layer_cache = cache.mla(layer)
-        index_keys = self.indexer.index_keys(x, cos, sin, nx) if self.indexer is not None else None
+        index_keys = self.indexer.index_keys(x, cos, sin, nx, lora) if self.indexer is not None else None
         layer_cache.write(meta.slot_mapping, latent, k_rope, index_keys)
         topk = None
         if self.indexer is not None:
-            topk = self.indexer.select(x, query_input, cos, sin, layer_cache, meta, nx, ops)
+            topk = self.indexer.select(x, query_input, cos, sin, layer_cache, meta, nx, ops, lora)
         out = ops.attention.forward(
             q_nope, q_rope, self.kv_b_proj.weight, layer_cache, meta, topk, c.attention_scale
         )
-        return nx.linear(out.reshape(tokens, -1), self.o_proj.weight)
+        return project(out.reshape(tokens, -1), self.o_proj, nx, lora)

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from kernels.moe.naive import route_tokens
+from services.engine.adapters.step_lora import StepLora, project
 
 from .backends import KernelSet
 from .config import MoeConfig
@@ -19,9 +20,9 @@ class DenseMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
-        hidden = nx.silu(nx.linear(x, self.gate_proj.weight)) * nx.linear(x, self.up_proj.weight)
-        return nx.linear(hidden, self.down_proj.weight)
+    def forward(self, x: torch.Tensor, nx: Numerics, lora: StepLora | None = None) -> torch.Tensor:
+        hidden = nx.silu(project(x, self.gate_proj, nx, lora)) * project(x, self.up_proj, nx, lora)
+        return project(hidden, self.down_proj, nx, lora)
 
 
 class Router(nn.Module):
@@ -71,10 +72,15 @@ class MoE(nn.Module):
             else None
         )
 
-    def forward(self, x: torch.Tensor, nx: Numerics, ops: KernelSet) -> torch.Tensor:
-        """``x [N, D]`` -> ``[N, D]``: routed experts (through ``ops.moe``) plus shared experts."""
+    def forward(
+        self, x: torch.Tensor, nx: Numerics, ops: KernelSet, lora: StepLora | None = None
+    ) -> torch.Tensor:
+        """``x [N, D]`` -> ``[N, D]``: routed experts (through ``ops.moe``) plus shared experts; ``lora``:
+        the step's adapters (adapted rows' experts are recomputed, ``StepLora.experts``)."""
         weights, expert_ids = self.gate(x, nx)
         out = ops.moe.experts(x, expert_ids, weights, self.experts.gate_up_proj, self.experts.down_proj)
+        if lora is not None:
+            out = lora.experts(self.experts, x, expert_ids, weights, out, nx)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x, nx)
+            out = out + self.shared_experts(x, nx, lora)
         return out

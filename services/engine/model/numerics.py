@@ -34,6 +34,11 @@ class Numerics:
         """``x [..., K] @ weight [M, K]^T`` in ``x.dtype``."""
         return F.linear(x, weight)
 
+    def linear_f32(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``x [..., K] @ weight [M, K]^T`` with both widened to float32, accumulated and returned in
+        float32 (the LoRA products of ``services.engine.adapters.merge``)."""
+        return F.linear(x.to(torch.float32), weight.to(torch.float32))
+
     def rms_norm(self, x, weight, eps):
         return rms_norm(x, weight, eps)
 

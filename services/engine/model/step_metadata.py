@@ -27,12 +27,14 @@ class SequenceStep:
         past: tokens already in the cache before this step.
         block_table: block ids covering every position this step writes.
         slot: the sequence's KDA state slot.
+        adapter: the sequence's LoRA adapter slot (``AdapterRegistry``), 0 for the base model.
     """
 
     token_ids: tuple[int, ...]
     past: int
     block_table: tuple[int, ...]
     slot: int
+    adapter: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class StepMetadata:
         block_tables: ``[S, max_blocks] int32``, padded with block 0 (never read past ``seq_lens``).
         kda_slots: ``[S] int32``, each sequence's KDA state slot.
         has_state: ``[S] bool``, whether the slot holds state to continue (``past_lens > 0``).
+        adapter_ids: ``[N] int32``, each row's LoRA adapter slot (0: the base model).
         packed: the device bytes every tensor above views (a CUDA graph's static buffer is refilled
             through it: ``build_step_metadata(..., out=meta.packed)``).
 
@@ -63,6 +66,7 @@ class StepMetadata:
         index_topk: the DSA indexer's top-k budget (0 without an indexer).
         query_start_loc_host, past_lens_host, block_tables_host, kda_slots_host: host copies for the
             ``reference`` backend (block tables unpadded).
+        seq_adapters_host: each sequence's adapter slot; the model groups rows by it once per step.
     """
 
     input_ids: torch.Tensor
@@ -75,6 +79,7 @@ class StepMetadata:
     query_seq: torch.Tensor
     block_tables: torch.Tensor
     kda_slots: torch.Tensor
+    adapter_ids: torch.Tensor
     has_state: torch.Tensor
     packed: torch.Tensor
     block_size: int
@@ -86,6 +91,7 @@ class StepMetadata:
     past_lens_host: tuple[int, ...]
     block_tables_host: tuple[tuple[int, ...], ...]
     kda_slots_host: tuple[int, ...]
+    seq_adapters_host: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -117,7 +123,16 @@ class StepMetadata:
 
 # Fields in buffer order: int64 first, then int32, then bool, so every view is aligned.
 _INT64 = ("input_ids", "slot_mapping", "logit_rows")
-_INT32 = ("positions", "query_start_loc", "seq_lens", "past_lens", "query_seq", "block_tables", "kda_slots")
+_INT32 = (
+    "positions",
+    "query_start_loc",
+    "seq_lens",
+    "past_lens",
+    "query_seq",
+    "block_tables",
+    "kda_slots",
+    "adapter_ids",
+)
 
 
 def build_step_metadata(
@@ -151,6 +166,7 @@ def build_step_metadata(
     if not steps:
         raise ValueError("steps: a step needs at least one sequence")
     starts, ids, positions, query_seq, slot_mapping, tables = [0], [], [], [], [], []
+    adapter_ids = []
     for seq, step in enumerate(steps):
         if not step.token_ids:
             raise ValueError(f"steps[{seq}]: every sequence in a step needs at least one new token")
@@ -166,6 +182,7 @@ def build_step_metadata(
         for position in range(step.past, total):
             positions.append(position)
             query_seq.append(seq)
+            adapter_ids.append(step.adapter)
             slot_mapping.append(step.block_table[position // block_size] * block_size + position % block_size)
         starts.append(len(ids))
     width = max_blocks if max_blocks is not None else max(len(t) for t in tables)
@@ -184,6 +201,7 @@ def build_step_metadata(
         "query_seq": query_seq,
         "block_tables": [b for t in tables for b in (*t, *(0,) * (width - len(t)))],
         "kda_slots": [step.slot for step in steps],
+        "adapter_ids": adapter_ids,
     }
     device = torch.device(device)
     host = _pack(values, [p > 0 for p in past], device.type == "cuda")
@@ -207,6 +225,7 @@ def build_step_metadata(
         past_lens_host=tuple(past),
         block_tables_host=tuple(tables),
         kda_slots_host=tuple(step.slot for step in steps),
+        seq_adapters_host=tuple(step.adapter for step in steps),
     )
 
 

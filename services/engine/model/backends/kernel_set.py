@@ -11,7 +11,10 @@ sampling) runs, checked against the device at start.
 In batch-invariant mode every family runs through the invariant numerics (the reference loops), and
 the name picks the numerics' own kernels: ``reference`` the torch invariant ops
 (``kernels.invariant``), ``triton`` the fixed-tiling Triton kernels (``kernels.invariant.*_triton``),
-with the same device checks as above. The default follows the device in both modes.
+with the same device checks as above. The batch-invariant default stays ``reference`` on every device:
+the trainer forward (``trainer/``) reproduces the served bits with the torch invariant ops under
+autograd, and the invariant Triton kernels have no backward yet, so serving on them is opt-in
+(``--kernels triton --batch-invariant``) until they do.
 """
 
 import importlib.util
@@ -66,9 +69,9 @@ class KernelSet:
 
 
 def default_kernels(device: str, batch_invariant: bool = False) -> str:
-    """``triton`` on CUDA, ``reference`` on the CPU, in either mode (``batch_invariant``: see the module
-    docstring for what the name means there)."""
-    return "triton" if device.startswith("cuda") else "reference"
+    """``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode (see the module
+    docstring: there ``triton`` is asked for explicitly)."""
+    return "triton" if device.startswith("cuda") and not batch_invariant else "reference"
 
 
 def check_kernels(name: str, device: str, batch_invariant: bool = False) -> None:
