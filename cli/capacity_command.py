@@ -74,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
     args.kernels = args.kernels or default_kernels(args.device, args.batch_invariant)
-    if args.kernels == "triton" and args.batch_invariant:
-        raise ValueError("--kernels: triton cannot run with --batch-invariant (it keeps its own kernels)")
     context_lens = parse_context_lens(args.context_len)
     config = load_model_config(args.model)  # the only file read
     dtype = DTYPES[args.dtype or config.torch_dtype]

@@ -64,7 +64,8 @@ HELP = {
     "num_snapshots": "KDA snapshots kept for the prefix cache (default: max-num-seqs)",
     "kv_format": "KV block storage: auto (the model dtype) or fp8 (packed FP8 latents and index keys)",
     "kernels": "op backends: reference (float32 PyTorch oracle) or triton (default: triton on CUDA, "
-    "reference on the CPU and when batch-invariant; triton on the CPU needs TRITON_INTERPRET=1)",
+    "reference on the CPU and when batch-invariant; with --batch-invariant, triton picks the invariant "
+    "Triton kernels; triton on the CPU needs TRITON_INTERPRET=1)",
     "adapters": "LoRA adapters to load at start, NAME=FOLDER (a PEFT folder), comma-separated; "
     "load and unload while serving with `baton adapters`",
     "cuda_graphs": "replay CUDA graphs for pure-decode steps (a no-op on the CPU)",

@@ -27,7 +27,9 @@ class EngineConfig:
         num_snapshots: KDA snapshots kept for the prefix cache; None means ``max_num_seqs``.
         kv_format: ``auto`` (model dtype) or ``fp8`` (packed FP8 latents and index keys) block storage.
         kernels: the op families' backend, ``reference`` or ``triton``; None takes the default
-            (``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode).
+            (``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode). With
+            ``batch_invariant`` it picks the invariant numerics' kernels instead: the torch ops
+            (``reference``) or the fixed-tiling Triton kernels (``triton``, opt-in: no backward yet).
         cuda_graphs: replay CUDA graphs for pure-decode steps (CUDA only; a no-op on the CPU).
         adapters: ``NAME=FOLDER`` LoRA adapters (PEFT format, ``docs/adapters.md``) to load at start.
     """

@@ -204,7 +204,7 @@ def test_bench_kernels_refuses_unknown_ops_and_non_cuda_devices():
 def test_bench_kernels_help_lists_every_op():
     result = baton("bench", "kernels", "--help")
     assert result.returncode == 0
-    for op in ("copy", "matmul", "mla", "indexer", "kda", "moe", "sampling"):
+    for op in ("copy", "matmul", "mla", "indexer", "kda", "moe", "sampling", "invariant"):
         assert f"\n  {op} " in result.stdout
 
 

@@ -34,7 +34,7 @@ def test_library_has_every_kernel_and_its_flags_name_real_ones():
 def test_defaults_follow_the_device_and_mode():
     assert default_kernels("cuda") == default_kernels("cuda:1") == "triton"
     assert default_kernels("cpu") == "reference"
-    assert default_kernels("cuda", batch_invariant=True) == "reference"
+    assert default_kernels("cuda", batch_invariant=True) == "reference"  # invariant Triton: opt-in
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,14 @@ def test_defaults_follow_the_device_and_mode():
     [
         ("fast", "cpu", False, "1", r"--kernels: unknown backend 'fast' \(choose from reference, triton\)"),
         ("triton", "cpu", False, None, r"--kernels: .*set TRITON_INTERPRET=1"),
-        ("triton", "cpu", True, "1", r"--kernels: triton cannot run with --batch-invariant"),
+        (
+            "triton",
+            "cpu",
+            True,
+            None,
+            r"--kernels: triton \(with --batch-invariant: the invariant Triton kernels\) on the CPU .*"
+            "TRITON_INTERPRET=1",
+        ),
         pytest.param(
             "triton",
             "cuda",
@@ -52,7 +59,7 @@ def test_defaults_follow_the_device_and_mode():
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible"),
         ),
     ],
-    ids=["unknown-name", "cpu-without-interpreter", "batch-invariant", "cuda-without-a-gpu"],
+    ids=["unknown-name", "cpu-without-interpreter", "invariant-without-interpreter", "cuda-without-a-gpu"],
 )
 def test_bad_backend_is_refused_naming_the_flag(name, device, invariant, interpret, message, monkeypatch):
     if interpret is None:

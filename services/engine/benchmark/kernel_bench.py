@@ -5,7 +5,7 @@ Benchmarks are registered by name (``--ops``) as ``module:function``; each funct
 are measured once per run and handed to every benchmark, so each row reads "what the kernel
 reaches / what the device allows" and "/ what the peer kernel reaches" on the same GPU. The op
 benchmarks live beside this file (``attention_kernels``, ``kda_kernels``, ``moe_kernels``,
-``sampling_kernels``) and time their work with ``timing``.
+``sampling_kernels``, ``invariant_kernels``) and time their work with ``timing``.
 """
 
 import importlib
@@ -51,6 +51,10 @@ KERNEL_BENCHES = {
     ),
     "sampling": KernelBench(
         f"{_HERE}.sampling_kernels:bench_sampling", "device sampling GB/s of logits vs the per-row sampler"
+    ),
+    "invariant": KernelBench(
+        f"{_HERE}.invariant_kernels:bench_invariant",
+        "batch-invariant Triton matmul, RMSNorm, log-softmax vs the default kernels (goal: >= 0.90)",
     ),
 }
 

@@ -102,12 +102,15 @@ class CausalLM(nn.Module):
     def set_kernels(self, name: str, kv_format: str = "auto") -> None:
         """Choose the op families' backend by name (``check_kernels`` validates it first)."""
         device = str(self.lm_head.weight.device)
+        if self.numerics.batch_invariant:  # the name picks the invariant numerics' own kernels
+            self.numerics = InvariantNumerics(device_kernels="triton" if name == "triton" else "torch")
         self.kernels = build_kernels(name, self.numerics, device, kv_format)
 
     def set_batch_invariant(self, enabled: bool) -> None:
         """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4).
 
-        The invariant numerics run on the ``reference`` backend (their own kernels).
+        The invariant numerics run on the ``reference`` backend (their own kernels: ``set_kernels``
+        picks the torch or the Triton ones).
 
         Raises:
             RuntimeError: invariant numerics on the CPU, with MKL already running in a non-strict mode.

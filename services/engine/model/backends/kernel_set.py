@@ -2,12 +2,19 @@
 sampling) runs, checked against the device at start.
 
 - ``reference``: the float32 PyTorch code (``kernels/*/naive.py`` through the model's ``Numerics``):
-  the oracle and the CPU path; it loops over sequences from the step's host copies. In
-  batch-invariant mode its numerics are the invariant ones, and it is the only backend allowed.
+  the oracle and the CPU path; it loops over sequences from the step's host copies.
 - ``triton``: the batch-level kernels of ``triton_kernels``. On the CPU it needs the Triton
   interpreter (``TRITON_INTERPRET=1`` set before triton is imported). A family whose kernel cannot
   run under the interpreter or cannot read the KV format runs its reference, and the log says so
   once (the library's kernels all run interpreted and its attention kernels read FP8 rows).
+
+In batch-invariant mode every family runs through the invariant numerics (the reference loops), and
+the name picks the numerics' own kernels: ``reference`` the torch invariant ops
+(``kernels.invariant``), ``triton`` the fixed-tiling Triton kernels (``kernels.invariant.*_triton``),
+with the same device checks as above. The batch-invariant default stays ``reference`` on every device:
+the trainer forward (``trainer/``) reproduces the served bits with the torch invariant ops under
+autograd, and the invariant Triton kernels have no backward yet, so serving on them is opt-in
+(``--kernels triton --batch-invariant``) until they do.
 """
 
 import importlib.util
@@ -62,7 +69,8 @@ class KernelSet:
 
 
 def default_kernels(device: str, batch_invariant: bool = False) -> str:
-    """``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode."""
+    """``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode (see the module
+    docstring: there ``triton`` is asked for explicitly)."""
     return "triton" if device.startswith("cuda") and not batch_invariant else "reference"
 
 
@@ -76,20 +84,16 @@ def check_kernels(name: str, device: str, batch_invariant: bool = False) -> None
         raise ValueError(f"--kernels: unknown backend {name!r} (choose from {', '.join(KERNEL_BACKENDS)})")
     if name == "reference":
         return
-    if batch_invariant:
-        raise ValueError(
-            "--kernels: triton cannot run with --batch-invariant (the batch-invariant mode keeps its own "
-            "kernels); use --kernels reference or leave --kernels out"
-        )
+    what = "triton (with --batch-invariant: the invariant Triton kernels)" if batch_invariant else "triton"
     if importlib.util.find_spec("triton") is None:
-        raise ValueError("--kernels: triton needs the triton package, which is not installed")
+        raise ValueError(f"--kernels: {what} needs the triton package, which is not installed")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"--kernels: triton on --device {device} needs a CUDA GPU, and none is visible")
+            raise ValueError(f"--kernels: {what} on --device {device} needs a CUDA GPU, and none is visible")
         return
     if os.environ.get(INTERPRETER_VARIABLE) != "1":
         raise ValueError(
-            f"--kernels: triton on the CPU runs under the Triton interpreter; set {INTERPRETER_VARIABLE}=1 "
+            f"--kernels: {what} on the CPU runs under the Triton interpreter; set {INTERPRETER_VARIABLE}=1 "
             "in the environment before starting (it must be set before triton is imported)"
         )
 
@@ -105,7 +109,8 @@ def build_kernels(
 
     Args:
         name: ``reference`` or ``triton``.
-        nx: the model's numerics (what the reference families compute with).
+        nx: the model's numerics (what the reference families compute with). Batch-invariant numerics
+            take the reference families whatever the name (their kernels follow the name instead).
         device: where the model runs.
         kv_format: the block storage format.
         library: the Triton kernels (default: ``library_kernels()``).
@@ -117,7 +122,7 @@ def build_kernels(
         "moe": ReferenceMoe(nx),
         "sampling": ReferenceSampling(),
     }
-    if name == "reference":
+    if name == "reference" or nx.batch_invariant:
         return KernelSet(name=name, **reference)
     library = library or library_kernels()
     families = dict(reference)

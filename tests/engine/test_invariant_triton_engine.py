@@ -1,0 +1,82 @@
+"""Batch-invariant mode on the invariant Triton kernels (``--kernels triton --batch-invariant``; the
+default on CUDA, the Triton interpreter here): chosen at start, every family on the invariant numerics,
+a sequence's tokens and logprobs bitwise identical alone, beside other requests and across step token
+budgets, and close to the torch invariant ops' logprobs."""
+
+import numpy as np
+import pytest
+import torch
+
+from services.engine import LLM, SamplingParams
+from services.engine.model.backends import build_kernels
+from services.engine.model.invariant_numerics import InvariantNumerics
+from tests.conftest import relative_error
+
+from .test_kernel_backends_engine import TWO_LAYERS
+
+TARGET = list(range(30, 30 + 21))
+NEIGHBOURS = [list(range(200, 200 + n)) for n in (1, 13, 6)]
+GREEDY = SamplingParams(max_tokens=4, temperature=0, logprobs=0, ignore_eos=True)
+
+
+def _bits(values: list[float]) -> list[int]:
+    return np.asarray(values, dtype=np.float32).view(np.int32).tolist()
+
+
+def _run(llm: LLM, prompts):
+    outputs = llm.generate(prompts, GREEDY)
+    llm.engine.check_integrity()
+    return [(o.token_ids, _bits(o.logprobs)) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def make_llm(tiny_checkpoint):
+    made = {}
+
+    def make(kernels: str, budget: int = 32):
+        if (kernels, budget) not in made:
+            made[kernels, budget] = LLM(
+                str(tiny_checkpoint("k3", **TWO_LAYERS)),
+                kernels=kernels,
+                batch_invariant=True,
+                dtype="float32",
+                max_num_batched_tokens=budget,
+                max_num_seqs=4,
+                enable_prefix_caching=False,
+            )
+        return made[kernels, budget]
+
+    return make
+
+
+def test_invariant_triton_is_chosen_and_every_family_runs_the_invariant_numerics(make_llm):
+    model = make_llm("triton").engine.model
+    assert isinstance(model.numerics, InvariantNumerics) and model.numerics.device_kernels == "triton"
+    assert model.kernels.name == "triton"
+    assert set(model.kernels.reference_families()) == {"attention", "indexer", "kda", "moe", "sampling"}
+    assert make_llm("reference").engine.model.numerics.device_kernels == "torch"
+
+
+def test_alone_equals_mixed_batches_and_other_budgets(make_llm):
+    llm = make_llm("triton")
+    alone = _run(llm, [TARGET])[0]
+    assert alone[1], "VACUOUS: no logprobs"
+    for count in (1, 3):
+        assert _run(llm, NEIGHBOURS[:count] + [TARGET])[-1] == alone, f"beside {count} other requests"
+    assert _run(make_llm("triton", budget=5), [TARGET, NEIGHBOURS[1]])[0] == alone, "5-token steps"
+
+
+def test_close_to_the_torch_invariant_ops(make_llm):
+    got = make_llm("triton").generate([TARGET], GREEDY)[0]
+    want = make_llm("reference").generate([TARGET], GREEDY)[0]
+    assert got.token_ids == want.token_ids
+    assert relative_error(torch.tensor(got.logprobs), torch.tensor(want.logprobs)) <= 1e-4
+
+
+def test_unknown_device_kernels_and_families_stay_on_the_numerics():
+    with pytest.raises(ValueError, match="device_kernels: 'cuda' is not one of torch, triton"):
+        InvariantNumerics(device_kernels="cuda")
+    kernels = build_kernels("triton", InvariantNumerics(), "cpu")
+    assert kernels.name == "triton" and all(
+        getattr(kernels, family).kind == "reference" for family in ("attention", "indexer", "kda", "moe")
+    )
