@@ -162,8 +162,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         """Check ``model`` and ``adapter``; a ``model`` naming a loaded LoRA adapter (the OpenAI front's
         way to pick one) selects it. Known adapters: those the workers' load feeds report, so one
         loaded a moment ago may be unknown until the worker's next update."""
+        names_base = not request.model or request.model == self.model_id
+        if names_base and not request.adapter:
+            return  # the base model: no adapter to look up
         loaded = self.dispatcher.pool.adapters()
-        if request.model and request.model != self.model_id:
+        if not names_base:
             if request.model not in loaded:
                 served = ", ".join([self.model_id, *sorted(loaded)])
                 raise ValueError(f"model: {request.model!r} is not served here (serving {served})")

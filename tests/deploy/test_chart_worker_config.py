@@ -1,6 +1,8 @@
 """The worker config the chart renders (a ConfigMap per role, read with ``baton worker --config``) loads
 with the worker's own loader, carries every engine value, and a bad value fails naming the field."""
 
+import json
+
 import pytest
 import yaml
 
@@ -23,6 +25,7 @@ ENGINE_VALUES = {
     "kernels": ("kernels", "reference"),
     "cudaGraphs": ("cuda_graphs", False),
     "batchInvariant": ("batch_invariant", True),
+    "adapters": ("adapters", ("policy=/adapters/policy",)),
 }
 
 
@@ -64,10 +67,12 @@ def test_every_engine_field_has_a_chart_value(tmp_path):
     role.engine value, mapped camelCase -> snake_case into the file."""
     fields = set(EngineConfig.__dataclass_fields__) - {"model", "device", "dtype"}
     assert {field for field, _ in ENGINE_VALUES.values()} == fields
-    sets = [a for key, (_, v) in ENGINE_VALUES.items() for a in ("--set", f"decode.engine.{key}={v}")]
-    objects = chart.render(
-        "minimal", *[a.replace("=True", "=true").replace("=False", "=false") for a in sets]
-    )
+    sets = [
+        a
+        for key, (_, v) in ENGINE_VALUES.items()
+        for a in ("--set-json", f"decode.engine.{key}={json.dumps(list(v) if isinstance(v, tuple) else v)}")
+    ]
+    objects = chart.render("minimal", *sets)
     engine = _load(tmp_path, chart.worker_config_text(objects, "decode")).engine
     assert {field: getattr(engine, field) for field, _ in ENGINE_VALUES.values()} == dict(
         ENGINE_VALUES.values()
