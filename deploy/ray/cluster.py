@@ -94,13 +94,33 @@ class RayClusterConfig:
         ]
 
 
-def local_ray_options(ray_address: str | None) -> dict:
-    """``ray.init`` options for a Ray instance started here (no address): its workers run at normal
-    priority. Ray nices worker processes (+15) so that its own daemons stay responsive; on a shared
-    machine that starves the serving workers behind any busy process. A cluster that ``ray start``
-    brought up keeps its own setting (``RAY_worker_niceness``)."""
+# Ray gives a starting node a fixed 30 s to register with its GCS; on a machine saturated by other
+# work (a CI box running the test suite beside it) that can pass without anything being wrong.
+RAY_START_ATTEMPTS = 3
+
+
+def init_ray(ray_address: str | None = None, attempts: int = RAY_START_ATTEMPTS, **options) -> None:
+    """``ray.init(address=ray_address, **options)``, retried when a Ray instance started here times
+    out registering its node (Ray's "timed out during startup"): the half-started instance is shut
+    down first. Connecting to a running cluster is not retried; other errors are raised at once.
+
+    A Ray instance started here (no address) runs its workers at normal priority: Ray nices worker
+    processes (+15) so that its own daemons stay responsive, and on a shared machine that starves
+    the serving workers behind any busy process. A cluster that ``ray start`` brought up keeps its
+    own setting (``RAY_worker_niceness``).
+    """
     starts_one = ray_address is None and not os.environ.get("RAY_ADDRESS")
-    return {"_system_config": {"worker_niceness": 0}} if starts_one else {}
+    if starts_one:
+        options = {"_system_config": {"worker_niceness": 0}, **options}
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=ray_address, **options)
+            return
+        except Exception as error:
+            if not starts_one or "timed out during startup" not in str(error) or attempt == attempts:
+                raise
+            log.warning("Ray did not start (attempt %d of %d): %s; starting again", attempt, attempts, error)
+            ray.shutdown()
 
 
 @dataclass
@@ -125,7 +145,7 @@ class RayCluster:
         self.config = config
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            ray.init(address=ray_address, **local_ray_options(ray_address))
+            init_ray(ray_address)
         self.groups: dict[str, object] = {}
         self.workers: list[RayWorker] = []
         self.router = None

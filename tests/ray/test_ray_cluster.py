@@ -12,7 +12,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from deploy.ray import RayCluster, RayClusterConfig, ServicePlacement
-from deploy.ray.cluster import local_ray_options
+from deploy.ray.cluster import init_ray
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from router.server import RouterConfig
 from services.engine import LLM, SamplingParams
@@ -27,8 +27,8 @@ RAY_CPUS = 4
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint):
     model = str(tiny_checkpoint("k3"))
-    # Normal priority (see local_ray_options): niced workers starve behind the suite's other tests.
-    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, **local_ray_options(None))
+    # Normal priority and retried start (see init_ray): the suite's other tests share the machine.
+    init_ray(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
     try:
         config = RayClusterConfig(
             router=RouterConfig(model=model, prefill=(), decode=(), port=0),
