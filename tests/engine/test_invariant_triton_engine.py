@@ -1,13 +1,17 @@
 """Batch-invariant mode on the invariant Triton kernels (``--kernels triton --batch-invariant``; the
 default on CUDA, the Triton interpreter here): chosen at start, every family on the invariant numerics,
 a sequence's tokens and logprobs bitwise identical alone, beside other requests and across step token
-budgets, and close to the torch invariant ops' logprobs."""
+budgets, and close to the torch invariant ops' logprobs, with KDA on the CF-BI Triton rows."""
+
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
+from kernels.invariant import kda_triton
 from services.engine import LLM, SamplingParams
+from services.engine.model import invariant_numerics
 from services.engine.model.backends import build_kernels
 from services.engine.model.invariant_numerics import InvariantNumerics
 from tests.conftest import relative_error
@@ -66,9 +70,27 @@ def test_alone_equals_mixed_batches_and_other_budgets(make_llm):
     assert _run(make_llm("triton", budget=5), [TARGET, NEIGHBOURS[1]])[0] == alone, "5-token steps"
 
 
-def test_close_to_the_torch_invariant_ops(make_llm):
+def _counted(monkeypatch, module, name: str) -> Counter:
+    """Count the calls of ``module.name`` (the real function still runs)."""
+    calls, real = Counter(), getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_close_to_the_torch_invariant_ops_and_kda_runs_the_triton_rows(make_llm, monkeypatch):
+    """Same tokens as the torch invariant path, and KDA ran the Triton CF-BI kernel, never the torch rows."""
+    kernel = _counted(monkeypatch, kda_triton, "kda_fixed_chunk_varlen_triton")
+    torch_rows = _counted(monkeypatch, invariant_numerics, "kda_fixed_chunk")
     got = make_llm("triton").generate([TARGET], GREEDY)[0]
+    # one call per KDA layer (one here) and step: the 21-token prefill, then a decode per further token
+    assert kernel["kda_fixed_chunk_varlen_triton"] == GREEDY.max_tokens and not torch_rows
     want = make_llm("reference").generate([TARGET], GREEDY)[0]
+    assert torch_rows["kda_fixed_chunk"] == GREEDY.max_tokens
     assert got.token_ids == want.token_ids
     assert relative_error(torch.tensor(got.logprobs), torch.tensor(want.logprobs)) <= 1e-4
 

@@ -8,28 +8,36 @@ Issue 14's budget: invariant mode may cost at most 10% of default-mode throughpu
 - RMSNorm: ``rms_norm_triton`` vs the default numerics' ``kernels.norm.naive.rms_norm`` over the hidden
   size; GB/s (read + write) against the copy bandwidth;
 - log-softmax: ``log_softmax_triton`` vs ``torch.log_softmax`` over float32 logits of the full
-  vocabulary (the sampler's log-probs); GB/s against the copy bandwidth.
+  vocabulary (the sampler's log-probs); GB/s against the copy bandwidth;
+- KDA: ``kda_fixed_chunk_varlen_triton`` (the CF-BI rows, one token after another, on the slots in
+  place) vs fla's ``chunk_kda`` for prefill (TFLOP/s of the chunked form's estimate, as in
+  ``kda_kernels``) and ``fused_recurrent_kda`` for decode (GB/s of the state read and written).
 """
 
 import torch
 
+from kernels.invariant.kda_triton import kda_fixed_chunk_varlen_triton
 from kernels.invariant.linear_triton import invariant_linear_triton
 from kernels.invariant.norm_triton import rms_norm_triton
 from kernels.invariant.softmax_triton import log_softmax_triton
+from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from kernels.norm.naive import rms_norm
 
+from .kda_kernels import CHUNK, _inputs, _slot_pool  # the KDA bench's inputs and slot layout
 from .kernel_bench import KernelBenchContext, KernelResult
 from .timing import device_us
 
 MATMUL_TOKENS = (1, 64, 1024, 8192)
 NORM_TOKENS = (64, 8192)
 LOGIT_ROWS = (1, 64, 256)
+KDA_DECODE_BATCHES = (32, 256)
+KDA_PREFILL_SHAPES = ((1, 4096), (16, 1024))  # (sequences, tokens each): the rows run token by token
 PEER = "default kernel"
 
 
 def bench_invariant(context: KernelBenchContext) -> list[KernelResult]:
-    """Matmul, RMSNorm and log-softmax rows, invariant value with the default kernel as the peer."""
-    return _matmul_rows(context) + _norm_rows(context) + _log_softmax_rows(context)
+    """Matmul, RMSNorm, log-softmax and KDA rows, invariant value with the default kernel as the peer."""
+    return _matmul_rows(context) + _norm_rows(context) + _log_softmax_rows(context) + _kda_rows(context)
 
 
 def _matmul_rows(context: KernelBenchContext) -> list[KernelResult]:
@@ -85,3 +93,59 @@ def _log_softmax_rows(context: KernelBenchContext) -> list[KernelResult]:
             )
         )  # fmt: skip
     return rows
+
+
+def _open_rows(batch: int, context: KernelBenchContext):
+    """Empty open-chunk rows for ``batch`` slots (``open_k``, ``open_g``, ``open_delta``, ``open_count``)."""
+    kda, device = context.config.kda, context.device
+    rows = torch.zeros(batch, FIXED_CHUNK, kda.num_heads, kda.head_dim, device=device)
+    return rows, rows.clone(), rows.clone(), torch.zeros(batch, 1, dtype=torch.int32, device=device)
+
+
+def _kda_rows(context: KernelBenchContext) -> list[KernelResult]:
+    dim, heads = context.config.kda.head_dim, context.config.kda.num_heads
+    copy, rows = context.copy_bytes_per_s / 1e9, []
+    for batch in KDA_DECODE_BATCHES:
+        ours, fla, pool = _kda_times(batch, 1, context)
+        state_bytes = 2 * pool.numel() * pool.element_size()  # read and written
+        rows.append(
+            KernelResult(
+                "inv-kda", f"decode B={batch} (CF-BI rows, slots)", state_bytes / ours / 1e3, "GB/s", copy,
+                "copy", state_bytes / fla / 1e3, "fla fused_recurrent_kda",
+            )
+        )  # fmt: skip
+    for seqs, length in KDA_PREFILL_SHAPES:
+        ours, fla, _ = _kda_times(seqs, length, context)
+        flops = seqs * length * heads * (10 * CHUNK * dim + 6 * dim * dim)
+        rows.append(
+            KernelResult(
+                "inv-kda", f"prefill {seqs}x{length} (CF-BI rows, slots)", flops / ours / 1e6, "TFLOP/s",
+                context.matmul_flops / 1e12, "matmul", flops / fla / 1e6, "fla chunk_kda",
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _kda_times(seqs: int, length: int, context: KernelBenchContext) -> tuple[float, float, torch.Tensor]:
+    """Microseconds of ours and fla's (``fused_recurrent_kda`` for one token each, else ``chunk_kda``)
+    over ``seqs`` sequences of ``length`` tokens continuing their state; and the slot states."""
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda
+
+    device, dim, tokens = context.device, context.config.kda.head_dim, seqs * length
+    q, k, v, g, beta = _inputs(tokens, context)
+    pool, open_rows = _slot_pool(seqs, context), _open_rows(seqs, context)
+    slots = torch.arange(seqs, dtype=torch.int32, device=device)
+    has_state = torch.ones(seqs, dtype=torch.bool, device=device)
+    cu = torch.arange(0, tokens + 1, length, dtype=torch.int32, device=device)
+    scale, cu_long, dense = dim**-0.5, cu.long(), pool.contiguous()
+    ours = device_us(
+        lambda: kda_fixed_chunk_varlen_triton(q, k, v, g, beta, scale, cu, slots, has_state, pool, *open_rows)
+    )
+    peer = fused_recurrent_kda if length == 1 else chunk_kda
+    fla = device_us(
+        lambda: peer(
+            q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=dense,
+            output_final_state=True, cu_seqlens=cu_long,
+        )
+    )  # fmt: skip
+    return ours, fla, pool

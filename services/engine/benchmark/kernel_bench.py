@@ -54,7 +54,7 @@ KERNEL_BENCHES = {
     ),
     "invariant": KernelBench(
         f"{_HERE}.invariant_kernels:bench_invariant",
-        "batch-invariant Triton matmul, RMSNorm, log-softmax vs the default kernels (goal: >= 0.90)",
+        "batch-invariant Triton matmul, RMSNorm, log-softmax, KDA vs the default kernels (goal: >= 0.90)",
     ),
 }
 

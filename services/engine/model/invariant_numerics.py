@@ -7,9 +7,10 @@ MLA always runs absorbed, each query over exactly the keys it may see, compacted
 fixed-chunk rows (``kernels.kda.fixed_chunk``); the short conv adds its taps in a fixed order.
 
 ``device_kernels`` picks who computes the products, norms, elementwise functions, latent attention,
-indexer scores and MoE experts: ``torch`` (the ``kernels.invariant`` ops above, the CPU path under
-MKL's strict mode) or ``triton`` (the fixed-tiling Triton kernels ``kernels.invariant.*_triton``, the
-fast path on CUDA; on the CPU they run only under the Triton interpreter). Both are batch-invariant;
+indexer scores, MoE experts and the KDA rows: ``torch`` (the ``kernels.invariant`` ops above and
+``kda_fixed_chunk``, the CPU path under MKL's strict mode) or ``triton`` (the fixed-tiling Triton
+kernels ``kernels.invariant.*_triton``, the fast path on CUDA; on the CPU they run only under the
+Triton interpreter). Both are batch-invariant;
 they do not give each other's bits.
 """
 
@@ -66,8 +67,8 @@ class InvariantNumerics(Numerics):
     row's bits. With ``device_kernels="triton"`` they, the row norms, the elementwise functions and the
     indexer scores run the fixed-tiling Triton kernels (invariant by construction, no probe), MLA
     attends in one launch (``mla_latent_attention_triton``) and the MoE experts run two grouped GEMMs
-    and an expert-id-order combine (``moe_experts_triton``). KDA (the CF-BI rows) and the short conv
-    stay torch code in both.
+    and an expert-id-order combine (``moe_experts_triton``), and KDA runs the CF-BI rows in one launch
+    per sequence (``kda_fixed_chunk_triton``). The short conv stays torch code in both.
 
     Raises:
         ValueError: an unknown ``device_kernels``.
@@ -166,7 +167,10 @@ class InvariantNumerics(Numerics):
     def kda(self, q, k, v, g, beta, scale, previous):
         if previous is None:
             previous = FixedChunkState.zeros(q.shape[1], q.shape[2], v.shape[2], q.device)
-        o, state = kda_fixed_chunk(q, k, v, g, beta, scale, previous)
+        if self._triton:
+            o, state = self._triton.kda(q, k, v, g, beta, scale, previous)
+        else:
+            o, state = kda_fixed_chunk(q, k, v, g, beta, scale, previous)
         return o.to(v.dtype), state
 
     def mla_attention(self, q_nope, q_rope, latent, k_rope, w_kv_b, scale, allowed, decoding):
@@ -234,12 +238,14 @@ class _TritonOps(NamedTuple):
     indexer_scores: Callable
     unary: Callable
     moe_experts: Callable
+    kda: Callable
 
 
 def _triton_ops() -> _TritonOps:
     from kernels.invariant.attention_triton import mla_latent_attention_triton
     from kernels.invariant.elementwise_triton import unary_triton
     from kernels.invariant.indexer_triton import indexer_scores_triton
+    from kernels.invariant.kda_triton import kda_fixed_chunk_triton
     from kernels.invariant.linear_triton import invariant_linear_triton
     from kernels.invariant.moe_triton import moe_experts_triton
     from kernels.invariant.norm_triton import (
@@ -259,4 +265,5 @@ def _triton_ops() -> _TritonOps:
         indexer_scores_triton,
         unary_triton,
         moe_experts_triton,
+        kda_fixed_chunk_triton,
     )
