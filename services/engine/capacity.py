@@ -12,9 +12,14 @@ Three ledgers (DESIGN.md section 3 keeps KV and KDA state budgets apart, so they
 KV blocks plus its KDA slot::
 
     | weights | workspace | n x (KV blocks of L tokens) | n x KDA slot | free (< one request) |
+
+With a parallel layout (``tp``, ``dcp``) every figure is one rank's and the budget is one device's:
+TP splits the KDA heads (a rank's slot holds ``1/tp`` of the state) but not the MLA latent, which every
+TP rank caches whole; DCP splits a context's tokens (a rank caches ``ceil(L / dcp)`` of them, in its own
+whole blocks). A request occupies every rank, so requests per rank is the group's requests.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -47,6 +52,7 @@ class CapacityLedger:
         kda_slot_bytes: one request's KDA state slot, 0 without KDA layers.
         kda_by_kind: ``(kind, bytes per request summed over KDA layers)``, unpadded.
         workspace: ``(term, bytes)`` of the step estimate (``workspace_terms``).
+        tp, dcp: the layout the per-rank figures are for (``kda_slot_bytes``, ``kv_blocks``).
     """
 
     family: str
@@ -66,10 +72,13 @@ class CapacityLedger:
     kda_slot_bytes: int
     kda_by_kind: tuple[tuple[str, int], ...]
     workspace: tuple[tuple[str, int], ...]
+    tp: int = 1
+    dcp: int = 1
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """Block bytes / block size (an integer whenever the block has no alignment padding)."""
+        """Block bytes / block size (an integer whenever the block has no alignment padding): one
+        rank's bytes per token it caches (a context's token, over DCP, is cached by one rank)."""
         return self.kv_block_bytes / self.block_size
 
     @property
@@ -77,8 +86,10 @@ class CapacityLedger:
         return sum(size for _, size in self.workspace)
 
     def kv_blocks(self, context_len: int) -> int:
-        """Blocks holding ``context_len`` tokens (0 for a model without MLA layers)."""
-        return -(-context_len // self.block_size) if self.kv_block_bytes else 0
+        """One rank's blocks for a context of ``context_len`` tokens, ``ceil(ceil(L / dcp) / B)`` (0 for
+        a model without MLA layers)."""
+        tokens = -(-context_len // self.dcp)
+        return -(-tokens // self.block_size) if self.kv_block_bytes else 0
 
     def transfer_bytes(self, context_len: int) -> int:
         """Bytes prefill writes into decode's memory for one request: its blocks plus its KDA slot."""
@@ -128,8 +139,11 @@ def capacity_ledger(
     batch_invariant: bool,
     max_num_batched_tokens: int,
     max_num_seqs: int = 256,
+    tp: int = 1,
+    dcp: int = 1,
 ) -> CapacityLedger:
-    """Build the ledger of ``config`` served in ``dtype``; reads no weights.
+    """Build the ledger of ``config`` served in ``dtype``, one rank's figures under ``tp`` x ``dcp``;
+    reads no weights.
 
     Args:
         config: the validated model config.
@@ -140,14 +154,19 @@ def capacity_ledger(
         batch_invariant: slots also keep the CF-BI open-chunk rows (``C = 16``).
         max_num_batched_tokens: tokens in one step, for the workspace estimate.
         max_num_seqs: requests in one step; bounds the logits rows of the workspace.
+        tp, dcp: tensor- and decode-context-parallel degrees (the module docstring says what each
+            splits); ``tp`` must divide the KDA heads.
 
     Raises:
-        ValueError: a non-positive size or an unknown ``kv_format``, naming the argument.
+        ValueError: a non-positive size, an unknown ``kv_format`` or a ``tp`` that does not divide the
+            KDA heads, naming the argument.
     """
     for name, value in (
         ("block_size", block_size),
         ("max_num_batched_tokens", max_num_batched_tokens),
         ("max_num_seqs", max_num_seqs),
+        ("tp", tp),
+        ("dcp", dcp),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
@@ -157,7 +176,7 @@ def capacity_ledger(
     mla_layers = config.layer_types.count(LAYER_MLA)
     kda_layers = config.layer_types.count(LAYER_KDA)
     block = block_layout(config, block_size, dtype, kv_format)
-    slot = slot_layout(config, dtype, CF_BI_CHUNK if batch_invariant else 0)
+    slot = slot_layout(kda_shard(config, tp), dtype, CF_BI_CHUNK if batch_invariant else 0)
     return CapacityLedger(
         family=config.family,
         dtype=str(dtype).removeprefix("torch."),
@@ -177,7 +196,22 @@ def capacity_ledger(
         kda_slot_bytes=slot.nbytes if kda_layers else 0,
         kda_by_kind=_by_kind(slot, per=1) if kda_layers else (),
         workspace=workspace_terms(config, dtype, max_num_batched_tokens, max_num_seqs),
+        tp=tp,
+        dcp=dcp,
     )
+
+
+def kda_shard(config: ModelConfig, tp: int) -> ModelConfig:
+    """``config`` with one TP rank's KDA heads (its state slot's shape).
+
+    Raises:
+        ValueError: ``tp`` does not divide the KDA heads, naming ``tp``.
+    """
+    if config.kda is None or tp == 1:
+        return config
+    if config.kda.num_heads % tp:
+        raise ValueError(f"tp: {tp} does not divide the {config.kda.num_heads} KDA heads; pick a divisor")
+    return replace(config, kda=replace(config.kda, num_heads=config.kda.num_heads // tp))
 
 
 def fit(ledger: CapacityLedger, memory_bytes: int, context_len: int) -> ContextFit:

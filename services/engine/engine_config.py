@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from services.engine.model.backends import KERNEL_BACKENDS, default_kernels
+from services.engine.parallel.layout import ParallelLayout
 
 DEVICES = ("cpu", "cuda")
 PARALLEL_DEGREES = ("tp", "dcp", "pp", "pcp", "ep")
@@ -113,9 +114,14 @@ class EngineConfig:
         return self.kernels or default_kernels(self.device, self.batch_invariant)
 
     @property
+    def layout(self) -> ParallelLayout:
+        """The parallel degrees as a ``ParallelLayout`` (rank order, groups, validation)."""
+        return ParallelLayout(tp=self.tp, dcp=self.dcp, pp=self.pp, pcp=self.pcp, ep=self.ep)
+
+    @property
     def world_size(self) -> int:
         """Processes (ranks) the engine runs as: ``tp * dcp * pcp * pp`` (``ep`` regroups them)."""
-        return self.tp * self.dcp * self.pcp * self.pp
+        return self.layout.world_size
 
     @property
     def blocks_per_sequence(self) -> int:

@@ -56,6 +56,16 @@ class LLM:
             except TokenizerNotFoundError:
                 pass
 
+    def close(self) -> None:
+        """Stop the engine's follower ranks (a parallel engine); idempotent, a no-op on one rank."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: Prompt | list[Prompt],

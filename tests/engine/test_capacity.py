@@ -391,3 +391,24 @@ def test_cli_nothing_fits_exits_zero(folders, capsys):
     assert baton_main(["capacity", "--model", str(folders["k3"]), "--memory-gib", "0.001", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["nothing_fits"] is True and all(f["requests"] == 0 for f in report["fits"])
+
+
+def test_per_rank_kv_and_kda_under_tp_and_dcp(folders, capsys):
+    """``--tp 2 --dcp 2``: a rank's KDA slot holds half the heads' state, its KV blocks half a context's
+    tokens (rounded up to whole blocks), the MLA latent per token is whole; the fit is per device."""
+    one, split = ledger("k3"), ledger("k3", tp=2, dcp=2)
+    assert one.kda_slot_bytes == 2 * split.kda_slot_bytes  # tiny k3: 64-byte aligned fields halve exactly
+    assert split.kv_block_bytes == one.kv_block_bytes
+    assert [split.kv_blocks(n) for n in (1, 32, 33, 4096)] == [1, 1, 2, 128]
+    assert fit(split, GIB, 4096).requests > fit(one, GIB, 4096).requests
+    args = ["--memory-gib", "1", "--context-len", "4096", "--device", "cpu", "--tp", "2", "--dcp", "2"]
+    assert baton_main(["capacity", "--model", str(folders["k3"]), *args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["ledger"]["tp"], report["ledger"]["dcp"]) == (2, 2)
+    assert report["ledger"]["kda_slot_bytes"] == split.kda_slot_bytes
+    assert report["fits"][0]["kv_blocks_per_request"] == 128
+    assert report["fits"][0]["requests"] == fit(split, GIB, 4096).requests
+    assert baton_main(["capacity", "--model", str(folders["k3"]), *args]) == 0
+    assert "--tp 2 --dcp 2: 4 ranks; KV and KDA figures are one rank's" in capsys.readouterr().out
+    assert baton_main(["capacity", "--model", str(folders["k3"]), "--memory-gib", "1", "--tp", "3"]) == 2
+    assert "--tp 3: does not divide 4 attention heads" in capsys.readouterr().err
