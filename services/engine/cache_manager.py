@@ -91,7 +91,10 @@ class CacheManager:
             scratch=scratch,
         )
         slots = StateSlotPool(
-            slot_layout(model.config, dtype, open_rows), config.max_num_seqs, config.device, scratch=scratch
+            slot_layout(model.config, dtype, open_rows, model.parallel.tp),
+            config.max_num_seqs,
+            config.device,
+            scratch=scratch,
         )
         snapshots = None
         if config.enable_prefix_caching:

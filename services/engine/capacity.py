@@ -19,7 +19,7 @@ TP rank caches whole; DCP splits a context's tokens (a rank caches ``ceil(L / dc
 whole blocks). A request occupies every rank, so requests per rank is the group's requests.
 """
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -176,7 +176,9 @@ def capacity_ledger(
     mla_layers = config.layer_types.count(LAYER_MLA)
     kda_layers = config.layer_types.count(LAYER_KDA)
     block = block_layout(config, block_size, dtype, kv_format)
-    slot = slot_layout(kda_shard(config, tp), dtype, CF_BI_CHUNK if batch_invariant else 0)
+    if config.kda is not None and config.kda.num_heads % tp:
+        raise ValueError(f"tp: {tp} does not divide the {config.kda.num_heads} KDA heads; pick a divisor")
+    slot = slot_layout(config, dtype, CF_BI_CHUNK if batch_invariant else 0, tp)
     return CapacityLedger(
         family=config.family,
         dtype=str(dtype).removeprefix("torch."),
@@ -199,19 +201,6 @@ def capacity_ledger(
         tp=tp,
         dcp=dcp,
     )
-
-
-def kda_shard(config: ModelConfig, tp: int) -> ModelConfig:
-    """``config`` with one TP rank's KDA heads (its state slot's shape).
-
-    Raises:
-        ValueError: ``tp`` does not divide the KDA heads, naming ``tp``.
-    """
-    if config.kda is None or tp == 1:
-        return config
-    if config.kda.num_heads % tp:
-        raise ValueError(f"tp: {tp} does not divide the {config.kda.num_heads} KDA heads; pick a divisor")
-    return replace(config, kda=replace(config.kda, num_heads=config.kda.num_heads // tp))
 
 
 def fit(ledger: CapacityLedger, memory_bytes: int, context_len: int) -> ContextFit:

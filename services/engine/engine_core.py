@@ -32,9 +32,7 @@ def load_engine_model(config: EngineConfig, context: ParallelContext) -> CausalL
     """``config.model``'s shard for ``context`` (the whole model on one rank) on ``config.device``, with
     the config's numerics and kernels; rank 0 and every follower rank load through here."""
     dtype = getattr(torch, config.dtype) if config.dtype else None
-    # Until the checkpoint loader takes the context (the TP/EP model work), every rank loads the
-    # whole model: the steps still run on all ranks, with redundant compute.
-    model = load_model(config.model, device=rank_device(config, context.rank), dtype=dtype)
+    model = load_model(config.model, device=rank_device(config, context.rank), dtype=dtype, parallel=context)
     model.set_batch_invariant(config.batch_invariant)
     model.set_kernels(config.kernel_backend, config.kv_format)
     return model
@@ -59,11 +57,12 @@ class EngineCore:
     def __init__(self, config: EngineConfig, model: CausalLM | None = None):
         self.config = config
         check_kernels(config.kernel_backend, config.device, config.batch_invariant)
-        check_parallel(config, prebuilt=model is not None)
+        prebuilt = model is not None
+        check_parallel(config, prebuilt=prebuilt)
         # Several ranks: the followers start now and load their shards beside this one (rank 0).
         self.ranks = RankGroup(config) if config.world_size > 1 else None
         try:
-            if model is None:
+            if not prebuilt:
                 context = self.ranks.context if self.ranks else ParallelContext.single()
                 model = load_engine_model(config, context)
             else:
@@ -76,7 +75,7 @@ class EngineCore:
         use_graphs = self._use_cuda_graphs()
         self.cache = CacheManager.for_model(config, self.model, scratch=use_graphs)
         self.model_fingerprint = (
-            checkpoint_fingerprint(config.model) if model is None else f"built:{config.model}"
+            checkpoint_fingerprint(config.model) if not prebuilt else f"built:{config.model}"
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
