@@ -42,6 +42,7 @@ CAPACITY_FIELDS = (
     "kernels",
     "tp",
     "dcp",
+    "ep",
 )
 
 
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     args.kernels = args.kernels or default_kernels(args.device, args.batch_invariant)
     context_lens = parse_context_lens(args.context_len)
     config = load_model_config(args.model)  # the only file read
-    ParallelLayout(tp=args.tp, dcp=args.dcp).validate(config, args.batch_invariant)  # names --tp
+    ParallelLayout(tp=args.tp, dcp=args.dcp, ep=args.ep).validate(config, args.batch_invariant)  # names --tp
     dtype = DTYPES[args.dtype or config.torch_dtype]
     ledger = capacity_ledger(
         config,
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_num_seqs,
         tp=args.tp,
         dcp=args.dcp,
+        ep=args.ep,
     )
     memory = round(args.memory_gib * GIB)
     fits = [fit(ledger, memory, length) for length in context_lens]
@@ -157,11 +159,11 @@ def _human_report(
         f" kernels {args.kernels},"
         f" --memory-gib {args.memory_gib:g} ({b(memory)})",
     ]
-    if ledger.tp * ledger.dcp > 1:
+    if ledger.tp * ledger.dcp * ledger.ep > 1:
         lines.append(
-            f"--tp {ledger.tp} --dcp {ledger.dcp}: {ledger.tp * ledger.dcp} ranks; KV and KDA figures are one"
-            " rank's (TP splits the KDA heads, DCP a context's tokens; the MLA latent is whole on every TP"
-            " rank), the budget one device's"
+            f"--tp {ledger.tp} --dcp {ledger.dcp} --ep {ledger.ep}: {ledger.tp * ledger.dcp} ranks; weights,"
+            " KV and KDA figures are one rank's (TP and EP split the weights, TP the KDA heads, DCP a"
+            " context's tokens; the MLA latent is whole on every TP rank), the budget one device's"
         )
     lines += ["", "Persistent state"]
     kv_parts = " + ".join(f"{kind} {b(size)}" for kind, size in ledger.kv_by_kind) or "no MLA layers"

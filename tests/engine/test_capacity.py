@@ -23,6 +23,8 @@ from services.engine.checkpoint.presets import preset_config
 from services.engine.checkpoint.random_init import write_random_checkpoint
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config_loader import load_model_config
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.layout import ParallelLayout
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -409,6 +411,18 @@ def test_per_rank_kv_and_kda_under_tp_and_dcp(folders, capsys):
     assert report["fits"][0]["kv_blocks_per_request"] == 128
     assert report["fits"][0]["requests"] == fit(split, GIB, 4096).requests
     assert baton_main(["capacity", "--model", str(folders["k3"]), *args]) == 0
-    assert "--tp 2 --dcp 2: 4 ranks; KV and KDA figures are one rank's" in capsys.readouterr().out
+    assert (
+        "--tp 2 --dcp 2 --ep 1: 4 ranks; weights, KV and KDA figures are one rank's"
+        in capsys.readouterr().out
+    )
     assert baton_main(["capacity", "--model", str(folders["k3"]), "--memory-gib", "1", "--tp", "3"]) == 2
     assert "--tp 3: does not divide 4 attention heads" in capsys.readouterr().err
+
+
+def test_per_rank_weight_bytes_equal_a_loaded_shard(tiny_checkpoint):
+    """TP 2 + EP 2: the ledger's weights are what rank 1 loads of the checkpoint (a shard, not the model)."""
+    rank = ParallelContext(ParallelLayout(tp=2, ep=2), rank=1)
+    shard = load_model(tiny_checkpoint("k3"), dtype=torch.float32, parallel=rank)
+    loaded = sum(p.numel() * p.element_size() for p in shard.parameters())
+    split = ledger("k3", tp=2, ep=2)
+    assert split.weight_bytes == loaded < ledger("k3").weight_bytes
