@@ -105,17 +105,19 @@ class EngineService:
     ) -> ReserveResult:
         """Hold room for a prompt's handoff, or decline when ``local_prefill_max_tokens`` is given and
         the prompt is cheaper to prefill here (``prefill_here``). One loop call: the prefix lookup and
-        the reservation see the same cache.
+        the reservation see the same cache. A parallel engine (``world_size > 1``) always declines: it
+        cannot receive a handoff yet (``docs/parallel.md``).
 
         Raises:
-            ValueError: a bad request (naming the field).
+            ValueError: a bad request (naming the field), or a reservation a parallel engine must take
+                (``local_prefill_max_tokens`` None).
             NoCapacity: nothing free right now.
         """
 
         def reserve_or_decline(engine: EngineCore) -> ReserveResult:
-            if engine.ranks is not None:  # no handoff into a parallel engine yet: prefill here instead
+            if self.world_size > 1:  # no handoff into a parallel engine yet: prefill here instead
                 if local_prefill_max_tokens is None:
-                    raise ValueError(_NO_PARALLEL_HANDOFF.format(engine.config.world_size, "target"))
+                    raise ValueError(_NO_PARALLEL_HANDOFF.format(self.world_size, "target"))
                 return ReserveResult(None, engine.cached_prefix_tokens(prompt_ids, tenant, adapter))
             if local_prefill_max_tokens is not None:
                 cached = engine.cached_prefix_tokens(prompt_ids, tenant, adapter)
