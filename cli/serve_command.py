@@ -10,6 +10,7 @@ import threading
 from deploy.local.launcher import LocalCluster
 from services.config_flags import add_config_flags, engine_config
 from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
+from services.engine.parallel.parallel_check import check_parallel
 from services.worker_config import ROLES, WorkerConfig
 
 
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
 
         return serve_on_ray(args, _disaggregation(args), announce, configs)
+    for config in configs.values():  # a layout that cannot run fails here, before any worker starts
+        check_parallel(config.engine)
     logging.getLogger("deploy.local.launcher").setLevel(logging.INFO)
     cluster = LocalCluster(
         str(args.model),

@@ -93,6 +93,18 @@ def _children(pid: int, timeout: float = 60.0) -> list[int]:
     raise AssertionError(f"rank 0 (pid {pid}) started no follower within {timeout}s")
 
 
+def _started_here(module: str) -> list[int]:
+    """This test process's children running ``python -m module``."""
+    found = []
+    for child in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+        try:
+            if module.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+        except FileNotFoundError:
+            pass  # exited meanwhile
+    return found
+
+
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -148,4 +160,15 @@ def test_bad_layouts_fail_before_any_rank_starts(model, flags, message, capsys):
         pytest.skip("this machine has the devices")
     assert main(generate_args(model, *flags)) == 2
     assert message in capsys.readouterr().err
-    assert not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split(), "a rank started"
+    assert not _started_here("services.engine.parallel.follower"), "a rank started"
+
+
+def test_serve_checks_each_roles_layout_before_starting_workers(model, capsys):
+    argv = ["serve", "--model", str(model), "--port", "0", "--colocated", "--decode-parallel", "tp=2,ep=4"]
+    assert main(argv) == 2
+    assert "ep: 4 must divide tp x dcp = 2" in capsys.readouterr().err
+    assert main([*argv[:-1], "tp=3"]) == 2
+    assert "--tp 3: does not divide 4 attention heads" in capsys.readouterr().err
+    assert not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split(), (
+        "a worker started"
+    )

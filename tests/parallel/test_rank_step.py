@@ -33,7 +33,7 @@ def test_replayed_steps_leave_a_followers_pools_equal_to_rank_0s(tiny_checkpoint
     recorder = StepRecorder()
     engine.runner.ranks = recorder
     engine.cache.record_state_copies()
-    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
     for tail in ([5], [8]):  # the second prompt restores the first one's snapshots
         llm.generate([PREFIX + tail], params)
     kinds = {copy.kind for step in recorder.steps for copy in step.state_copies}
