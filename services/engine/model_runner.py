@@ -67,9 +67,14 @@ class ModelRunner:
         else:
             ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
             logit_rows = [ends[i] - 1 for i in sampling]
-            if self.ranks is not None:  # the followers run the same forward on their shards
+            if self.ranks is None:
+                logits = self.forward(steps, logit_rows)
+            else:  # the followers run the same forward on their shards
                 self.ranks.send(RankStep(self.cache.take_state_copies(), tuple(steps), tuple(logit_rows)))
-            logits = self.forward(steps, logit_rows)
+                try:
+                    logits = self.forward(steps, logit_rows)
+                except Exception as error:  # the followers may wait in a collective this rank left
+                    self.ranks.take_down(f"rank 0's forward failed ({error!r})")
             if not sampling:
                 return {}
             result = self.model.kernels.sampling.sample(logits, params, positions)

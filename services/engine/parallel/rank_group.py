@@ -35,6 +35,7 @@ import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -179,21 +180,22 @@ class RankGroup:
             preexec_fn=_kill_when_parent_dies,
         )
 
+    def take_down(self, reason: str) -> NoReturn:
+        """End the whole group now: print ``reason``, kill the followers, exit with ``EXIT_GROUP_DOWN``.
+
+        For what leaves the ranks out of step (a rank died, rank 0's forward failed half way through its
+        collectives): going on would pair later collectives with the wrong ones.
+        """
+        print(f"baton: {reason}; taking the rank group down", file=sys.stderr, flush=True)
+        for process in self.followers:
+            if process.poll() is None:
+                process.kill()
+        os._exit(EXIT_GROUP_DOWN)
+
     def _watch(self) -> None:
         while not self._closing.wait(WATCH_INTERVAL_S):
             for rank, process in enumerate(self.followers, start=1):
                 code = process.poll()
                 if code is not None and not self._closing.is_set():
-                    self._take_down(rank, process.pid, code)
-
-    def _take_down(self, rank: int, pid: int, code: int) -> None:
-        how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        print(
-            f"baton: rank {rank} of {self.world_size} (pid {pid}) died ({how}); taking the rank group down",
-            file=sys.stderr,
-            flush=True,
-        )
-        for process in self.followers:
-            if process.poll() is None:
-                process.kill()
-        os._exit(EXIT_GROUP_DOWN)
+                    how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                    self.take_down(f"rank {rank} of {self.world_size} (pid {process.pid}) died ({how})")
