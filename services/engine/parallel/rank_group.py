@@ -58,6 +58,9 @@ IDLE_TIMEOUT = timedelta(days=365)
 REPO = Path(__file__).resolve().parents[3]
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def _parent_death_signal():
     """Linux's ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, looked up before any fork (None elsewhere)."""
     if not sys.platform.startswith("linux"):
@@ -66,7 +69,6 @@ def _parent_death_signal():
     return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-PR_SET_PDEATHSIG = 1
 # Run in each follower between fork and exec: the kernel kills it the moment rank 0's spawning thread
 # ends, even while it is still importing (its own watchdog, ``follower.py``, starts only after that).
 _kill_when_parent_dies = _parent_death_signal()
@@ -115,11 +117,12 @@ def config_from_json(text: str) -> EngineConfig:
 class RankGroup:
     """Rank 0's side of the group: starts the followers and joins with them (see the module docstring).
 
+    Build it on a thread that lives as long as the engine (the main thread, an actor's): the kernel ends
+    the followers when their spawning thread ends. A follower that exits before it has joined (a bad
+    checkpoint, say: its error is on stderr) takes this process down like one that dies later.
+
     Args:
         config: the engine; ``world_size > 1``, already checked (``parallel_check.check_parallel``).
-
-    Raises:
-        RuntimeError: a follower could not be started.
     """
 
     def __init__(self, config: EngineConfig):
@@ -137,11 +140,6 @@ class RankGroup:
     @property
     def context(self) -> ParallelContext:
         return self.membership.context
-
-    @property
-    def pids(self) -> list[int]:
-        """The followers' process ids, rank 1 first."""
-        return [process.pid for process in self.followers]
 
     def send(self, step: RankStep) -> None:
         """Broadcast one step to the followers (they run its forward beside rank 0's)."""
@@ -172,11 +170,12 @@ class RankGroup:
         command = [sys.executable, "-m", "services.engine.parallel.follower", "--rank", str(rank)]
         command += ["--store-port", str(port), "--config", config_json(self.config)]
         command += ["--parent-pid", str(os.getpid())]
-        # stdout is rank 0's alone (a worker's READY line); a follower's messages go to stderr.
+        # stdout is rank 0's alone (a worker's READY line); a follower's goes to this process's fd 2
+        # (the descriptor itself: ``sys.stderr`` may be a capture without one).
         return subprocess.Popen(
             command,
             env={**os.environ, "PYTHONPATH": search_path},
-            stdout=sys.stderr.fileno(),
+            stdout=2,
             preexec_fn=_kill_when_parent_dies,
         )
 
