@@ -1,7 +1,9 @@
-"""A parallel engine as processes, through the real ``baton generate`` on the CPU (gloo): ``--tp 2`` and
-``--tp 2 --ep 2`` give the one-rank greedy tokens; a follower that dies takes the group down and rank 0
-says which; rank 0 dying ends its followers; bad layouts fail before any rank starts."""
+"""A parallel engine as processes, through the real ``baton generate`` on the CPU (gloo): ``--tp 2`` gives
+the one-rank greedy tokens, and ``--tp 2 --ep 2 --batch-invariant`` the one-rank tokens and log-prob bits
+for a batch of prompts; a follower that dies takes the group down and rank 0 says which; rank 0 dying
+ends its followers; bad layouts fail before any rank starts."""
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from cli.main import main
+from mismatch import read_dump
 from services.engine import LLM, SamplingParams
 from services.engine.parallel.rank_group import EXIT_GROUP_DOWN
 
@@ -48,6 +51,23 @@ def generate_args(model: Path, *extra: str) -> list[str]:
     return ["generate", "--model", str(model), "--prompt-ids", ids, "--ignore-eos", *sizes, *extra]
 
 
+def invariant_dump_args(model: Path, prompts: Path, out: Path, *extra: str) -> list[str]:
+    """A batch-invariant run of ``prompts`` written as a log-prob dump to ``out``."""
+    sizes = ["--max-tokens", str(MAX_TOKENS), "--dtype", "float32", "--max-model-len", "64"]
+    files = ["--prompts", str(prompts), "--out", str(out)]
+    return [
+        "generate",
+        "--model",
+        str(model),
+        *files,
+        "--ignore-eos",
+        "--logprobs",
+        "--batch-invariant",
+        *sizes,
+        *extra,
+    ]
+
+
 def generated_ids(result: subprocess.CompletedProcess) -> list[int]:
     assert result.returncode == 0, result.stderr
     line = result.stdout.strip().splitlines()[-1]
@@ -66,15 +86,27 @@ def one_rank_ids(model) -> list[int]:
         return llm.generate([PROMPT], params)[0].token_ids
 
 
-DEGREES = {"tp2": ("--tp", "2"), "tp2-ep2": ("--tp", "2", "--ep", "2")}
+DEGREES = {"tp2": ("--tp", "2")}
 
 
 @pytest.fixture(scope="module")
-def runs(model) -> dict[str, subprocess.Popen]:
+def dumps(tmp_path_factory) -> dict[str, Path]:
+    """The batch-invariant runs' prompts (three lengths, one batch) and their dumps' paths."""
+    root = tmp_path_factory.mktemp("invariant")
+    lines = [json.dumps({"id": n, "prompt_ids": PROMPT[: 3 + 4 * n]}) for n in range(3)]
+    (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    return {name: root / f"{name}.jsonl" for name in ("prompts", "one-rank", "tp2-ep2")}
+
+
+@pytest.fixture(scope="module")
+def runs(model, dumps) -> dict[str, subprocess.Popen]:
     """Every multi-rank run of this file, started together (each rank pays the torch import): two to
     kill a rank of as soon as it has one (``kill-follower``, ``kill-rank-0``: the tests that run first),
     and the generations."""
     started = {name: baton(*generate_args(model, *flags), wait=False) for name, flags in DEGREES.items()}
+    started["tp2-ep2-invariant"] = baton(
+        *invariant_dump_args(model, dumps["prompts"], dumps["tp2-ep2"], "--tp", "2", "--ep", "2"), wait=False
+    )
     for name in ("kill-follower", "kill-rank-0"):
         started[name] = baton(*generate_args(model, "--tp", "2", "--max-tokens", "50"), wait=False)
     yield started
@@ -140,6 +172,21 @@ def test_generate_on_two_ranks_gives_the_one_rank_greedy_tokens(runs, one_rank_i
     assert (
         generated_ids(subprocess.CompletedProcess([], runs[name].returncode, stdout, stderr)) == one_rank_ids
     )
+
+
+def test_batch_invariant_tp_and_ep_give_the_one_rank_bits(runs, model, dumps):
+    """DESIGN.md section 4: invariant mode's tokens and log-probs do not depend on the TP degree."""
+    _, stderr = runs["tp2-ep2-invariant"].communicate(timeout=120)
+    assert runs["tp2-ep2-invariant"].returncode == 0, stderr
+    assert main(invariant_dump_args(model, dumps["prompts"], dumps["one-rank"])) == 0
+    want, got = read_dump(dumps["one-rank"]).by_id(), read_dump(dumps["tp2-ep2"]).by_id()
+    assert sorted(got) == sorted(want) == [0, 1, 2]
+    for request_id, record in want.items():
+        assert len(record.token_ids) == MAX_TOKENS and record.logprob_bits is not None
+        assert (got[request_id].token_ids, got[request_id].logprob_bits) == (
+            record.token_ids,
+            record.logprob_bits,
+        ), request_id
 
 
 @pytest.mark.parametrize(
