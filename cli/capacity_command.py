@@ -24,6 +24,7 @@ from services.engine.capacity import (
 from services.engine.engine_config import EngineConfig
 from services.engine.model.backends import default_kernels
 from services.engine.model.config_loader import load_model_config
+from services.engine.parallel.layout import ParallelLayout
 
 from .arguments import DTYPES
 
@@ -39,6 +40,9 @@ CAPACITY_FIELDS = (
     "max_num_seqs",
     "device",
     "kernels",
+    "tp",
+    "dcp",
+    "ep",
 )
 
 
@@ -76,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     args.kernels = args.kernels or default_kernels(args.device, args.batch_invariant)
     context_lens = parse_context_lens(args.context_len)
     config = load_model_config(args.model)  # the only file read
+    ParallelLayout(tp=args.tp, dcp=args.dcp, ep=args.ep).validate(config, args.batch_invariant)  # names --tp
     dtype = DTYPES[args.dtype or config.torch_dtype]
     ledger = capacity_ledger(
         config,
@@ -85,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         args.batch_invariant,
         args.max_num_batched_tokens,
         args.max_num_seqs,
+        tp=args.tp,
+        dcp=args.dcp,
+        ep=args.ep,
     )
     memory = round(args.memory_gib * GIB)
     fits = [fit(ledger, memory, length) for length in context_lens]
@@ -150,9 +158,14 @@ def _human_report(
         f" KV format {ledger.kv_format}{', batch-invariant' if ledger.batch_invariant else ''},"
         f" kernels {args.kernels},"
         f" --memory-gib {args.memory_gib:g} ({b(memory)})",
-        "",
-        "Persistent state",
     ]
+    if ledger.tp * ledger.dcp * ledger.ep > 1:
+        lines.append(
+            f"--tp {ledger.tp} --dcp {ledger.dcp} --ep {ledger.ep}: {ledger.tp * ledger.dcp} ranks; weights,"
+            " KV and KDA figures are one rank's (TP and EP split the weights, TP the KDA heads, DCP a"
+            " context's tokens; the MLA latent is whole on every TP rank), the budget one device's"
+        )
+    lines += ["", "Persistent state"]
     kv_parts = " + ".join(f"{kind} {b(size)}" for kind, size in ledger.kv_by_kind) or "no MLA layers"
     kda_parts = " + ".join(f"{kind} {b(size)}" for kind, size in ledger.kda_by_kind) or "no KDA layers"
     lines += _table(
@@ -165,7 +178,7 @@ def _human_report(
             ("KV per token", b(ledger.kv_bytes_per_token), f"{ledger.mla_layers} MLA layer(s): {kv_parts}"),
             ("KV per block", b(ledger.kv_block_bytes), f"{ledger.block_size} tokens, 64-byte aligned fields"),
             (
-                "KDA state per request",
+                "KDA state per request" + (f" (1/{ledger.tp} of the heads)" if ledger.tp > 1 else ""),
                 b(ledger.kda_slot_bytes),
                 f"{ledger.kda_layers} KDA layer(s): {kda_parts}",
             ),

@@ -72,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
         field, _, message = str(error).partition(":")
         raise ValueError(f"--{field.replace('_', '-')}:{message}") from None
     options = dataclasses.asdict(engine_config(args))
-    llm = LLM(options.pop("model"), **options)
+    with LLM(options.pop("model"), **options) as llm:  # with --tp etc.: its follower ranks stop at the end
+        return _generate(args, llm, ids, prompts, adapters, params)
+
+
+def _generate(args: argparse.Namespace, llm: LLM, ids: list, prompts: list, adapters: list, params) -> int:
     if args.chat:
         if llm.tokenizer is None or args.prompt is None:
             raise ValueError("--chat: needs --prompt and a checkpoint with a tokenizer")

@@ -17,7 +17,7 @@ from mismatch.dump import FORMAT_KEY
 from services.config_flags import add_config_flags, engine_config
 from services.engine import LLM
 from services.engine.dump_environment import engine_environment, engine_flags
-from services.engine.engine_config import EngineConfig
+from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="",
         help="LoRA adapter (loaded with --adapters NAME=FOLDER) where a line names none",
     )
-    add_config_flags(parser.add_argument_group("engine"), EngineConfig, exclude=("model",))
+    # One rank: the scorer's private prefill runs outside the engine's steps (docs/parallel.md).
+    add_config_flags(parser.add_argument_group("engine"), EngineConfig, exclude=("model", *PARALLEL_DEGREES))
     parser.set_defaults(run=run)
 
 

@@ -9,7 +9,8 @@ import threading
 
 from deploy.local.launcher import LocalCluster
 from services.config_flags import add_config_flags, engine_config
-from services.engine.engine_config import EngineConfig
+from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
+from services.engine.parallel.parallel_check import check_parallel
 from services.worker_config import ROLES, WorkerConfig
 
 
@@ -66,6 +67,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_config_flags(engine, EngineConfig)
     engine.add_argument("--prefill-device", default=None, help="prefill workers' device (default: --device)")
     engine.add_argument("--decode-device", default=None, help="decode workers' device (default: --device)")
+    for role in ROLES:
+        engine.add_argument(
+            f"--{role}-parallel",
+            default="",
+            metavar="DIM=N,...",
+            help=f"{role} workers' parallel degrees over --tp/--dcp/--pp/--pcp/--ep, e.g. "
+            + ("pcp=2" if role == "prefill" else "tp=2,ep=2"),
+        )
     ray = parser.add_argument_group("on Ray (pip install 'baton[ray]')")
     ray.add_argument("--ray", action="store_true", help="run the workers and router as Ray actors")
     ray.add_argument(
@@ -88,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
 
         return serve_on_ray(args, _disaggregation(args), announce, configs)
+    for config in configs.values():  # a layout that cannot run fails here, before any worker starts
+        check_parallel(config.engine)
     logging.getLogger("deploy.local.launcher").setLevel(logging.INFO)
     cluster = LocalCluster(
         str(args.model),
@@ -153,8 +164,9 @@ def worker_configs(args: argparse.Namespace) -> dict[str, WorkerConfig]:
     for role in ROLES:
         flag = f"--{role}-device"
         device = getattr(args, flag[2:].replace("-", "_")) or args.device
+        degrees = role_degrees(getattr(args, f"{role}_parallel"), f"--{role}-parallel")
         try:
-            engine = engine_config(args, device=device)
+            engine = engine_config(args, device=device, **degrees)
         except ValueError as error:  # a bad --prefill-device is named as that flag, not --device
             if device != args.device and str(error).startswith("--device:"):
                 raise ValueError(flag + str(error).removeprefix("--device")) from None
@@ -163,6 +175,27 @@ def worker_configs(args: argparse.Namespace) -> dict[str, WorkerConfig]:
             role, engine, transfer_backend=args.transfer_backend, grace_period_s=args.grace_period
         )
     return configs
+
+
+def role_degrees(text: str, flag: str) -> dict[str, int]:
+    """``"tp=2,ep=2"`` -> ``{"tp": 2, "ep": 2}``; "" -> ``{}`` (the shared --tp ... flags hold).
+
+    Raises:
+        ValueError: an unknown dimension, a value that is not a positive integer, or a dimension given
+            twice, naming ``flag``.
+    """
+    degrees: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in PARALLEL_DEGREES:
+            raise ValueError(f"{flag}: {part!r} is not DIM=N with DIM one of {', '.join(PARALLEL_DEGREES)}")
+        if name in degrees:
+            raise ValueError(f"{flag}: {name} is given twice")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"{flag}: {name} must be a positive integer, got {value.strip()!r}")
+        degrees[name] = int(value)
+    return degrees
 
 
 def _disaggregation(args: argparse.Namespace) -> str:

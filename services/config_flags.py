@@ -69,6 +69,12 @@ HELP = {
     "adapters": "LoRA adapters to load at start, NAME=FOLDER (a PEFT folder), comma-separated; "
     "load and unload while serving with `baton adapters`",
     "cuda_graphs": "replay CUDA graphs for pure-decode steps (a no-op on the CPU)",
+    "tp": "tensor-parallel ranks (attention heads and experts split across them)",
+    "dcp": "decode-context-parallel ranks (the cached tokens split across them)",
+    "pp": "pipeline-parallel stages (the layers split across them)",
+    "pcp": "prefill-context-parallel ranks (a prompt's tokens split across them)",
+    "ep": "expert-parallel ranks (the routed experts split across ranks holding the same tokens; "
+    "divides tp x dcp)",
 }
 
 

@@ -12,7 +12,10 @@ A router that Ray restarts binds its configured ports again, so give it fixed on
 with port 0 it comes back on another.
 
 Placement: each role is one service with its own placement group, a bundle per rank (see
-``placement.py``); worker ``i``'s actor is rank 0, in its first bundle (a restart stays in it).
+``placement.py``; a worker's ranks are its engine's ``world_size``); worker ``i``'s actor is rank 0, in
+its first bundle (a restart stays in it), and starts its other ranks as local processes
+(``services/engine/parallel/rank_group.py``), so a multi-rank worker's bundles must share a node
+(``STRICT_PACK``).
 
 Supervision, every ``supervise_interval_s``: ask each worker actor for its ``WorkerInfo`` (one
 call outstanding per worker; a restarting actor answers once it is back), and if the router's
@@ -78,19 +81,40 @@ class RayClusterConfig:
             raise ValueError(f"placement_strategy: {self.placement_strategy!r} is not one of {STRATEGIES}")
         if self.max_restarts < -1:
             raise ValueError(f"max_restarts: must be >= -1, got {self.max_restarts}")
-        for service in self.placements():  # validates the resources before anything starts
-            config = self.workers.get(service.role)
-            if config is None or config.role != service.role:
-                raise ValueError(f"workers: needs a {service.role} WorkerConfig")
+        for role in self._roles():  # validates the resources before anything starts
+            config = self.workers.get(role)
+            if config is None or config.role != role:
+                raise ValueError(f"workers: needs a {role} WorkerConfig")
+            ranks = config.engine.world_size
+            if ranks > 1 and self.placement_strategy != "STRICT_PACK":
+                raise ValueError(
+                    f"--placement-strategy: a {role} worker runs {ranks} ranks as local processes of its "
+                    "actor, so its bundles must share a node: use STRICT_PACK"
+                )
+            if ranks > 1 and self.worker_num_gpus:
+                raise ValueError(
+                    f"--worker-num-gpus: multi-rank {role} workers on Ray GPUs are not supported yet (Ray "
+                    "shows the actor only its own bundle's GPU); run them with `baton worker` or Helm"
+                )
+        self.placements()
+
+    def _roles(self) -> dict[str, int]:
+        """``{role: workers}`` of the roles that run workers."""
+        prefill = 0 if self.router.disaggregation == "never" else self.prefill_workers
+        return {role: n for role, n in (("prefill", prefill), ("decode", self.decode_workers)) if n}
 
     def placements(self) -> list[ServicePlacement]:
-        """One service per role that runs workers."""
-        prefill = 0 if self.router.disaggregation == "never" else self.prefill_workers
-        counts = (("prefill", prefill), ("decode", self.decode_workers))
+        """One service per role that runs workers, a bundle per rank of each worker."""
         return [
-            ServicePlacement(role, n, self.worker_num_cpus, self.worker_num_gpus, self.placement_strategy)
-            for role, n in counts
-            if n
+            ServicePlacement(
+                role,
+                n,
+                self.worker_num_cpus,
+                self.worker_num_gpus,
+                self.placement_strategy,
+                ranks_per_worker=self.workers[role].engine.world_size,
+            )
+            for role, n in self._roles().items()
         ]
 
 

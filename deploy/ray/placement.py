@@ -1,8 +1,8 @@
 """Where a service's ranks go: one Ray placement group per service, one bundle per rank.
 
 A *service* is all the workers of one role (``prefill`` or ``decode``). Each worker has
-``ranks_per_worker`` ranks (today 1; later its tensor / pipeline parallel shards), and every rank
-gets its own bundle, worker-major::
+``ranks_per_worker`` ranks (its engine's ``world_size``: tp x dcp x pcp x pp), and every rank gets its
+own bundle, worker-major::
 
     bundles:  [ w0.r0 | w0.r1 | ... | w0.r(R-1) | w1.r0 | ... | w(W-1).r(R-1) ]
     index of (worker w, rank r) = w * R + r

@@ -13,8 +13,14 @@ construction (``tree_sum`` over products) and slow: the reference for ``fixed_li
 One call over all the padded rows is not enough elsewhere: cuBLAS picks kernels (split-K among them)
 by the row count, and another CPU's BLAS (the H200 host's, torch 2.11) gave a row different bits at
 K = 1024 for different multiples of 16. So ``fixed_linear`` issues one call per ``TILE_ROWS``-row
-tile, every call the same shape, on every device. (A Triton kernel with a fixed tiling is the fast
-way on GPU; this is the correct one.)
+tile, every call the same shape, on every device.
+
+Columns too: tensor parallelism gives a rank a slice of a weight's output rows, and the slice's
+columns must keep the bits they have in the full product. MKL gave other bits for widths below 16
+and for 17 ... 23 (2026-12-01, K from 4 to 7168); with the weight padded to a multiple of
+``TILE_ROWS`` rows every width and offset tried (1 ... 300) gave a column the bits it has in the full
+product, which ``fixed_linear_is_invariant`` also probes. (A Triton kernel with a fixed tiling is
+the fast way on GPU; this is the correct one.)
 """
 
 import torch
@@ -37,8 +43,9 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[N, M]`` (``[..., M]``) float32.
 
-    Invariant (empirical, see module docstring): a row's bits depend only on that row and
-    ``weight``, not on N, its position, or the other rows. The rows are copied into a fresh zeroed
+    Invariant (empirical, see module docstring): an output's bits depend only on its row of ``x`` and
+    its row of ``weight``, not on N, M, its position, or the other rows. The weight is padded with
+    zero rows to a multiple of ``TILE_ROWS``. The rows are copied into a fresh zeroed
     contiguous ``[ceil(N / TILE_ROWS) * TILE_ROWS, K]`` buffer so strides and alignment never vary,
     and every GEMM call has exactly ``TILE_ROWS`` rows (see the module docstring for why one call over
     all rows is not enough). The same bits were measured with 1 and 2 threads; bits may differ between
@@ -49,9 +56,46 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     n = rows.shape[0]
     padded = torch.zeros(-(-n // TILE_ROWS) * TILE_ROWS, k, dtype=torch.float32, device=x.device)
     padded[:n] = rows
+    m = weight.shape[0]
     w = weight.to(torch.float32).contiguous()
+    if m % TILE_ROWS:
+        w = torch.cat([w, w.new_zeros(TILE_ROWS - m % TILE_ROWS, k)])
     out = torch.cat([F.linear(tile, w) for tile in padded.split(TILE_ROWS)])
-    return out[:n].reshape(*x.shape[:-1], w.shape[0])
+    return out[:n, :m].reshape(*x.shape[:-1], m)
+
+
+def fixed_segment_linear(x: torch.Tensor, weight: torch.Tensor, segments: int) -> torch.Tensor:
+    """The ``segments`` partial products of ``x @ weight.T`` over equal K segments, in float32.
+
+    Args:
+        x: ``[N, K]`` (or ``[..., K]``); weight: ``[M, K]``; ``K`` a multiple of ``segments``.
+
+    Returns:
+        ``[segments, N, M]`` (``[segments, ..., M]``) float32: entry ``s`` is ``x[:, Ks] @ weight[:, Ks].T``
+        over the columns ``Ks`` of segment ``s``.
+
+    Invariant (empirical, like ``fixed_linear``; probed by ``fixed_segment_linear_is_invariant``): a
+    partial's bits depend only on its row of ``x`` and the segment's weight, not on N, on the row's
+    position, or on how many other segments the call holds. So a tensor-parallel rank holding segments
+    ``a .. b`` gets exactly those entries of the one-rank result. One batched GEMM call per
+    ``TILE_ROWS``-row tile, the batch running over the segments.
+    """
+    k = x.shape[-1]
+    rows = x.reshape(-1, k)
+    n, m, width = rows.shape[0], weight.shape[0], k // segments
+    padded = torch.zeros(-(-n // TILE_ROWS) * TILE_ROWS, k, dtype=torch.float32, device=x.device)
+    padded[:n] = rows
+    w = weight.to(torch.float32).reshape(m, segments, width).permute(1, 2, 0).contiguous()  # [S, Ks, M]
+    tiles = [
+        torch.bmm(t.reshape(TILE_ROWS, segments, width).transpose(0, 1), w) for t in padded.split(TILE_ROWS)
+    ]
+    return torch.cat(tiles, 1)[:, :n].reshape(segments, *x.shape[:-1], m)
+
+
+def tree_segment_linear(x: torch.Tensor, weight: torch.Tensor, segments: int) -> torch.Tensor:
+    """``fixed_segment_linear``'s contract from ``tree_linear`` (invariant by construction, slow)."""
+    pairs = zip(x.chunk(segments, -1), weight.chunk(segments, -1), strict=True)
+    return torch.stack([tree_linear(xs, ws) for xs, ws in pairs])
 
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -86,7 +130,8 @@ def fixed_linear_is_invariant(weight: torch.Tensor, probe_rows: int = 37) -> boo
     """Check, in this process, that ``fixed_linear`` with this weight gives rows batch-invariant bits.
 
     ``fixed_linear``'s invariance is measured, not guaranteed (module docstring): this probe runs
-    random rows alone and inside batches of several sizes, in shuffled order, and compares bits.
+    random rows alone and inside batches of several sizes, in shuffled order, and compares bits; and
+    halves and quarters of the weight's rows (a tensor-parallel rank's slice) against the full product.
     Callers fall back to ``tree_linear`` where it fails.
     """
     generator = torch.Generator().manual_seed(1234)
@@ -99,4 +144,37 @@ def fixed_linear_is_invariant(weight: torch.Tensor, probe_rows: int = 37) -> boo
             fixed_linear(rows[picked], weight).view(torch.int32), alone[picked].view(torch.int32)
         ):
             return False
+    whole = fixed_linear(rows, weight).view(torch.int32)
+    for parts in (2, 4):
+        start = 0
+        for piece in weight.tensor_split(parts):
+            columns = whole[:, start : start + piece.shape[0]]
+            if not torch.equal(fixed_linear(rows, piece).view(torch.int32), columns):
+                return False
+            start += piece.shape[0]
+    return True
+
+
+def fixed_segment_linear_is_invariant(weight: torch.Tensor, segments: int, probe_rows: int = 37) -> bool:
+    """Check, in this process, ``fixed_segment_linear``'s invariance for this weight and segment count:
+    rows alone against a batch, and each half and quarter of the segments (a TP rank's) against the
+    whole. Callers fall back to ``tree_segment_linear`` where it fails."""
+    generator = torch.Generator().manual_seed(4321)
+    rows = torch.randn(probe_rows, weight.shape[-1], generator=generator).to(weight.device)
+    whole = fixed_segment_linear(rows, weight, segments)
+    alone = torch.cat([fixed_segment_linear(rows[i : i + 1], weight, segments) for i in range(probe_rows)], 1)
+    if not torch.equal(alone.view(torch.int32), whole.view(torch.int32)):
+        return False
+    width = weight.shape[-1] // segments
+    for parts in (2, 4):
+        if segments % parts:
+            continue
+        held = segments // parts
+        for index in range(parts):
+            columns = slice(index * held * width, (index + 1) * held * width)
+            piece = fixed_segment_linear(rows[:, columns], weight[:, columns], held)
+            if not torch.equal(
+                piece.view(torch.int32), whole[index * held : (index + 1) * held].view(torch.int32)
+            ):
+                return False
     return True

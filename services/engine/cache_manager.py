@@ -5,15 +5,24 @@ The scheduler sees memory only through check-then-commit pairs: ``find_prefix`` 
 After each step ``record_progress`` registers newly completed blocks in the prefix cache and takes
 KDA state snapshots at every ``snapshot_stride``-th block boundary (and ``record_end`` at the end of
 a request), so a later request can reuse MLA blocks *and* restore the KDA state where they end.
+
+A parallel engine's rank 0 turns on ``record_state_copies``: each snapshot save and restore is then
+kept as a ``StateCopy`` (physical slot indices) until ``take_state_copies``, so the followers, each
+holding its own shard of the state, make the same copies (``services/engine/parallel/rank_step.py``).
 """
 
 from dataclasses import dataclass
 
 from common.prefix_hash import extend_chain
+from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
+from services.engine.model.causal_lm import CausalLM
+from services.engine.parallel.rank_step import RESTORE, SAVE, StateCopy
 
+from .engine_config import EngineConfig
 from .request import Request
 
 
@@ -51,6 +60,53 @@ class CacheManager:
         self.snapshots = snapshots
         self.snapshot_stride = snapshot_stride
         self.has_state = bool(slots.layout.fields)
+        self._state_copies: list[StateCopy] | None = None  # None: not recorded (one rank)
+
+    def record_state_copies(self) -> None:
+        """From now on keep every snapshot save and restore for ``take_state_copies``."""
+        self._state_copies = []
+
+    def take_state_copies(self) -> tuple[StateCopy, ...]:
+        """The state copies made since the last call, in order (none when not recording)."""
+        copies = tuple(self._state_copies or ())
+        if self._state_copies is not None:
+            self._state_copies.clear()
+        return copies
+
+    def _copied(self, kind: str, slot: int, snapshot: int | None) -> None:
+        if self._state_copies is not None and snapshot is not None:
+            self._state_copies.append(StateCopy(kind, slot, snapshot))
+
+    @classmethod
+    def for_model(cls, config: EngineConfig, model: CausalLM, scratch: bool = False) -> "CacheManager":
+        """The pools ``config`` asks for, laid out for ``model`` (its shard, on a parallel rank) on
+        ``config.device``; ``scratch``: a spare block and slot for CUDA-graph padding rows."""
+        dtype = model.lm_head.weight.dtype
+        open_rows = FIXED_CHUNK if config.batch_invariant else 0
+        blocks = BlockPool(
+            block_layout(model.config, config.block_size, dtype, config.kv_format),
+            config.block_size,
+            config.pool_blocks,
+            config.device,
+            scratch=scratch,
+        )
+        slots = StateSlotPool(
+            slot_layout(model.config, dtype, open_rows, model.parallel.tp),
+            config.max_num_seqs,
+            config.device,
+            scratch=scratch,
+        )
+        snapshots = None
+        if config.enable_prefix_caching:
+            kept = config.num_snapshots or config.max_num_seqs
+            snapshots = SnapshotStore(slots.layout, kept, config.device)
+        return cls(blocks, slots, snapshots, config.snapshot_stride)
+
+    def apply_state_copies(self, copies: tuple[StateCopy, ...]) -> None:
+        """A follower rank: make the KDA state copies rank 0's cache manager recorded, in order."""
+        for copy in copies:
+            slot, snapshot = self.slots.storage[copy.slot], self.snapshots.pool.storage[copy.snapshot]
+            (snapshot if copy.kind == SAVE else slot).copy_(slot if copy.kind == SAVE else snapshot)
 
     @property
     def prefix_caching(self) -> bool:
@@ -111,7 +167,8 @@ class CacheManager:
         request.num_registered = hit.num_blocks
         request.slot = self.slots.allocate()
         if hit.snapshot_hash is not None:
-            self.snapshots.restore(hit.snapshot_hash, self.slots.storage[request.slot])
+            snapshot = self.snapshots.restore(hit.snapshot_hash, self.slots.storage[request.slot])
+            self._copied(RESTORE, request.slot, snapshot)
         self.grow(request, new_tokens)
 
     def record_progress(self, request: Request) -> None:
@@ -124,7 +181,8 @@ class CacheManager:
             self.blocks.register(request.block_table[index], hashes[index])
         request.num_registered = full
         if self.has_state and full and request.num_computed % self.snapshot_tokens == 0:
-            self.snapshots.save(hashes[full - 1], self.slots.storage[request.slot])
+            snapshot = self.snapshots.save(hashes[full - 1], self.slots.storage[request.slot])
+            self._copied(SAVE, request.slot, snapshot)
 
     def record_end(self, request: Request) -> None:
         """At the end of a request, snapshot its state if it stops exactly on a block boundary."""
@@ -132,7 +190,9 @@ class CacheManager:
         if self.prefix_caching and self.has_state and request.slot is not None and request.num_computed:
             if request.num_computed % size == 0:
                 full = request.num_computed // size
-                self.snapshots.save(self._hashes(request)[full - 1], self.slots.storage[request.slot])
+                state = self.slots.storage[request.slot]
+                snapshot = self.snapshots.save(self._hashes(request)[full - 1], state)
+                self._copied(SAVE, request.slot, snapshot)
 
     def release(self, request: Request) -> None:
         """Return everything the request holds; registered blocks stay cached for later matches."""

@@ -12,6 +12,12 @@ Three ledgers (DESIGN.md section 3 keeps KV and KDA state budgets apart, so they
 KV blocks plus its KDA slot::
 
     | weights | workspace | n x (KV blocks of L tokens) | n x KDA slot | free (< one request) |
+
+With a parallel layout (``tp``, ``dcp``, ``ep``) every figure is one rank's and the budget is one
+device's: the weights are a rank's shard (TP and EP split them); TP splits the KDA heads (a rank's
+slot holds ``1/tp`` of the state) but not the MLA latent, which every TP rank caches whole; DCP splits
+a context's tokens (a rank caches ``ceil(L / dcp)`` of them, in its own whole blocks). A request
+occupies every rank, so requests per rank is the group's requests.
 """
 
 from dataclasses import asdict, dataclass
@@ -27,6 +33,8 @@ from services.engine.cache.layout import (
 )
 from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
 from services.engine.model.config import LAYER_KDA, LAYER_MLA, MLP_DENSE, ModelConfig
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.layout import ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,8 @@ class CapacityLedger:
         kda_slot_bytes: one request's KDA state slot, 0 without KDA layers.
         kda_by_kind: ``(kind, bytes per request summed over KDA layers)``, unpadded.
         workspace: ``(term, bytes)`` of the step estimate (``workspace_terms``).
+        tp, dcp, ep: the layout the per-rank figures are for (``num_parameters``, ``weight_bytes``,
+            ``kda_slot_bytes``, ``kv_blocks``).
     """
 
     family: str
@@ -66,10 +76,14 @@ class CapacityLedger:
     kda_slot_bytes: int
     kda_by_kind: tuple[tuple[str, int], ...]
     workspace: tuple[tuple[str, int], ...]
+    tp: int = 1
+    dcp: int = 1
+    ep: int = 1
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """Block bytes / block size (an integer whenever the block has no alignment padding)."""
+        """Block bytes / block size (an integer whenever the block has no alignment padding): one
+        rank's bytes per token it caches (a context's token, over DCP, is cached by one rank)."""
         return self.kv_block_bytes / self.block_size
 
     @property
@@ -77,8 +91,10 @@ class CapacityLedger:
         return sum(size for _, size in self.workspace)
 
     def kv_blocks(self, context_len: int) -> int:
-        """Blocks holding ``context_len`` tokens (0 for a model without MLA layers)."""
-        return -(-context_len // self.block_size) if self.kv_block_bytes else 0
+        """One rank's blocks for a context of ``context_len`` tokens, ``ceil(ceil(L / dcp) / B)`` (0 for
+        a model without MLA layers)."""
+        tokens = -(-context_len // self.dcp)
+        return -(-tokens // self.block_size) if self.kv_block_bytes else 0
 
     def transfer_bytes(self, context_len: int) -> int:
         """Bytes prefill writes into decode's memory for one request: its blocks plus its KDA slot."""
@@ -128,8 +144,12 @@ def capacity_ledger(
     batch_invariant: bool,
     max_num_batched_tokens: int,
     max_num_seqs: int = 256,
+    tp: int = 1,
+    dcp: int = 1,
+    ep: int = 1,
 ) -> CapacityLedger:
-    """Build the ledger of ``config`` served in ``dtype``; reads no weights.
+    """Build the ledger of ``config`` served in ``dtype``, one rank's figures under ``tp`` x ``dcp``;
+    reads no weights.
 
     Args:
         config: the validated model config.
@@ -140,24 +160,33 @@ def capacity_ledger(
         batch_invariant: slots also keep the CF-BI open-chunk rows (``C = 16``).
         max_num_batched_tokens: tokens in one step, for the workspace estimate.
         max_num_seqs: requests in one step; bounds the logits rows of the workspace.
+        tp, dcp, ep: tensor-, decode-context- and expert-parallel degrees (the module docstring says
+            what each splits); ``tp`` must divide the KDA heads.
 
     Raises:
-        ValueError: a non-positive size or an unknown ``kv_format``, naming the argument.
+        ValueError: a non-positive size, an unknown ``kv_format`` or a ``tp`` that does not divide the
+            KDA heads, naming the argument.
     """
     for name, value in (
         ("block_size", block_size),
         ("max_num_batched_tokens", max_num_batched_tokens),
         ("max_num_seqs", max_num_seqs),
+        ("tp", tp),
+        ("dcp", dcp),
+        ("ep", ep),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format: {kv_format!r} is not supported (choose from {', '.join(KV_FORMATS)})")
-    num_parameters, weight_bytes, float32_bytes = weight_footprint(config, dtype)
+    rank = ParallelContext(ParallelLayout(tp=tp, dcp=dcp, ep=ep))  # rank 0: shards are even
+    num_parameters, weight_bytes, float32_bytes = weight_footprint(config, dtype, rank)
     mla_layers = config.layer_types.count(LAYER_MLA)
     kda_layers = config.layer_types.count(LAYER_KDA)
     block = block_layout(config, block_size, dtype, kv_format)
-    slot = slot_layout(config, dtype, CF_BI_CHUNK if batch_invariant else 0)
+    if config.kda is not None and config.kda.num_heads % tp:
+        raise ValueError(f"tp: {tp} does not divide the {config.kda.num_heads} KDA heads; pick a divisor")
+    slot = slot_layout(config, dtype, CF_BI_CHUNK if batch_invariant else 0, tp)
     return CapacityLedger(
         family=config.family,
         dtype=str(dtype).removeprefix("torch."),
@@ -177,6 +206,9 @@ def capacity_ledger(
         kda_slot_bytes=slot.nbytes if kda_layers else 0,
         kda_by_kind=_by_kind(slot, per=1) if kda_layers else (),
         workspace=workspace_terms(config, dtype, max_num_batched_tokens, max_num_seqs),
+        tp=tp,
+        dcp=dcp,
+        ep=ep,
     )
 
 
@@ -218,11 +250,14 @@ def fit(ledger: CapacityLedger, memory_bytes: int, context_len: int) -> ContextF
     )
 
 
-def weight_footprint(config: ModelConfig, dtype: torch.dtype) -> tuple[int, int, int]:
-    """``(parameters, bytes, float32 bytes)`` of ``CausalLM(config)`` loaded in ``dtype``, counted on
-    the meta device (``FLOAT32_PARAMETERS`` stay float32, as the loader keeps them)."""
+def weight_footprint(
+    config: ModelConfig, dtype: torch.dtype, parallel: ParallelContext | None = None
+) -> tuple[int, int, int]:
+    """``(parameters, bytes, float32 bytes)`` of ``CausalLM(config, parallel)`` (one rank's shard; the
+    whole model without ``parallel``) loaded in ``dtype``, counted on the meta device
+    (``FLOAT32_PARAMETERS`` stay float32, as the loader keeps them)."""
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = CausalLM(config, parallel)
     count = total = in_float32 = 0
     for name, param in model.named_parameters():  # shared (tied) parameters are listed once
         count += param.numel()

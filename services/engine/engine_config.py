@@ -3,8 +3,10 @@
 from dataclasses import dataclass
 
 from services.engine.model.backends import KERNEL_BACKENDS, default_kernels
+from services.engine.parallel.layout import ParallelLayout
 
 DEVICES = ("cpu", "cuda")
+PARALLEL_DEGREES = ("tp", "dcp", "pp", "pcp", "ep")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class EngineConfig:
             (``reference``) or the fixed-tiling Triton kernels (``triton``, opt-in: no backward yet).
         cuda_graphs: replay CUDA graphs for pure-decode steps (CUDA only; a no-op on the CPU).
         adapters: ``NAME=FOLDER`` LoRA adapters (PEFT format, ``docs/adapters.md``) to load at start.
+        tp, dcp, pp, pcp, ep: the parallel degrees (``services/engine/parallel/layout.py``): tensor,
+            decode-context, pipeline and prefill-context parallel ranks (their product is the number
+            of processes the engine runs as), and expert parallelism over ranks of one stage.
     """
 
     model: str
@@ -50,6 +55,11 @@ class EngineConfig:
     kernels: str | None = None
     cuda_graphs: bool = True
     adapters: tuple[str, ...] = ()
+    tp: int = 1
+    dcp: int = 1
+    pp: int = 1
+    pcp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
         self.adapter_folders()  # raises naming ``adapters``
@@ -67,10 +77,16 @@ class EngineConfig:
             "max_num_batched_tokens",
             "max_model_len",
             "snapshot_stride",
+            *PARALLEL_DEGREES,
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if (self.tp * self.dcp) % self.ep:
+            raise ValueError(
+                f"ep: {self.ep} must divide tp x dcp = {self.tp * self.dcp} (expert parallelism spans ranks "
+                "that hold the same tokens); pick a divisor"
+            )
         for name in ("num_blocks", "num_snapshots"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -96,6 +112,16 @@ class EngineConfig:
     def kernel_backend(self) -> str:
         """The backend the engine runs: ``kernels``, or the device's default."""
         return self.kernels or default_kernels(self.device, self.batch_invariant)
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """The parallel degrees as a ``ParallelLayout`` (rank order, groups, validation)."""
+        return ParallelLayout(tp=self.tp, dcp=self.dcp, pp=self.pp, pcp=self.pcp, ep=self.ep)
+
+    @property
+    def world_size(self) -> int:
+        """Processes (ranks) the engine runs as: ``tp * dcp * pcp * pp`` (``ep`` regroups them)."""
+        return self.layout.world_size
 
     @property
     def blocks_per_sequence(self) -> int:

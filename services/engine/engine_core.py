@@ -8,17 +8,15 @@ import torch
 
 from common.prefix_hash import chain_root
 from common.sampling_params import SamplingParams
-from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.adapters.lora_adapter import LoraAdapter
 from services.engine.adapters.registry import AdapterInUse, AdapterRegistry
-from services.engine.cache.block_pool import BlockPool
-from services.engine.cache.layout import block_layout, slot_layout
-from services.engine.cache.snapshot_store import SnapshotStore
-from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.fingerprint import checkpoint_fingerprint
 from services.engine.checkpoint.loader import load_model
 from services.engine.model.backends import check_kernels
 from services.engine.model.causal_lm import CausalLM
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.parallel_check import check_parallel
+from services.engine.parallel.rank_group import RankGroup, rank_device
 
 from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs, capture_sizes
@@ -30,6 +28,16 @@ from .scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 
+def load_engine_model(config: EngineConfig, context: ParallelContext) -> CausalLM:
+    """``config.model``'s shard for ``context`` (the whole model on one rank) on ``config.device``, with
+    the config's numerics and kernels; rank 0 and every follower rank load through here."""
+    dtype = getattr(torch, config.dtype) if config.dtype else None
+    model = load_model(config.model, device=rank_device(config, context.rank), dtype=dtype, parallel=context)
+    model.set_batch_invariant(config.batch_invariant)
+    model.set_kernels(config.kernel_backend, config.kv_format)
+    return model
+
+
 class EngineCore:
     """One model, its cache pools, a scheduler and a runner.
 
@@ -38,42 +46,36 @@ class EngineCore:
         model: an already built model on ``config.device`` (random real-shape presets); None loads
             ``config.model`` from disk.
 
+    With ``config.world_size > 1`` this process is rank 0 of a ``RankGroup``: the follower ranks start
+    here, each loads its shard, and every step's forward runs on all of them; ``close`` stops them.
+
     Raises:
-        ValueError: a kernel backend that cannot run here (naming ``--kernels``), before any weight
-            is read.
+        ValueError: a kernel backend that cannot run here (naming ``--kernels``), or a parallel layout
+            that cannot (``check_parallel``, naming the flag), before any weight is read.
     """
 
     def __init__(self, config: EngineConfig, model: CausalLM | None = None):
         self.config = config
         check_kernels(config.kernel_backend, config.device, config.batch_invariant)
-        dtype = getattr(torch, config.dtype) if config.dtype else None
-        self.model = model or load_model(config.model, device=config.device, dtype=dtype)
-        self.model.set_batch_invariant(config.batch_invariant)
-        self.model.set_kernels(config.kernel_backend, config.kv_format)
+        prebuilt = model is not None
+        check_parallel(config, prebuilt=prebuilt)
+        # Several ranks: the followers start now and load their shards beside this one (rank 0).
+        self.ranks = RankGroup(config) if config.world_size > 1 else None
+        try:
+            if not prebuilt:
+                context = self.ranks.context if self.ranks else ParallelContext.single()
+                model = load_engine_model(config, context)
+            else:
+                model.set_batch_invariant(config.batch_invariant)
+                model.set_kernels(config.kernel_backend, config.kv_format)
+        except BaseException:
+            self.close()
+            raise
+        self.model = model
         use_graphs = self._use_cuda_graphs()
-        model_dtype = self.model.lm_head.weight.dtype
-        open_rows = FIXED_CHUNK if config.batch_invariant else 0
-        blocks = BlockPool(
-            block_layout(self.model.config, config.block_size, model_dtype, config.kv_format),
-            config.block_size,
-            config.pool_blocks,
-            config.device,
-            scratch=use_graphs,
-        )
-        slots = StateSlotPool(
-            slot_layout(self.model.config, model_dtype, open_rows),
-            config.max_num_seqs,
-            config.device,
-            scratch=use_graphs,
-        )
-        snapshots = None
-        if config.enable_prefix_caching:
-            snapshots = SnapshotStore(
-                slots.layout, config.num_snapshots or config.max_num_seqs, config.device
-            )
-        self.cache = CacheManager(blocks, slots, snapshots, config.snapshot_stride)
+        self.cache = CacheManager.for_model(config, self.model, scratch=use_graphs)
         self.model_fingerprint = (
-            checkpoint_fingerprint(config.model) if model is None else f"built:{config.model}"
+            checkpoint_fingerprint(config.model) if not prebuilt else f"built:{config.model}"
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
@@ -81,7 +83,9 @@ class EngineCore:
         self.adapters = AdapterRegistry(self.model)
         for name, folder in config.adapter_folders().items():
             self.adapters.load(name, folder)
-        self.runner = ModelRunner(self.model, self.cache, adapters=self.adapters)
+        self.runner = ModelRunner(self.model, self.cache, adapters=self.adapters, ranks=self.ranks)
+        if self.ranks is not None:
+            self.cache.record_state_copies()
         if use_graphs:
             self.runner.graphs = DecodeGraphs(
                 self.model, self.runner.paged, capture_sizes(config.max_num_seqs), config.max_model_len
@@ -92,6 +96,9 @@ class EngineCore:
     def _use_cuda_graphs(self) -> bool:
         """Whether decode steps replay CUDA graphs (``cuda_graphs`` on, a GPU, a capturable forward)."""
         if not self.config.cuda_graphs:
+            return False
+        if self.ranks is not None:
+            log.info("--cuda-graphs: off on a parallel engine for now (steps run eagerly on every rank)")
             return False
         if not self.config.device.startswith("cuda"):
             log.info("--cuda-graphs: a no-op on the CPU (steps run eagerly)")
@@ -244,6 +251,11 @@ class EngineCore:
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
+
+    def close(self) -> None:
+        """Stop the follower ranks, if any (idempotent); a one-rank engine holds nothing to stop."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     def check_integrity(self) -> None:
         """Pools consistent, and with no request in flight, nothing held."""

@@ -71,6 +71,7 @@ class EngineService:
         self.layout = layout_of(engine)
         self.info: EngineInfo = info_of(engine)
         self._cache = engine.cache  # for register_pools only: the pools' storages never move
+        self.world_size = engine.config.world_size
         self.cached_at_start = frozenset(engine.cache.blocks.record_events())
         self._reservation_ttl_s = reservation_ttl_s
         self._observers: list[Callable[[EnginePass], None]] = []
@@ -104,14 +105,20 @@ class EngineService:
     ) -> ReserveResult:
         """Hold room for a prompt's handoff, or decline when ``local_prefill_max_tokens`` is given and
         the prompt is cheaper to prefill here (``prefill_here``). One loop call: the prefix lookup and
-        the reservation see the same cache.
+        the reservation see the same cache. A parallel engine (``world_size > 1``) always declines: it
+        cannot receive a handoff yet (``docs/parallel.md``).
 
         Raises:
-            ValueError: a bad request (naming the field).
+            ValueError: a bad request (naming the field), or a reservation a parallel engine must take
+                (``local_prefill_max_tokens`` None).
             NoCapacity: nothing free right now.
         """
 
         def reserve_or_decline(engine: EngineCore) -> ReserveResult:
+            if self.world_size > 1:  # no handoff into a parallel engine yet: prefill here instead
+                if local_prefill_max_tokens is None:
+                    raise ValueError(_NO_PARALLEL_HANDOFF.format(self.world_size, "target"))
+                return ReserveResult(None, engine.cached_prefix_tokens(prompt_ids, tenant, adapter))
             if local_prefill_max_tokens is not None:
                 cached = engine.cached_prefix_tokens(prompt_ids, tenant, adapter)
                 block_size = engine.cache.blocks.block_size
@@ -196,6 +203,8 @@ class EngineService:
             ValueError: the reservation's layout differs from this engine's (naming the field and
                 both values), or a bad request.
         """
+        if self.world_size > 1:
+            raise ValueError(_NO_PARALLEL_HANDOFF.format(self.world_size, "source"))
         check_layout(reservation.layout, self.layout)
         request_id = reservation.request_id
         return self.loop.call(
@@ -242,7 +251,9 @@ class EngineService:
         return self.loop.call(_adapters)
 
     def close(self) -> None:
+        """Stop the loop, then the engine's follower ranks (if any)."""
         self.loop.close()
+        self.loop.engine.close()
 
     def _after_pass(self, engine: EngineCore) -> None:
         expired: list[str] = []
@@ -256,6 +267,12 @@ class EngineService:
         )
         for observer in self._observers:
             observer(report)
+
+
+_NO_PARALLEL_HANDOFF = (
+    "handoff: this worker's engine runs {} ranks, and a parallel engine cannot be a handoff {} yet (the "
+    "state would have to move shard by shard); serve it colocated (--colocated) or with one rank"
+)
 
 
 def prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:

@@ -56,6 +56,16 @@ class LLM:
             except TokenizerNotFoundError:
                 pass
 
+    def close(self) -> None:
+        """Stop the engine's follower ranks (a parallel engine); idempotent, a no-op on one rank."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: Prompt | list[Prompt],
@@ -124,6 +134,11 @@ class LLM:
             ValueError: mismatched lengths, an empty prompt, a sequence over ``max_model_len``, a token
                 outside the vocabulary or an adapter not loaded, naming it.
         """
+        if self.config.world_size > 1:
+            raise ValueError(
+                f"score: runs on one rank for now (its prefill is not an engine step that the "
+                f"{self.config.world_size} ranks share); score with --tp 1"
+            )
         adapters = adapter if isinstance(adapter, list) else [adapter] * len(prompts)
         if not len(prompts) == len(continuations) == len(adapters):
             raise ValueError(

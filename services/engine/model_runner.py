@@ -8,6 +8,8 @@ from services.engine.adapters.registry import AdapterRegistry
 from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, build_step_metadata
+from services.engine.parallel.rank_group import RankGroup
+from services.engine.parallel.rank_step import RankStep
 
 from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs
@@ -22,6 +24,8 @@ class ModelRunner:
         model: the loaded model (its kernel backends already chosen).
         cache: the pools the scheduler allocated from.
         graphs: captured decode graphs, or None to run every step eagerly.
+        ranks: a parallel engine's rank group (rank 0 here): each step is broadcast to its followers
+            before the forward; None on one rank.
     """
 
     def __init__(
@@ -30,8 +34,10 @@ class ModelRunner:
         cache: CacheManager,
         graphs: DecodeGraphs | None = None,
         adapters: AdapterRegistry | None = None,
+        ranks: RankGroup | None = None,
     ):
         self.model = model
+        self.ranks = ranks
         self.adapters = adapters
         self.cache = cache
         self.device = cache.blocks.storage.device
@@ -60,15 +66,15 @@ class ModelRunner:
             result = self.graphs.replay(steps, params, positions)
         else:
             ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
-            meta = build_step_metadata(
-                steps,
-                self.paged.block_size,
-                self.device,
-                logit_rows=[ends[i] - 1 for i in sampling],
-                index_topk=self.model.index_topk,
-            )
-            table = self.adapters.table if self.adapters is not None else None
-            logits = self.model.forward_step(meta, self.paged, table)
+            logit_rows = [ends[i] - 1 for i in sampling]
+            if self.ranks is None:
+                logits = self.forward(steps, logit_rows)
+            else:  # the followers run the same forward on their shards
+                self.ranks.send(RankStep(self.cache.take_state_copies(), tuple(steps), tuple(logit_rows)))
+                try:
+                    logits = self.forward(steps, logit_rows)
+                except Exception as error:  # the followers may wait in a collective this rank left
+                    self.ranks.take_down(f"rank 0's forward failed ({error!r})")
             if not sampling:
                 return {}
             result = self.model.kernels.sampling.sample(logits, params, positions)
@@ -78,6 +84,19 @@ class ModelRunner:
             )
             for j, request in enumerate(picked)
         }
+
+    def forward(self, steps: list[SequenceStep], logit_rows: list[int]) -> torch.Tensor:
+        """Build the step's metadata and run the model on the paged cache (no sampling): rank 0's
+        eager steps, and every step of a follower rank.
+
+        Returns:
+            ``[len(logit_rows), vocab]`` logits.
+        """
+        meta = build_step_metadata(
+            steps, self.paged.block_size, self.device, logit_rows=logit_rows, index_topk=self.model.index_topk
+        )
+        table = self.adapters.table if self.adapters is not None else None
+        return self.model.forward_step(meta, self.paged, table)
 
     def _adapter_slot(self, request: Request) -> int:
         if not request.adapter:

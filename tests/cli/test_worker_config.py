@@ -57,6 +57,8 @@ def test_every_field_is_reachable_from_baton_worker_flags(section, name):
     value, words = _other_value(name, hints[name], default)
     base = {"role": ["--role", "decode"], "model": ["--model", "/m"]}
     argv = [w for key, flag in base.items() if key != name for w in flag] + words
+    if name == "ep":  # expert parallelism regroups tp x dcp ranks: it needs that many
+        argv += ["--tp", str(value)]
     config = worker(argv)
     got = getattr(config if section == "worker" else config.engine, name)
     assert got == value and got != default
@@ -218,3 +220,29 @@ def test_serve_builds_one_config_per_role_from_the_same_flags(tmp_path):
         worker_configs(build_parser().parse_args(["serve", "--model", "/m", "--prefill-device", "tpu"]))
     with pytest.raises(ValueError, match="^--snapshot-stride: must be a positive integer, got 0"):
         worker_configs(build_parser().parse_args(["serve", "--model", "/m", "--snapshot-stride", "0"]))
+
+
+def test_parallel_degrees_from_flags_env_file_and_serve_roles(tmp_path):
+    path = tmp_path / "worker.yaml"
+    path.write_text("role: decode\nengine: {model: /m, tp: 4, dcp: 2}\n")
+    config = worker(["--config", str(path), "--ep", "2"], {"BATON_WORKER_DCP": "1"})
+    assert (config.engine.tp, config.engine.dcp, config.engine.ep, config.engine.world_size) == (4, 1, 2, 4)
+    with pytest.raises(ValueError, match="^engine.tp: must be a positive integer, got 0 \\(from --tp\\)"):
+        worker(["--role", "decode", "--model", "/m", "--tp", "0"])
+    with pytest.raises(ValueError, match="^engine.ep: 4 must divide tp x dcp = 2 .*\\(from --ep\\)$"):
+        worker(["--role", "decode", "--model", "/m", "--tp", "2", "--ep", "4"])
+
+    from cli.serve_command import worker_configs
+
+    argv = ["serve", "--model", "/m", "--tp", "2", "--decode-parallel", "dcp=2,ep=4"]
+    configs = worker_configs(build_parser().parse_args(argv))
+    assert (configs["prefill"].engine.tp, configs["prefill"].engine.world_size) == (2, 2)
+    decode = configs["decode"].engine
+    assert (decode.tp, decode.dcp, decode.ep, decode.world_size) == (2, 2, 4, 4)
+    for text, message in (
+        ("tq=2", "^--prefill-parallel: 'tq=2' is not DIM=N"),
+        ("tp=0", "^--prefill-parallel: tp must be a positive integer"),
+        ("tp=2,tp=2", "^--prefill-parallel: tp is given twice"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            worker_configs(build_parser().parse_args(["serve", "--model", "/m", "--prefill-parallel", text]))

@@ -120,6 +120,14 @@ CROSS_KEY_MISTAKES = {
         ["--set", "prefill.device=cpu", "--set", "prefill.gpus=2"],
         "prefill.gpus is set but prefill.device is cpu",
     ),
+    "ep-not-dividing": (
+        ["--set", "decode.parallel.tp=2", "--set", "decode.parallel.ep=4"],
+        "decode.parallel.ep (4) must divide decode.parallel.tp x dcp (2 x 1)",
+    ),
+    "fewer-gpus-than-ranks": (
+        ["--set", "decode.parallel.tp=4", "--set", "decode.gpus=2"],
+        "decode.gpus (2) is fewer than the decode.parallel ranks (tp x pp x pcp x dcp = 4)",
+    ),
 }
 
 

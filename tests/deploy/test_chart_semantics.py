@@ -154,15 +154,13 @@ def test_gpu_values_request_gpus_from_the_parallel_layout():
     objects = chart.render("gpu")
     for role in ROLES:
         layout = values[role]["parallel"]
-        assert _gpus(objects, role) == math.prod(layout.values())
-        env = chart.env(_container(objects, role))
-        assert {name: env[f"BATON_{name.upper()}"] for name in layout} == {
-            k: str(v) for k, v in layout.items()
-        }
+        assert _gpus(objects, role) == math.prod(layout[d] for d in ("tp", "pp", "pcp", "dcp"))
+        engine = chart.worker_config(objects, role)["engine"]
+        assert {d: engine[d] for d in layout} == layout  # the worker reads its degrees from its config
         pod = chart.one(objects, "Deployment", f"baton-{role}")["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == values[role]["nodeSelector"]
         assert pod["tolerations"] == values[role]["tolerations"]
-    assert _gpus(chart.render("gpu", "--set", "decode.gpus=4"), "decode") == 4  # explicit count wins
+    assert _gpus(chart.render("gpu", "--set", "decode.gpus=16"), "decode") == 16  # explicit count wins
     assert "nvidia.com/gpu" not in _container(objects, "router")["resources"].get("limits", {})
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from services.engine.engine_config import EngineConfig
+from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
 from services.worker_config import load_worker_config
 from tests.deploy import chart
 
@@ -64,8 +64,9 @@ def test_rendered_config_loads_with_the_worker_loader(values, tmp_path):
 
 def test_every_engine_field_has_a_chart_value(tmp_path):
     """Each EngineConfig field (but the model, device and dtype, set from their own keys) is a
-    role.engine value, mapped camelCase -> snake_case into the file."""
-    fields = set(EngineConfig.__dataclass_fields__) - {"model", "device", "dtype"}
+    role.engine value, mapped camelCase -> snake_case into the file (the parallel degrees come from
+    role.parallel: ``test_parallel_values_reach_the_worker_config``)."""
+    fields = set(EngineConfig.__dataclass_fields__) - {"model", "device", "dtype", *PARALLEL_DEGREES}
     assert {field for field, _ in ENGINE_VALUES.values()} == fields
     sets = [
         a
@@ -93,3 +94,19 @@ def test_a_bad_engine_value_fails_naming_the_field(tmp_path):
     data["engine"]["blockSize"] = 16  # a camelCase key that slipped through is an unknown key
     with pytest.raises(ValueError, match=r"engine\.blockSize: unknown key"):
         _load(tmp_path, yaml.safe_dump(data))
+
+
+def test_parallel_values_reach_the_worker_config(tmp_path):
+    """Each role's ``parallel`` degrees land in its worker config's engine section, as the worker reads
+    them, and set its GPUs per pod to one per rank."""
+    values = ("decode.parallel.tp=2", "decode.parallel.dcp=2", "decode.parallel.ep=4")
+    values += ("prefill.parallel.pcp=2", "prefill.parallel.pp=2")
+    sets = [word for value in values for word in ("--set", value)]
+    objects = chart.render("default", *sets)
+    decode = _load(tmp_path, chart.worker_config_text(objects, "decode")).engine
+    prefill = _load(tmp_path, chart.worker_config_text(objects, "prefill")).engine
+    assert {d: getattr(decode, d) for d in PARALLEL_DEGREES} == dict(tp=2, dcp=2, pp=1, pcp=1, ep=4)
+    assert {d: getattr(prefill, d) for d in PARALLEL_DEGREES} == dict(tp=1, dcp=1, pp=2, pcp=2, ep=1)
+    for role, ranks in (("decode", 4), ("prefill", 4)):
+        limits = chart.container(chart.one(objects, "Deployment", f"baton-{role}"))["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == ranks

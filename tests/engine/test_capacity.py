@@ -23,6 +23,8 @@ from services.engine.checkpoint.presets import preset_config
 from services.engine.checkpoint.random_init import write_random_checkpoint
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config_loader import load_model_config
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.layout import ParallelLayout
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -391,3 +393,36 @@ def test_cli_nothing_fits_exits_zero(folders, capsys):
     assert baton_main(["capacity", "--model", str(folders["k3"]), "--memory-gib", "0.001", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["nothing_fits"] is True and all(f["requests"] == 0 for f in report["fits"])
+
+
+def test_per_rank_kv_and_kda_under_tp_and_dcp(folders, capsys):
+    """``--tp 2 --dcp 2``: a rank's KDA slot holds half the heads' state, its KV blocks half a context's
+    tokens (rounded up to whole blocks), the MLA latent per token is whole; the fit is per device."""
+    one, split = ledger("k3"), ledger("k3", tp=2, dcp=2)
+    assert one.kda_slot_bytes == 2 * split.kda_slot_bytes  # tiny k3: 64-byte aligned fields halve exactly
+    assert split.kv_block_bytes == one.kv_block_bytes
+    assert [split.kv_blocks(n) for n in (1, 32, 33, 4096)] == [1, 1, 2, 128]
+    assert fit(split, GIB, 4096).requests > fit(one, GIB, 4096).requests
+    args = ["--memory-gib", "1", "--context-len", "4096", "--device", "cpu", "--tp", "2", "--dcp", "2"]
+    assert baton_main(["capacity", "--model", str(folders["k3"]), *args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["ledger"]["tp"], report["ledger"]["dcp"]) == (2, 2)
+    assert report["ledger"]["kda_slot_bytes"] == split.kda_slot_bytes
+    assert report["fits"][0]["kv_blocks_per_request"] == 128
+    assert report["fits"][0]["requests"] == fit(split, GIB, 4096).requests
+    assert baton_main(["capacity", "--model", str(folders["k3"]), *args]) == 0
+    assert (
+        "--tp 2 --dcp 2 --ep 1: 4 ranks; weights, KV and KDA figures are one rank's"
+        in capsys.readouterr().out
+    )
+    assert baton_main(["capacity", "--model", str(folders["k3"]), "--memory-gib", "1", "--tp", "3"]) == 2
+    assert "--tp 3: does not divide 4 attention heads" in capsys.readouterr().err
+
+
+def test_per_rank_weight_bytes_equal_a_loaded_shard(tiny_checkpoint):
+    """TP 2 + EP 2: the ledger's weights are what rank 1 loads of the checkpoint (a shard, not the model)."""
+    rank = ParallelContext(ParallelLayout(tp=2, ep=2), rank=1)
+    shard = load_model(tiny_checkpoint("k3"), dtype=torch.float32, parallel=rank)
+    loaded = sum(p.numel() * p.element_size() for p in shard.parameters())
+    split = ledger("k3", tp=2, ep=2)
+    assert split.weight_bytes == loaded < ledger("k3").weight_bytes

@@ -157,3 +157,25 @@ def test_stop_leaves_no_actors_placement_groups_or_reserved_cpus(served):
         time.sleep(0.2)
     assert ray.available_resources().get("CPU") == RAY_CPUS
     assert ray.is_initialized()  # the test started Ray, so the cluster leaves it running
+
+
+def _parallel_config(strategy: str, num_gpus: float = 0.0) -> RayClusterConfig:
+    workers = {role: WorkerConfig(role, EngineConfig(model="m")) for role in ROLES}
+    workers["decode"] = WorkerConfig("decode", EngineConfig(model="m", tp=2, dcp=2, ep=2))
+    return RayClusterConfig(
+        router=RouterConfig(model="m", prefill=(), decode=(), port=0),
+        workers=workers,
+        decode_workers=2,
+        placement_strategy=strategy,
+        worker_num_gpus=num_gpus,
+    )
+
+
+def test_a_multi_rank_worker_gets_a_bundle_per_rank_on_one_node():
+    prefill, decode = _parallel_config("STRICT_PACK").placements()
+    assert (prefill.ranks_per_worker, len(prefill.bundles())) == (1, 1)
+    assert (decode.ranks_per_worker, len(decode.bundles())) == (4, 8)  # tp 2 x dcp 2 (ep adds no rank)
+    with pytest.raises(ValueError, match="--placement-strategy: a decode worker runs 4 ranks"):
+        _parallel_config("PACK")
+    with pytest.raises(ValueError, match="--worker-num-gpus: multi-rank decode workers"):
+        _parallel_config("STRICT_PACK", num_gpus=1)

@@ -28,22 +28,33 @@ class SnapshotStore:
         """The snapshot slot for ``block_hash`` (no side effects)."""
         return self.slot_of.get(block_hash)
 
-    def save(self, block_hash: bytes, state_row: torch.Tensor) -> None:
-        """Keep a copy of one slot's bytes under ``block_hash`` (refreshes its LRU position if present)."""
+    def save(self, block_hash: bytes, state_row: torch.Tensor) -> int | None:
+        """Keep a copy of one slot's bytes under ``block_hash`` (refreshes its LRU position if present).
+
+        Returns:
+            The snapshot slot written, or None when ``block_hash`` was already kept (nothing copied).
+        """
         if block_hash in self.slot_of:
             self.slot_of.move_to_end(block_hash)
-            return
+            return None
         if not self.pool.can_allocate():
             _, oldest = self.slot_of.popitem(last=False)
             self.pool.free(oldest)
         slot = self.pool.allocate()
         self.pool.storage[slot].copy_(state_row)
         self.slot_of[block_hash] = slot
+        return slot
 
-    def restore(self, block_hash: bytes, state_row: torch.Tensor) -> None:
-        """Copy the snapshot into a request's slot bytes and mark it recently used."""
+    def restore(self, block_hash: bytes, state_row: torch.Tensor) -> int:
+        """Copy the snapshot into a request's slot bytes and mark it recently used.
+
+        Returns:
+            The snapshot slot read.
+        """
         self.slot_of.move_to_end(block_hash)
-        state_row.copy_(self.pool.storage[self.slot_of[block_hash]])
+        slot = self.slot_of[block_hash]
+        state_row.copy_(self.pool.storage[slot])
+        return slot
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

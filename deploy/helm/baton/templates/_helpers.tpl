@@ -72,7 +72,7 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- end }}
 {{- end }}
 
-{{/* GPUs per worker pod: the explicit value, else the product of the role's parallel sizes. */}}
+{{/* GPUs per worker pod: the explicit value, else one per rank (tp x pp x pcp x dcp; ep adds no rank). */}}
 {{- define "baton.gpus" -}}
 {{- if ne .device "cuda" }}0
 {{- else if kindIs "invalid" .gpus }}
@@ -141,12 +141,19 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- if and (ne $w.device "cuda") (not (kindIs "invalid" $w.gpus)) }}
 {{- fail (printf "%s.gpus is set but %s.device is %s: GPUs are requested only for device cuda" $role $role $w.device) }}
 {{- end }}
+{{- $p := $w.parallel }}
+{{- if mod (mul $p.tp $p.dcp) $p.ep }}
+{{- fail (printf "%s.parallel.ep (%v) must divide %s.parallel.tp x dcp (%v x %v): expert parallelism spans ranks that hold the same tokens" $role $p.ep $role $p.tp $p.dcp) }}
+{{- end }}
+{{- if and (eq $w.device "cuda") (not (kindIs "invalid" $w.gpus)) (lt (int $w.gpus) (int (include "baton.gpus" (dict "device" "cuda" "gpus" nil "parallel" $p)))) }}
+{{- fail (printf "%s.gpus (%v) is fewer than the %s.parallel ranks (tp x pp x pcp x dcp = %v): each rank needs its own GPU" $role $w.gpus $role (include "baton.gpus" (dict "device" "cuda" "gpus" nil "parallel" $p))) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
 {{/*
 A worker's config file (`baton worker --config`, services/worker_config.py): WorkerConfig fields at the
-top, EngineConfig fields under engine:. The role's engine values are camelCase here and snake_case there
+top, EngineConfig fields under engine:, the role's parallel degrees among them. The role's engine values are camelCase here and snake_case there
 (maxNumSeqs -> max_num_seqs); a null one is left out, so the worker's default holds. Call with (dict
 "root" $ "component" "prefill").
 */}}
@@ -157,6 +164,9 @@ top, EngineConfig fields under engine:. The role's engine values are camelCase h
 {{- if not (kindIs "invalid" $value) }}
 {{- $_ := set $engine (snakecase $key) $value }}
 {{- end }}
+{{- end }}
+{{- range $key, $value := $w.parallel }}
+{{- $_ := set $engine $key $value }}
 {{- end }}
 {{- $config := dict "role" .component "host" "0.0.0.0" "port" $w.port "metrics_port" $w.metricsPort -}}
 {{- $_ := set $config "transfer_backend" .root.Values.transfer.backend -}}
