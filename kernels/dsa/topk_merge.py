@@ -25,9 +25,14 @@ def best_candidates(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``count`` best of each row by (score descending, position ascending).
 
+    One ``torch.topk`` over an int64 key that orders exactly so (as ``kernels.dsa.paged_triton``'s
+    ``topk_by_score``): the score's float32 bits made monotone, then the position inverted, so equal
+    scores rank by lower position and ``-0.0`` ties with ``+0.0`` as in a float comparison.
+
     Args:
         scores: ``[T, W]`` float32, ``-inf`` where an entry is not a candidate.
-        positions: ``[T, W]`` integer global positions (distinct within a row among the candidates).
+        positions: ``[T, W]`` integer global positions in ``[0, 2**31)`` (distinct within a row among
+            the candidates; anything where the score is ``-inf``).
         count: how many to keep (may exceed ``W``).
 
     Returns:
@@ -35,18 +40,17 @@ def best_candidates(
         the scores are ``-inf`` and the positions -1.
     """
     rows, width = scores.shape
-    # Two stable sorts: by position, then by score, so equal scores stay in position order.
-    by_position = torch.sort(positions, dim=-1, stable=True).indices
-    scores_p = scores.gather(-1, by_position)
-    by_score = torch.sort(scores_p, dim=-1, descending=True, stable=True).indices[:, :count]
-    best_scores = scores_p.gather(-1, by_score)
-    best_positions = positions.gather(-1, by_position).gather(-1, by_score)
-    best_positions = torch.where(best_scores > float("-inf"), best_positions, NO_POSITION).to(torch.int32)
+    bits = (scores.to(torch.float32) + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    monotone = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    key = monotone * (1 << 32) + ((1 << 32) - 1 - positions.to(torch.int64).clamp_min(0))
     kept = min(count, width)
+    order = torch.topk(key, kept, dim=-1, largest=True, sorted=True).indices
+    best_scores = scores.gather(-1, order).to(torch.float32)
+    best_positions = torch.where(best_scores > float("-inf"), positions.gather(-1, order), NO_POSITION)
     out_scores = torch.full((rows, count), float("-inf"), dtype=torch.float32, device=scores.device)
     out_positions = torch.full((rows, count), NO_POSITION, dtype=torch.int32, device=scores.device)
     out_scores[:, :kept] = best_scores
-    out_positions[:, :kept] = best_positions
+    out_positions[:, :kept] = best_positions.to(torch.int32)
     return out_scores, out_positions
 
 

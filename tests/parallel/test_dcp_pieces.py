@@ -147,9 +147,11 @@ def test_merge_ignores_what_an_empty_part_returns():
 
 
 def _tied_scores(rows: int, width: int, seed: int) -> torch.Tensor:
-    """Scores from 5 values (many ties), some positions not visible."""
+    """Scores from 5 values (many ties, zeros of both signs), some positions not visible."""
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randint(0, 5, (rows, width), generator=gen).float()
+    # Some zeros negative: -0.0 ties with +0.0, as in the reference's float sort.
+    scores = torch.where((scores == 0) & (torch.rand(rows, width, generator=gen) < 0.5), -0.0, scores)
     return scores.masked_fill(torch.rand(rows, width, generator=gen) < 0.2, float("-inf"))
 
 
