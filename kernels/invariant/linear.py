@@ -13,8 +13,14 @@ construction (``tree_sum`` over products) and slow: the reference for ``fixed_li
 One call over all the padded rows is not enough elsewhere: cuBLAS picks kernels (split-K among them)
 by the row count, and another CPU's BLAS (the H200 host's, torch 2.11) gave a row different bits at
 K = 1024 for different multiples of 16. So ``fixed_linear`` issues one call per ``TILE_ROWS``-row
-tile, every call the same shape, on every device. (A Triton kernel with a fixed tiling is the fast
-way on GPU; this is the correct one.)
+tile, every call the same shape, on every device.
+
+Columns too: tensor parallelism gives a rank a slice of a weight's output rows, and the slice's
+columns must keep the bits they have in the full product. MKL gave other bits for widths below 16
+and for 17 ... 23 (2026-12-01, K from 4 to 7168); with the weight padded to a multiple of
+``TILE_ROWS`` rows every width and offset tried (1 ... 300) gave a column the bits it has in the full
+product, which ``fixed_linear_is_invariant`` also probes. (A Triton kernel with a fixed tiling is
+the fast way on GPU; this is the correct one.)
 """
 
 import torch
@@ -37,8 +43,9 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[N, M]`` (``[..., M]``) float32.
 
-    Invariant (empirical, see module docstring): a row's bits depend only on that row and
-    ``weight``, not on N, its position, or the other rows. The rows are copied into a fresh zeroed
+    Invariant (empirical, see module docstring): an output's bits depend only on its row of ``x`` and
+    its row of ``weight``, not on N, M, its position, or the other rows. The weight is padded with
+    zero rows to a multiple of ``TILE_ROWS``. The rows are copied into a fresh zeroed
     contiguous ``[ceil(N / TILE_ROWS) * TILE_ROWS, K]`` buffer so strides and alignment never vary,
     and every GEMM call has exactly ``TILE_ROWS`` rows (see the module docstring for why one call over
     all rows is not enough). The same bits were measured with 1 and 2 threads; bits may differ between
@@ -49,9 +56,12 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     n = rows.shape[0]
     padded = torch.zeros(-(-n // TILE_ROWS) * TILE_ROWS, k, dtype=torch.float32, device=x.device)
     padded[:n] = rows
+    m = weight.shape[0]
     w = weight.to(torch.float32).contiguous()
+    if m % TILE_ROWS:
+        w = torch.cat([w, w.new_zeros(TILE_ROWS - m % TILE_ROWS, k)])
     out = torch.cat([F.linear(tile, w) for tile in padded.split(TILE_ROWS)])
-    return out[:n].reshape(*x.shape[:-1], w.shape[0])
+    return out[:n, :m].reshape(*x.shape[:-1], m)
 
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -86,7 +96,8 @@ def fixed_linear_is_invariant(weight: torch.Tensor, probe_rows: int = 37) -> boo
     """Check, in this process, that ``fixed_linear`` with this weight gives rows batch-invariant bits.
 
     ``fixed_linear``'s invariance is measured, not guaranteed (module docstring): this probe runs
-    random rows alone and inside batches of several sizes, in shuffled order, and compares bits.
+    random rows alone and inside batches of several sizes, in shuffled order, and compares bits; and
+    halves and quarters of the weight's rows (a tensor-parallel rank's slice) against the full product.
     Callers fall back to ``tree_linear`` where it fails.
     """
     generator = torch.Generator().manual_seed(1234)
@@ -99,4 +110,12 @@ def fixed_linear_is_invariant(weight: torch.Tensor, probe_rows: int = 37) -> boo
             fixed_linear(rows[picked], weight).view(torch.int32), alone[picked].view(torch.int32)
         ):
             return False
+    whole = fixed_linear(rows, weight).view(torch.int32)
+    for parts in (2, 4):
+        start = 0
+        for piece in weight.tensor_split(parts):
+            columns = whole[:, start : start + piece.shape[0]]
+            if not torch.equal(fixed_linear(rows, piece).view(torch.int32), columns):
+                return False
+            start += piece.shape[0]
     return True
