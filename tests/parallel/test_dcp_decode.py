@@ -17,9 +17,9 @@ from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
 from services.engine.model import SequenceStep, build_step_metadata
+from services.engine.parallel.context import ParallelContext, build_parallel_context
 from services.engine.parallel.dcp_indexer import DcpIndexer
-from services.engine.parallel.dcp_kernels import dcp_kernel_set
-from services.engine.parallel.dcp_shard import DcpShard
+from services.engine.parallel.layout import ParallelLayout
 from tests.conftest import relative_error
 from tests.parallel.gloo_ranks import run_ranks
 
@@ -40,10 +40,10 @@ def _token_ids(seed: int = 3) -> list[list[list[int]]]:
     return steps
 
 
-def _run(model, shard: DcpShard, group) -> tuple[torch.Tensor, PagedModelCache, DcpIndexer | None]:
-    """Every step's logits (float32) on a fresh pool of ``BLOCK``-token blocks, shared tables."""
-    model.kernels = dcp_kernel_set(model.kernels, shard, group, batch_invariant=False)
-    virtual = shard.size * BLOCK
+def _run(model) -> tuple[torch.Tensor, PagedModelCache, DcpIndexer | None]:
+    """Every step's logits (float32) on a fresh pool of ``BLOCK``-token blocks, tables shared by the
+    ranks and built for the virtual block size ``dcp * BLOCK``."""
+    virtual = model.parallel.layout.dcp * BLOCK
     chunks = _token_ids()
     totals = [sum(len(step[seq]) for step in chunks) for seq in range(2)]
     needed = [-(-t // virtual) for t in totals]
@@ -77,26 +77,25 @@ def _written_rows(cache: PagedModelCache, layer: int) -> int:
 def _rank_body(rank: int, size: int, checkpoints: dict) -> dict:
     """DCP 1 on rank 0, DCP 2 on ranks 0 and 1, DCP 4 on all: each layout runs once."""
     pair = dist.new_group([0, 1])
-    layouts = {4: (DcpShard(rank, 4), None)}
-    if rank < 2:
-        layouts[2] = (DcpShard(rank, 2), pair)
+    contexts = {4: build_parallel_context(ParallelLayout(dcp=4))}
+    if rank < 2:  # a DCP 2 layout's context, its group a sub-group of this 4-rank world
+        contexts[2] = ParallelContext(ParallelLayout(dcp=2), rank, dcp_group=pair)
     if rank == 0:
-        layouts[1] = (DcpShard(0, 1), None)
+        contexts[1] = ParallelContext.single()
     results = {}
     for family, path in checkpoints.items():
-        model = load_model(path, dtype=torch.float32)
-        reference_kernels = model.kernels
-        mla_layer = next(i for i, layer in enumerate(model.model.layers) if not layer.is_kda)
-        for dcp, (shard, group) in layouts.items():
-            model.kernels = reference_kernels
-            logits, cache, indexer = _run(model, shard, group)
+        for dcp, context in contexts.items():
+            model = load_model(path, dtype=torch.float32)
+            model.set_parallel(context)
+            logits, cache, indexer = _run(model)
+            mla_layer = next(i for i, layer in enumerate(model.model.layers) if not layer.is_kda)
             results[(family, dcp)] = {
                 "logits": logits,
                 "rows": _written_rows(cache, mla_layer),
                 "stats": None if indexer is None else indexer.stats,
             }
     try:
-        dcp_kernel_set(reference_kernels, DcpShard(0, 2), pair, batch_invariant=True)
+        model.set_batch_invariant(True)  # the last model ran as a DCP 4 rank on every rank but 0
     except ValueError as error:
         results["invariant_refusal"] = str(error)
     return results
@@ -139,5 +138,5 @@ def test_indexer_exchanges_are_counted(rank_results):
 
 
 def test_batch_invariant_dcp_is_refused_naming_the_flags(rank_results):
-    message = rank_results[0]["invariant_refusal"]
-    assert "--dcp 2" in message and "--batch-invariant" in message
+    message = rank_results[WORLD - 1]["invariant_refusal"]
+    assert "--dcp 4" in message and "--batch-invariant" in message

@@ -9,7 +9,9 @@ from kernels.dsa.paged_naive import topk_by_score
 from kernels.dsa.topk_merge import best_candidates, merge_candidates, needs_refill
 from kernels.mla.lse_merge import merge_by_lse
 from kernels.mla.paged_naive import paged_mla_decode
+from services.engine.model import load_model_config
 from services.engine.parallel.dcp_shard import DcpShard
+from services.engine.parallel.layout import ParallelLayout
 from tests.kernels.kernel_testing import assert_rel
 
 DC, DR, HEADS, BLOCK = 16, 8, 3, 4
@@ -65,6 +67,14 @@ def test_token_to_rank_mapping(size):
         selection = torch.tensor([[0, 5, -1, 12, 13]])
         want = [[p // size if p >= 0 and p % size == rank else -1 for p in selection[0].tolist()]]
         assert shard.local_selection(selection).tolist() == want
+
+
+def test_layout_validation_refuses_dcp_in_batch_invariant_mode(tiny_checkpoint):
+    config = load_model_config(tiny_checkpoint("deepseek_v32"))
+    ParallelLayout(dcp=2).validate(config, batch_invariant=False)
+    ParallelLayout(dcp=1).validate(config, batch_invariant=True)
+    with pytest.raises(ValueError, match="--dcp 2 with --batch-invariant"):
+        ParallelLayout(dcp=2).validate(config, batch_invariant=True)
 
 
 def test_bad_degree_and_block_size_name_the_field():

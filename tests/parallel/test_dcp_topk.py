@@ -49,7 +49,7 @@ CASES = (
 
 def _rank_body(rank: int, size: int) -> dict:
     pairs = dist.new_group([0, 1]), dist.new_group([2, 3])  # every rank creates both, in the same order
-    layouts = {4: (DcpShard(rank, 4), None), 2: (DcpShard(rank % 2, 2), pairs[rank // 2])}
+    layouts = {4: (DcpShard(rank, 4), dist.group.WORLD), 2: (DcpShard(rank % 2, 2), pairs[rank // 2])}
     results = {}
     for dcp, (shard, group) in layouts.items():
         for case in CASES:

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 from kernels.dsa.paged_naive import topk_by_score
 from kernels.dsa.topk_merge import best_candidates
-from services.engine.parallel.dcp_attention import all_gather_ranks
+from services.engine.parallel.collectives import all_gather_cat
 from services.engine.parallel.dcp_shard import DcpShard
 from services.engine.parallel.distributed_topk import ExchangeStats, default_candidates, distributed_topk
 
@@ -62,8 +62,12 @@ def _designs(scores: torch.Tensor, shard: DcpShard, topk: int, repeats: int) -> 
     designs = {}
     for name, candidates in (("exchange", None), ("one_round", topk)):
         stats = ExchangeStats()
-        assert torch.equal(distributed_topk(mine, shard, None, topk, candidates, stats), want), name
-        seconds = _median_s(lambda c=candidates: distributed_topk(mine, shard, None, topk, c), repeats)
+        assert torch.equal(distributed_topk(mine, shard, dist.group.WORLD, topk, candidates, stats), want), (
+            name
+        )
+        seconds = _median_s(
+            lambda c=candidates: distributed_topk(mine, shard, dist.group.WORLD, topk, c), repeats
+        )
         designs[name] = {
             "ms": seconds * 1e3,
             "rounds": stats.rounds,
@@ -72,7 +76,7 @@ def _designs(scores: torch.Tensor, shard: DcpShard, topk: int, repeats: int) -> 
         }
 
     def all_scores():
-        gathered = all_gather_ranks(mine, None)  # [D, T, W / D]: column l of rank r is l * D + r
+        gathered = all_gather_cat(mine[None], dist.group.WORLD)  # [D, T, W / D]: rank r's l is l D + r
         return topk_by_score(gathered.permute(1, 2, 0).reshape(rows, -1), topk)
 
     assert torch.equal(all_scores(), want), "all_scores"

@@ -9,6 +9,8 @@ from torch import nn
 
 from kernels.invariant.reproducible_blas import ensure_strict_mkl
 from services.engine.adapters.step_lora import StepLora
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.dcp_kernels import dcp_kernel_set
 
 from .backends import KernelSet, build_kernels
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
@@ -97,14 +99,30 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTables(config.rope, config.qk_rope_head_dim) if config.rope else None
         self.numerics: Numerics = Numerics()
+        self.parallel = ParallelContext.single()
         self.kernels: KernelSet = build_kernels("reference", self.numerics, "cpu")
+
+    def set_parallel(self, context: ParallelContext) -> None:
+        """Run as one rank of ``context`` (once, before ``set_kernels``): with ``dcp > 1`` the attention
+        and indexer families read and write only this rank's shard of the MLA cache
+        (``services.engine.parallel.dcp_kernels``); every degree 1 changes nothing.
+
+        Raises:
+            RuntimeError: a context was already set.
+            ValueError: ``dcp > 1`` in batch-invariant mode.
+        """
+        if not self.parallel.layout.is_single:
+            raise RuntimeError("set_parallel: this model already runs as a rank of a parallel layout")
+        self.kernels = dcp_kernel_set(self.kernels, context, self.numerics.batch_invariant)
+        self.parallel = context
 
     def set_kernels(self, name: str, kv_format: str = "auto") -> None:
         """Choose the op families' backend by name (``check_kernels`` validates it first)."""
         device = str(self.lm_head.weight.device)
         if self.numerics.batch_invariant:  # the name picks the invariant numerics' own kernels
             self.numerics = InvariantNumerics(device_kernels="triton" if name == "triton" else "torch")
-        self.kernels = build_kernels(name, self.numerics, device, kv_format)
+        kernels = build_kernels(name, self.numerics, device, kv_format)
+        self.kernels = dcp_kernel_set(kernels, self.parallel, self.numerics.batch_invariant)
 
     def set_batch_invariant(self, enabled: bool) -> None:
         """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4).
@@ -114,11 +132,14 @@ class CausalLM(nn.Module):
 
         Raises:
             RuntimeError: invariant numerics on the CPU, with MKL already running in a non-strict mode.
+            ValueError: invariant numerics on a rank of a DCP group (``check_dcp_numerics``).
         """
         if enabled and self.lm_head.weight.device.type == "cpu":
             ensure_strict_mkl()  # at start, not at the first request: refuse before serving anything
-        self.numerics = InvariantNumerics() if enabled else Numerics()
-        self.kernels = build_kernels("reference", self.numerics, str(self.lm_head.weight.device))
+        numerics = InvariantNumerics() if enabled else Numerics()
+        kernels = build_kernels("reference", numerics, str(self.lm_head.weight.device))
+        self.kernels = dcp_kernel_set(kernels, self.parallel, numerics.batch_invariant)
+        self.numerics = numerics
 
     def forward_step(
         self, meta: StepMetadata, cache: ModelCache, adapters: "Mapping[int, LoraAdapter] | None" = None

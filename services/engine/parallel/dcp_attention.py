@@ -17,14 +17,8 @@ import torch.distributed as dist
 from kernels.mla.lse_merge import merge_by_lse
 from services.engine.model.backends.attention import AttentionBackend, split_kv_b
 
+from .collectives import all_gather_cat
 from .dcp_shard import DcpShard
-
-
-def all_gather_ranks(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """``[R, *tensor.shape]``: every rank's ``tensor``, in rank order of ``group``."""
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, tensor.contiguous(), group=group)
-    return torch.stack(parts)
 
 
 class DcpAttention(AttentionBackend):
@@ -34,14 +28,12 @@ class DcpAttention(AttentionBackend):
         paged_mla_decode: the kernel (``kernels.mla.paged_naive`` or ``paged_triton``'s signature).
         kind: the backend name the kernel belongs to (``reference`` or ``triton``).
         shard: this rank's place in the DCP group.
-        group: the DCP process group.
+        group: the DCP process group (``ParallelContext.dcp_group``).
     """
 
     graph_safe = False  # the write selects the owned rows with a host-sized index
 
-    def __init__(
-        self, paged_mla_decode: Callable, kind: str, shard: DcpShard, group: dist.ProcessGroup | None
-    ):
+    def __init__(self, paged_mla_decode: Callable, kind: str, shard: DcpShard, group: dist.ProcessGroup):
         self.paged_mla_decode = paged_mla_decode
         self.kind = kind
         self.shard = shard
@@ -71,5 +63,7 @@ class DcpAttention(AttentionBackend):
             scale,
             self.shard.local_bound(meta.max_seq_len),
         )
-        merged, _ = merge_by_lse(all_gather_ranks(out, self.group), all_gather_ranks(lse, self.group))
+        outs = all_gather_cat(out[None], self.group)  # [R, T, H, Dc] in rank order
+        lses = all_gather_cat(lse[None], self.group)
+        merged, _ = merge_by_lse(outs, lses)
         return torch.einsum("thc,hdc->thd", merged.to(q_nope.dtype), w_uv)

@@ -32,7 +32,7 @@ class DcpIndexer(IndexerBackend):
         paged_indexer_scores: Callable,
         kind: str,
         shard: DcpShard,
-        group: dist.ProcessGroup | None,
+        group: dist.ProcessGroup,
         candidates: int | None = None,
     ):
         self.paged_indexer_scores = paged_indexer_scores

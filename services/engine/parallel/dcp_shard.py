@@ -24,6 +24,22 @@ from dataclasses import dataclass
 import torch
 
 
+def check_dcp_numerics(dcp: int, batch_invariant: bool) -> None:
+    """Refuse DCP in batch-invariant mode: the LSE merge adds each rank's keys on its own, a different
+    reduction order over the keys than one rank's, so DCP 2 would not give DCP 1's bits
+    (docs/performance.md, "Parallel layouts", says what making it bitwise would take).
+
+    Raises:
+        ValueError: ``dcp > 1`` with ``batch_invariant``, naming both flags.
+    """
+    if dcp > 1 and batch_invariant:
+        raise ValueError(
+            f"--dcp {dcp} with --batch-invariant: the LSE merge of per-rank attention changes the "
+            "reduction order over keys, so DCP is not bitwise equal to one rank; run batch-invariant "
+            "serving with --dcp 1"
+        )
+
+
 @dataclass(frozen=True)
 class DcpShard:
     """Rank ``rank`` of a DCP group of ``size`` ranks.

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from kernels.dsa.topk_merge import best_candidates, merge_candidates, needs_refill
 
+from .collectives import all_gather_cat
 from .dcp_shard import DcpShard
 
 
@@ -52,15 +53,11 @@ def default_candidates(topk: int, size: int) -> int:
 
 
 def _all_gather(
-    group: dist.ProcessGroup | None, scores: torch.Tensor, positions: torch.Tensor, held: torch.Tensor, stats
+    group: dist.ProcessGroup, scores: torch.Tensor, positions: torch.Tensor, held: torch.Tensor, stats
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One all-gather of ``[T, c]`` scores and positions and ``[T]`` counts, packed as int32 bits."""
-    packed = torch.cat(
-        [scores.view(torch.int32), positions, held[:, None].to(torch.int32)], dim=1
-    ).contiguous()
-    parts = [torch.empty_like(packed) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, packed, group=group)
-    gathered = torch.stack(parts)  # [R, T, 2c + 1], in rank order
+    packed = torch.cat([scores.view(torch.int32), positions, held[:, None].to(torch.int32)], dim=1)
+    gathered = all_gather_cat(packed[None], group)  # [R, T, 2c + 1], in rank order
     sent = scores.shape[1]
     stats.rounds += 1
     stats.bytes_sent += packed.numel() * packed.element_size()
@@ -74,7 +71,7 @@ def _all_gather(
 def distributed_topk(
     scores: torch.Tensor,
     shard: DcpShard,
-    group: dist.ProcessGroup | None,
+    group: dist.ProcessGroup,
     topk: int,
     candidates: int | None = None,
     stats: ExchangeStats | None = None,
@@ -85,7 +82,7 @@ def distributed_topk(
         scores: ``[T, W]`` float32 this rank's scores; column ``l`` is its local position ``l`` (global
             ``l * D + rank``), ``-inf`` where a key is not visible to the row.
         shard: this rank's place in the group (``shard.size`` must be the group's size).
-        group: the DCP process group (None: the default group).
+        group: the DCP process group (``ParallelContext.dcp_group``; ``dist.group.WORLD`` for all ranks).
         topk: the budget.
         candidates: what each rank sends in round 1 (default ``default_candidates``); ``topk`` or more
             makes round 2 impossible.
