@@ -1,12 +1,15 @@
 """DCP pieces without a process group: the token -> rank mapping, attention over a rank's shard merged
-by LSE against attention over the whole sequence, and the top-k candidate merge against the
-single-rank rule."""
+by LSE against attention over the whole sequence (reference and Triton kernels), a shard's index
+scores, the top-k candidate merge against the single-rank rule, and the layout's refusal of DCP in
+batch-invariant mode."""
 
 import pytest
 import torch
 
-from kernels.dsa.paged_naive import topk_by_score
+from kernels.dsa import paged_triton as indexer_triton  # tests/conftest.py chose the interpreter
+from kernels.dsa.paged_naive import paged_indexer_scores, topk_by_score
 from kernels.dsa.topk_merge import best_candidates, merge_candidates, needs_refill
+from kernels.mla import paged_triton as attention_triton
 from kernels.mla.lse_merge import merge_by_lse
 from kernels.mla.paged_naive import paged_mla_decode
 from services.engine.model import load_model_config
@@ -102,8 +105,12 @@ def _step(sparse: bool):
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "dsa"])
-@pytest.mark.parametrize("size", [2, 3, 4], ids=lambda s: f"dcp{s}")
-def test_shard_attention_merged_by_lse_equals_full_attention(size, sparse):
+@pytest.mark.parametrize(
+    "size, kernel",
+    [(2, "reference"), (3, "reference"), (4, "reference"), (2, "triton")],
+    ids=["dcp2", "dcp3", "dcp4", "dcp2_triton"],
+)
+def test_shard_attention_merged_by_lse_equals_full_attention(size, kernel, sparse):
     torch.manual_seed(size)
     latents = [torch.randn(n, DC) for n in LENGTHS]
     ropes = [torch.randn(n, DR) for n in LENGTHS]
@@ -122,9 +129,10 @@ def test_shard_attention_merged_by_lse_equals_full_attention(size, sparse):
     latent_pools = _sharded_pools(latents, tables, size, virtual)
     rope_pools = _sharded_pools(ropes, tables, size, virtual)
     outs, lses = [], []
+    shard_kernel = attention_triton.paged_mla_decode if kernel == "triton" else paged_mla_decode
     for rank in range(size):
         shard = DcpShard(rank, size)
-        out, lse = paged_mla_decode(
+        out, lse = shard_kernel(
             q_latent,
             q_rope,
             latent_pools[rank],
@@ -192,3 +200,22 @@ def test_refill_is_detected_only_when_an_unsent_key_could_qualify():
     assert needs_refill(sent, held_all_sent, torch.tensor([[10, 11, 12]], dtype=torch.int32)).tolist() == [
         False
     ]
+
+
+def test_shard_index_scores_triton_equal_reference_with_empty_rows():
+    torch.manual_seed(7)
+    size, index_dim, heads = 2, 16, 2
+    keys = [torch.randn(n, index_dim) for n in LENGTHS]
+    tables = _tables(LENGTHS, size * BLOCK)
+    query_seq, query_pos, _ = _step(False)
+    q, weights = torch.randn(5, heads, index_dim), torch.rand(5, heads)
+    shard = DcpShard(1, size)
+    pool = _sharded_pools(keys, tables, size, size * BLOCK)[1]
+    local_pos = shard.last_local_position(query_pos)
+    assert local_pos[0] == -1, "the query at position 0 sees no key of rank 1"
+    args = (q, weights, pool, tables, query_seq, local_pos, 0.25, shard.local_bound(23))
+    want = paged_indexer_scores(*args)
+    got = indexer_triton.paged_indexer_scores(*args)
+    assert torch.isneginf(got[0]).all() and torch.equal(torch.isneginf(got), torch.isneginf(want))
+    finite = torch.isfinite(want)
+    assert_rel(got[finite], want[finite], 1e-5, "scores")
