@@ -114,6 +114,7 @@ def test_dcp_logits_match_one_rank(rank_results, family, dcp):
         got = rank_results[rank][(family, dcp)]["logits"]
         assert got.shape == want.shape
         err = relative_error(got, want)
+        print(f"{family} dcp{dcp} rank {rank}: logits relative error {err:.2e}")
         assert err <= 1e-5, f"rank {rank}: relative error {err:.2e}"
         assert torch.equal(got, rank_results[0][(family, dcp)]["logits"]), "a DCP group's ranks differ"
 

@@ -3,10 +3,10 @@
 Designs measured per call (``T`` query rows, ``W`` keys per sequence split over ``D`` ranks, budget k):
 
 - ``local``: one rank's best-k of its ``W / D`` keys alone (the work every design does first);
-- ``single``: one rank's top-k over all ``W`` keys (DCP 1: what the exchange must reproduce);
+- ``single``: one rank's best-k over all ``W`` keys (DCP 1), ranked the same way (``best_candidates``);
 - ``exchange``: the default (``distributed_topk``: fair-share candidates, detect, refill);
 - ``one_round``: ``candidates = k`` (one all-gather of k per rank, never a refill);
-- ``all_scores``: every rank all-gathers every score and sorts them all (the replicated-keys bound:
+- ``all_scores``: every rank all-gathers every score and ranks them all (the replicated-keys bound:
   the same result without a candidate merge, at ``W / D`` scores sent per rank and row).
 
 Scores are ``random`` (a refill is rare) or ``skewed`` (every best key on rank 0: a refill every call).
@@ -58,7 +58,8 @@ def _designs(scores: torch.Tensor, shard: DcpShard, topk: int, repeats: int) -> 
     rows = scores.shape[0]
     mine = scores[:, shard.rank :: shard.size].contiguous()
     positions = shard.global_positions(torch.arange(mine.shape[1])).expand(rows, -1)
-    want = topk_by_score(scores, topk)
+    want = topk_by_score(scores, topk)  # the float32 reference each design must equal
+    everywhere = torch.arange(scores.shape[1]).expand(rows, -1)
     designs = {}
     for name, candidates in (("exchange", None), ("one_round", topk)):
         stats = ExchangeStats()
@@ -77,7 +78,7 @@ def _designs(scores: torch.Tensor, shard: DcpShard, topk: int, repeats: int) -> 
 
     def all_scores():
         gathered = all_gather_cat(mine[None], dist.group.WORLD)  # [D, T, W / D]: rank r's l is l D + r
-        return topk_by_score(gathered.permute(1, 2, 0).reshape(rows, -1), topk)
+        return best_candidates(gathered.permute(1, 2, 0).reshape(rows, -1), everywhere, topk)[1]
 
     assert torch.equal(all_scores(), want), "all_scores"
     designs["all_scores"] = {
@@ -87,7 +88,7 @@ def _designs(scores: torch.Tensor, shard: DcpShard, topk: int, repeats: int) -> 
         "refilled_rows": 0,
     }
     designs["local"] = {"ms": _median_s(lambda: best_candidates(mine, positions, topk), repeats) * 1e3}
-    designs["single"] = {"ms": _median_s(lambda: topk_by_score(scores, topk), repeats) * 1e3}
+    designs["single"] = {"ms": _median_s(lambda: best_candidates(scores, everywhere, topk), repeats) * 1e3}
     return designs
 
 

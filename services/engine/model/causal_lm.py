@@ -103,7 +103,7 @@ class CausalLM(nn.Module):
         self.kernels: KernelSet = build_kernels("reference", self.numerics, "cpu")
 
     def set_parallel(self, context: ParallelContext) -> None:
-        """Run as one rank of ``context`` (once, before ``set_kernels``): with ``dcp > 1`` the attention
+        """Run as one rank of ``context`` (once; ``set_kernels`` keeps it): with ``dcp > 1`` the attention
         and indexer families read and write only this rank's shard of the MLA cache
         (``services.engine.parallel.dcp_kernels``); every degree 1 changes nothing.
 
