@@ -1,10 +1,11 @@
-"""DCP decode of tiny DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA) models on 4 gloo ranks: DCP 2
-(two groups of two) and DCP 4 give the logits of DCP 1 within 1e-5 (float32), every rank of a group
-the same bits, each rank's pool holding exactly its own tokens, and the indexer's exchange counted.
+"""DCP decode of tiny DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA) models on 4 gloo ranks, through
+``CausalLM.set_parallel``: DCP 2 (ranks 0 and 1) and DCP 4 give the logits of DCP 1 (rank 0) within
+1e-5 (float32), every rank of a group the same bits, each rank's pool holding exactly its own tokens,
+and the indexer's exchanges counted.
 
-Steps: a ragged prefill (21 and 9 tokens, the second a chunk after a cached prefix of 4), then two
-decode steps of both sequences; the tiny preset's ``index_topk`` is 16, so the DSA selection is a
-strict subset from the second step on.
+Steps: a prefill of 21 and 4 tokens, a 5-token chunk of the second after its cached 4, then two decode
+steps of both; the tiny preset's ``index_topk`` is 16, so every row past position 15 attends a strict
+subset chosen by the distributed top-k.
 """
 
 import pytest
