@@ -1,7 +1,7 @@
-"""DCP decode of tiny DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA) models on 4 gloo ranks, through
-``CausalLM.set_parallel``: DCP 2 (ranks 0 and 1) and DCP 4 give the logits of DCP 1 (rank 0) within
-1e-5 (float32), every rank of a group the same bits, each rank's pool holding exactly its own tokens,
-and the indexer's exchanges counted.
+"""DCP decode of tiny DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA) models on 4 gloo ranks, each
+model loaded with its rank's ``ParallelContext``: DCP 2 (ranks 0 and 1) and DCP 4 give the logits of
+DCP 1 (rank 0) within 1e-5 (float32), every rank of a group the same bits, each rank's pool holding
+exactly its own tokens, and the indexer's exchanges counted.
 
 Steps: a prefill of 21 and 4 tokens, a 5-token chunk of the second after its cached 4, then two decode
 steps of both; the tiny preset's ``index_topk`` is 16, so every row past position 15 attends a strict
@@ -86,8 +86,7 @@ def _rank_body(rank: int, size: int, checkpoints: dict) -> dict:
     results = {}
     for family, path in checkpoints.items():
         for dcp, context in contexts.items():
-            model = load_model(path, dtype=torch.float32)
-            model.set_parallel(context)
+            model = load_model(path, dtype=torch.float32, parallel=context)
             logits, cache, indexer = _run(model)
             mla_layer = next(i for i, layer in enumerate(model.model.layers) if not layer.is_kda)
             results[(family, dcp)] = {

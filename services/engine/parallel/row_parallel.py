@@ -2,8 +2,9 @@
 
 Default numerics: each rank's ``x_shard @ w_shard^T`` in the model dtype, all-reduced (at TP 1 this is
 ``nx.linear`` unchanged). Batch-invariant numerics: K is cut into ``INVARIANT_K_SEGMENTS`` equal
-segments whatever the degree; a rank computes the float32 partial of each segment it holds (one
-fixed-shape invariant product each) and the partials are summed by ``sum_segments`` in segment order,
+segments whatever the degree; a rank computes the float32 partial of each segment it holds
+(``InvariantNumerics.segment_products``: a partial's bits do not depend on how many segments one
+call holds) and the partials are summed by ``sum_segments`` in segment order,
 then rounded once to the model dtype. Every segment's partial and the summation tree are the same at
 every degree, so TP 1, 2, 4 and 8 give the same bits::
 
@@ -17,7 +18,9 @@ a tree whose subtrees are the shards.)
 """
 
 import torch
+from torch import nn
 
+from services.engine.adapters.step_lora import StepLora
 from services.engine.model.numerics import Numerics
 
 from .collectives import all_reduce_sum, sum_segments
@@ -47,6 +50,13 @@ def row_parallel_linear(
             f"batch-invariant row-parallel product: width {x.shape[-1] * parallel.tp} is not a multiple "
             f"of {INVARIANT_K_SEGMENTS} segments (ParallelLayout.validate rejects such a model)"
         )
-    x_parts, w_parts = x.chunk(segments, -1), weight.chunk(segments, -1)
-    partials = torch.stack([nx.linear_f32(xs, ws) for xs, ws in zip(x_parts, w_parts, strict=True)])
-    return sum_segments(partials, parallel.tp_group).to(x.dtype)
+    return sum_segments(nx.segment_products(x, weight, segments), parallel.tp_group).to(x.dtype)
+
+
+def row_parallel_project(
+    x: torch.Tensor, module: nn.Linear, nx: Numerics, lora: StepLora | None, parallel: ParallelContext
+) -> torch.Tensor:
+    """A row-parallel layer's linear (``row_parallel_linear``), then the step's adapters on their rows
+    (``step_lora.project``'s contract; adapters run only at TP 1, where ``module`` is whole)."""
+    base = row_parallel_linear(x, module.weight, nx, parallel)
+    return base if lora is None else lora.linear(module, x, base, nx)
