@@ -10,6 +10,7 @@ from torch import nn
 from kernels.invariant.reproducible_blas import ensure_strict_mkl
 from services.engine.adapters.step_lora import StepLora
 from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.dcp_kernels import dcp_kernel_set
 
 from .backends import KernelSet, build_kernels
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
@@ -109,14 +110,18 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTables(config.rope, config.qk_rope_head_dim) if config.rope else None
         self.numerics: Numerics = Numerics()
-        self.kernels: KernelSet = build_kernels("reference", self.numerics, "cpu")
+        # With dcp > 1 attention and the indexer read and write only this rank's shard of the MLA cache.
+        self.kernels: KernelSet = dcp_kernel_set(
+            build_kernels("reference", self.numerics, "cpu"), self.parallel, batch_invariant=False
+        )
 
     def set_kernels(self, name: str, kv_format: str = "auto") -> None:
         """Choose the op families' backend by name (``check_kernels`` validates it first)."""
         device = str(self.lm_head.weight.device)
         if self.numerics.batch_invariant:  # the name picks the invariant numerics' own kernels
             self.numerics = InvariantNumerics(device_kernels="triton" if name == "triton" else "torch")
-        self.kernels = build_kernels(name, self.numerics, device, kv_format)
+        kernels = build_kernels(name, self.numerics, device, kv_format)
+        self.kernels = dcp_kernel_set(kernels, self.parallel, self.numerics.batch_invariant)
 
     def set_batch_invariant(self, enabled: bool) -> None:
         """Switch between the default numerics and the batch-invariant ones (DESIGN.md section 4).
@@ -126,14 +131,17 @@ class CausalLM(nn.Module):
 
         Raises:
             RuntimeError: invariant numerics on the CPU, with MKL already running in a non-strict mode.
-            ValueError: the model's widths do not split into the invariant row-parallel segments.
+            ValueError: the model's widths do not split into the invariant row-parallel segments, or
+                the model runs as a rank of a DCP group (``ParallelLayout.validate``).
         """
         if enabled:
             self.parallel.layout.validate(self.config, batch_invariant=True)
         if enabled and self.lm_head.weight.device.type == "cpu":
             ensure_strict_mkl()  # at start, not at the first request: refuse before serving anything
-        self.numerics = InvariantNumerics() if enabled else Numerics()
-        self.kernels = build_kernels("reference", self.numerics, str(self.lm_head.weight.device))
+        numerics = InvariantNumerics() if enabled else Numerics()
+        kernels = build_kernels("reference", numerics, str(self.lm_head.weight.device))
+        self.kernels = dcp_kernel_set(kernels, self.parallel, numerics.batch_invariant)
+        self.numerics = numerics
 
     def forward_step(
         self, meta: StepMetadata, cache: ModelCache, adapters: "Mapping[int, LoraAdapter] | None" = None

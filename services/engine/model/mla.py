@@ -100,7 +100,7 @@ class MultiLatentAttention(nn.Module):
             k_rope = apply_rope_interleaved(k_rope, cos, sin)
         layer_cache = cache.mla(layer)
         index_keys = self.indexer.index_keys(x, cos, sin, nx, lora) if self.indexer is not None else None
-        layer_cache.write(meta.slot_mapping, latent, k_rope, index_keys)
+        ops.attention.write(layer_cache, meta, latent, k_rope, index_keys)
         topk = None
         if self.indexer is not None:
             topk = self.indexer.select(x, query_input, cos, sin, layer_cache, meta, nx, ops, lora)

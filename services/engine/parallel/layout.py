@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from services.engine.model.config import LAYER_KDA, LAYER_MLA, MLP_DENSE, MLP_MOE, ModelConfig
 
+from .dcp_shard import check_dcp_numerics
+
 DIMENSIONS = ("tp", "dcp", "pcp", "pp", "ep")
 # In batch-invariant mode a row-parallel product is summed from this many fixed K segments whatever
 # the TP degree (``row_parallel.py``), so TP must divide it.
@@ -120,7 +122,7 @@ class ParallelLayout:
 
         TP splits attention heads (MLA and the KDA heads), the dense MLP and the shared experts by
         intermediate size; EP splits the routed experts. In batch-invariant mode TP must also divide
-        ``INVARIANT_K_SEGMENTS``.
+        ``INVARIANT_K_SEGMENTS``, and DCP must be 1 (``check_dcp_numerics``).
 
         Raises:
             ValueError: naming the flag and what it does not divide.
@@ -163,3 +165,4 @@ class ParallelLayout:
                     f"--ep {self.ep}: does not divide {moe.num_experts} routed experts; "
                     f"pick a divisor of {moe.num_experts}"
                 )
+        check_dcp_numerics(self.dcp, batch_invariant)

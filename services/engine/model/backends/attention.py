@@ -49,6 +49,18 @@ class AttentionBackend(ABC):
             ``[N, H, Dv]`` in ``q_nope.dtype``.
         """
 
+    def write(
+        self,
+        cache: MlaLayerCache,
+        meta: StepMetadata,
+        latent: torch.Tensor,
+        k_rope: torch.Tensor,
+        index_keys: torch.Tensor | None,
+    ) -> None:
+        """Store the step's new rows (``[N, Dc]``, ``[N, Dr]``, ``[N, Di]`` or None) where this backend
+        reads them: every row at its ``meta.slot_mapping`` slot (a DCP backend keeps only its shard)."""
+        cache.write(meta.slot_mapping, latent, k_rope, index_keys)
+
 
 def split_kv_b(w_kv_b: torch.Tensor, heads: int, nope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``w_kv_b [H * (Dn + Dv), Dc]`` -> ``(W_UK [H, Dn, Dc], W_UV [H, Dv, Dc])`` (views)."""
