@@ -1,0 +1,161 @@
+"""Pipeline parallelism for prefill: the layers split into ``pp`` contiguous stages, micro-batches of
+chunks flowing stage to stage.
+
+A stage holds only its layers' weights (``keep_stage``) and caches (``cache.layout.stage_layout``).
+A prefill is a list of micro-batches (each a step: the next chunk of every prompt still going); stage
+``s`` runs micro-batch ``m``, hands its hidden states to stage ``s + 1`` (a non-blocking send) and
+starts ``m + 1`` at once, so the stages overlap::
+
+    time ->      t0     t1     t2     t3
+    stage 0      m0     m1     m2
+    stage 1             m0     m1     m2
+
+The last stage computes the logits. The layers, numerics and shapes a token goes through are those
+of one process, so a pipeline's logits and caches are bitwise those of ``pp = 1``.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from services.engine.model.causal_lm import CausalLM
+from services.engine.model.layer_cache import ModelCache
+from services.engine.model.step_metadata import SequenceStep, build_step_metadata
+
+from .context import ParallelContext
+from .stage_forward import embed, final_logits, run_layers
+
+
+def stage_layers(num_layers: int, pp: int, stage: int) -> range:
+    """The layers of ``stage``: contiguous, the first ``num_layers % pp`` stages one layer more.
+
+    Raises:
+        ValueError: ``pp`` above ``num_layers`` (naming ``--pp``), or ``stage`` outside ``[0, pp)``.
+    """
+    if pp > num_layers:
+        raise ValueError(
+            f"--pp {pp}: more pipeline stages than the model's {num_layers} layers; use --pp <= {num_layers}"
+        )
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage {stage} is outside [0, {pp})")
+    base, extra = divmod(num_layers, pp)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (stage < extra))
+
+
+class _Absent(nn.Module):
+    """Stands where another stage's layer (or the embedding / head) would be: no weights."""
+
+    def forward(self, *args):
+        raise RuntimeError("this module lives on another pipeline stage")
+
+
+def keep_stage(model: CausalLM, layers: range, first: bool, last: bool) -> None:
+    """Drop every weight ``model`` does not need as the stage running ``layers``.
+
+    The embedding stays on the first stage, the final norm and LM head on the last. Choose the
+    numerics and kernels (``set_batch_invariant``, ``set_kernels``) before: they read the head's device.
+    """
+    for index in range(len(model.model.layers)):
+        if index not in layers:
+            model.model.layers[index] = _Absent()
+    if not first:
+        model.model.embed_tokens = _Absent()
+    if not last:
+        model.model.norm = _Absent()
+        model.lm_head = _Absent()
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """One rank's stage: its model (pruned or not), layers and neighbours.
+
+    Attributes:
+        model: the stage's model.
+        parallel: the rank's context (``pp_group``: the ranks of this position in every stage).
+        layers: the stage's layers.
+    """
+
+    model: CausalLM
+    parallel: ParallelContext
+    layers: range
+
+    @staticmethod
+    def build(model: CausalLM, parallel: ParallelContext, prune: bool = True) -> "PipelineStage":
+        """The stage of ``parallel.coordinates.pp``; ``prune`` drops the other stages' weights."""
+        pp, stage = parallel.layout.pp, parallel.coordinates.pp
+        layers = stage_layers(len(model.model.layers), pp, stage)
+        if prune:
+            keep_stage(model, layers, stage == 0, stage == pp - 1)
+        return PipelineStage(model, parallel, layers)
+
+    @property
+    def stage(self) -> int:
+        return self.parallel.coordinates.pp
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.parallel.layout.pp - 1
+
+    def prefill(
+        self, micro_batches: list[list[SequenceStep]], block_size: int, cache: ModelCache
+    ) -> list[torch.Tensor]:
+        """Run every micro-batch through this stage, in order (every stage calls it with the same list).
+
+        Args:
+            micro_batches: the steps, in the order their tokens must enter the cache.
+            block_size: tokens per block of ``cache``.
+            cache: the stage's cache (at least its layers' fields).
+
+        Returns:
+            On the last stage, each micro-batch's ``[S, vocab]`` logits of its sequences' last rows;
+            an empty list elsewhere.
+        """
+        group = self.parallel.pp_group
+        ranks = dist.get_process_group_ranks(group) if group is not None else []
+        # the residual stream's dtype and device: those of the stage's first layer's norm
+        norm = self.model.model.layers[self.layers.start].input_layernorm.weight
+        device, shape = norm.device, (self.model.config.hidden_size,)
+        logits, sends = [], []
+        for steps in micro_batches:
+            meta = build_step_metadata(steps, block_size, device, index_topk=self.model.index_topk)
+            if self.is_first:
+                hidden = embed(self.model, meta)
+            else:
+                hidden = torch.empty(meta.num_tokens, *shape, dtype=norm.dtype, device=device)
+                dist.recv(hidden, ranks[self.stage - 1], group=group)
+            hidden = run_layers(self.model, hidden, meta, cache, self.layers)
+            if self.is_last:
+                logits.append(final_logits(self.model, hidden[meta.logit_rows]))
+            else:  # the send runs while this stage starts the next micro-batch
+                # the tensor is kept until its send is waited on
+                sends.append((dist.isend(hidden, ranks[self.stage + 1], group=group), hidden))
+        for work, _ in sends:
+            work.wait()
+        return logits
+
+
+def chunk_micro_batches(
+    prompts: list[list[int]], chunk: int, block_tables: list[tuple[int, ...]], slots: list[int]
+) -> list[list[SequenceStep]]:
+    """Prompts cut into micro-batches: micro-batch ``m`` is chunk ``m`` (``chunk`` tokens) of every
+    prompt still going, each continuing its sequence's cache (block table, KDA slot)."""
+    if chunk < 1:
+        raise ValueError(f"chunk: must be >= 1, got {chunk}")
+    longest = max(len(p) for p in prompts)
+    batches = []
+    for start in range(0, longest, chunk):
+        batches.append(
+            [
+                SequenceStep(tuple(p[start : start + chunk]), start, block_tables[s], slots[s])
+                for s, p in enumerate(prompts)
+                if len(p) > start
+            ]
+        )
+    return batches
