@@ -2,7 +2,7 @@
 models on 2 gloo ranks against one rank (``CausalLM.forward_step``): PCP 2 and PP 2 in one process
 group (starting ranks costs more than the cases).
 
-PCP steps: a ragged prefill of three prompts (37, 9 and 70 tokens: none a multiple of the 16-token
+PCP steps: a ragged prefill of three prompts (37, 9 and 50 tokens: none a multiple of the 16-token
 chunk, the 9-token one shorter than the 4 zigzag chunks, so rank 1 holds none of it), a second PCP
 prefill continuing two of them after their cached prefix (20 and 5 tokens), a third of 7 tokens of
 one sequence (rank 1 holds no row and only joins the exchanges), then a plain decode step
@@ -34,7 +34,7 @@ from services.engine.parallel.pcp_cache import PcpMlaLayerCache
 from services.engine.parallel.pcp_kda import PcpKda
 from services.engine.parallel.pcp_prefill import pcp_forward_step
 from services.engine.parallel.pipeline import PipelineStage, chunk_micro_batches
-from services.engine.parallel.zigzag import zigzag_plan
+from services.engine.parallel.zigzag import chunk_size, zigzag_plan
 from tests.conftest import relative_error
 from tests.parallel.gloo_ranks import run_ranks
 
@@ -42,7 +42,7 @@ WORLD = 2
 FAMILIES = ("kimi_linear", "deepseek_v32", "k3")
 MODES = ("default", "invariant")
 # chunks[step][seq]: new tokens (0: the sequence sits the step out); the last step is a decode step.
-CHUNKS = [[37, 9, 70], [20, 0, 5], [0, 7, 0], [1, 1, 1]]
+CHUNKS = [[37, 9, 50], [20, 0, 5], [0, 7, 0], [1, 1, 1]]
 
 
 def _token_ids(seed: int = 5) -> list[list[list[int]]]:
@@ -234,7 +234,7 @@ def test_pp2_matches_one_process(rank_results, family, mode):
     want_logits, want_cache = rank_results[1][(family, mode, "pp1")]
     assert rank_results[0][(family, mode, "pp2")][0] == []
     got_logits = rank_results[1][(family, mode, "pp2")][0]
-    assert len(got_logits) == len(want_logits) == 5
+    assert len(got_logits) == len(want_logits) == -(-max(CHUNKS[0]) // PP_CHUNK)
     for got, want in zip(got_logits, want_logits, strict=True):
         assert torch.equal(_bits(got), _bits(want))
     stage_layers = [set(), set()]
@@ -252,3 +252,23 @@ def test_pp_above_layers_is_refused(tiny_checkpoint):
     config = load_model_config(tiny_checkpoint("k3"))
     with pytest.raises(ValueError, match="--pp 5: more pipeline stages than the model's 4 layers"):
         ParallelLayout(pp=5).validate(config)
+
+
+@pytest.mark.parametrize("pcp", [1, 2, 4], ids=lambda p: f"pcp{p}")
+def test_zigzag_plan_covers_every_row_once(pcp):
+    sizes = [(100, 0), (9, 16), (1, 3)]  # (new tokens, past)
+    steps = [SequenceStep(tuple(range(n)), past, (0,), s) for s, (n, past) in enumerate(sizes)]
+    plan = zigzag_plan(steps, pcp)
+    rows = sorted(row for rank_rows in plan.global_rows for row in rank_rows)
+    assert rows == list(range(110))
+    assert chunk_size(100, pcp) % 16 == 0 and chunk_size(100, pcp) * 2 * pcp >= 100
+    for seq in plan.pieces:
+        assert [p.rank for p in seq] == [*range(pcp), *reversed(range(pcp))]
+    for rank in range(pcp):  # each piece a step of its own, at its own positions
+        local = plan.local_steps(rank)
+        assert sum(len(s.token_ids) for s in local) == len(plan.global_rows[rank])
+        for piece, step in zip(plan.rank_pieces(rank), local, strict=True):
+            assert step.past == steps[piece.seq].past + piece.start
+            assert step.token_ids == steps[piece.seq].token_ids[piece.start : piece.end]
+    if pcp == 4:  # 100 tokens, chunk 16: chunk 6 holds 4 tokens (rank 1), chunk 7 none (rank 0)
+        assert [len(r) for r in zigzag_plan(steps[:1], 4).global_rows] == [16, 20, 32, 32]

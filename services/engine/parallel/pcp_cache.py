@@ -39,7 +39,7 @@ class RowExchange:
 class PcpMlaLayerCache(MlaLayerCache):
     """An ``MlaLayerCache`` whose ``write`` stores the whole group's rows (module docstring)."""
 
-    exchange: RowExchange | None = None
+    exchange: RowExchange
 
     def write(self, slot_mapping, latent, k_rope, index_keys) -> None:
         del slot_mapping  # this rank's rows' slots; the gathered rows go to the undivided step's
