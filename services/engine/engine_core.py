@@ -61,7 +61,7 @@ class EngineCore:
             scratch=use_graphs,
         )
         slots = StateSlotPool(
-            slot_layout(self.model.config, model_dtype, open_rows),
+            slot_layout(self.model.config, model_dtype, open_rows, self.model.parallel.tp),
             config.max_num_seqs,
             config.device,
             scratch=use_graphs,

@@ -24,6 +24,7 @@ class ContiguousCache:
         dtype: the model's compute dtype.
         device: where the pools live.
         batch_invariant: keep CF-BI open-chunk rows in the slots (the invariant numerics' KDA state).
+        tp: the model's TP degree (a slot holds the rank's KDA heads).
     """
 
     def __init__(
@@ -33,11 +34,12 @@ class ContiguousCache:
         dtype: torch.dtype,
         device: str | torch.device,
         batch_invariant: bool = False,
+        tp: int = 1,
     ):
         self.num_tokens = [0] * num_sequences
         self.config, self.dtype, self.device = config, dtype, device
         slots = StateSlotPool(
-            slot_layout(config, dtype, FIXED_CHUNK if batch_invariant else 0), num_sequences, device
+            slot_layout(config, dtype, FIXED_CHUNK if batch_invariant else 0, tp), num_sequences, device
         )
         for _ in range(num_sequences):
             slots.allocate()

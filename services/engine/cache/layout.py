@@ -116,16 +116,18 @@ def block_layout(config: ModelConfig, block_size: int, dtype: torch.dtype, kv_fo
     return _pack(entries)
 
 
-def slot_layout(config: ModelConfig, dtype: torch.dtype, open_chunk_rows: int = 0) -> Layout:
+def slot_layout(config: ModelConfig, dtype: torch.dtype, open_chunk_rows: int = 0, tp: int = 1) -> Layout:
     """Layout of one request's KDA state: float32 recurrent state and the short-conv tail.
 
     With ``open_chunk_rows = C`` (batch-invariant CF-BI mode) the recurrent state is the one at the
     last aligned chunk boundary, and the slot also keeps the open chunk's rows (keys, cumulative
-    decays, corrections) and how many there are.
+    decays, corrections) and how many there are. Under TP (``tp`` ranks) a rank's slot holds its
+    ``num_heads / tp`` heads.
     """
     entries = []
     if config.kda is not None:
-        heads, dim, kernel = config.kda.num_heads, config.kda.head_dim, config.kda.conv_kernel_size
+        heads = config.kda.num_heads // tp
+        dim, kernel = config.kda.head_dim, config.kda.conv_kernel_size
         for layer, kind in enumerate(config.layer_types):
             if kind != LAYER_KDA:
                 continue

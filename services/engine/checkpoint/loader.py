@@ -9,6 +9,8 @@ from safetensors import safe_open
 from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
 from services.engine.model.config import ModelConfig
 from services.engine.model.config_loader import load_model_config
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.shard import Shard, model_shards
 
 from .tensor_names import NameMapper, Target
 
@@ -33,7 +35,12 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None) -> CausalLM:
+def load_model(
+    model_dir: str | Path,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    parallel: ParallelContext | None = None,
+) -> CausalLM:
     """Validate the config, build the model and stream its weights in.
 
     Args:
@@ -41,30 +48,38 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | 
         device: where the parameters live.
         dtype: parameter dtype (default: the config's ``torch_dtype``); a few router and gate
             parameters stay float32 (``FLOAT32_PARAMETERS``).
+        parallel: this rank's context: the model holds, and the loader copies, only the rank's shard
+            of each sharded tensor (``services.engine.parallel.shard``); None is one process.
 
     Returns:
         The model in eval mode.
 
     Raises:
         ConfigError: the config is invalid (before anything else is read).
+        ValueError: the parallel layout does not fit the model (before any weight is read).
         CheckpointError: a tensor is missing, unexpected, of the wrong shape, or given twice.
     """
     model_dir = Path(model_dir)
     config = load_model_config(model_dir)
+    if parallel is not None:
+        parallel.layout.validate(config)
     files = checkpoint_files(model_dir)
     dtype = dtype or getattr(torch, config.torch_dtype)
-    model = build_empty_model(config, device, dtype)
+    model = build_empty_model(config, device, dtype, parallel)
     _stream_weights(model, config, files)
     return model.eval()
 
 
-def build_empty_model(config: ModelConfig, device: str, dtype: torch.dtype) -> CausalLM:
-    """Allocate the model's parameters, uninitialised, directly in their final dtypes (filled by the caller).
+def build_empty_model(
+    config: ModelConfig, device: str, dtype: torch.dtype, parallel: ParallelContext | None = None
+) -> CausalLM:
+    """Allocate the model's parameters (the rank's shards under ``parallel``), uninitialised, directly in
+    their final dtypes (filled by the caller).
 
     Dtypes are set while the parameters are still on the meta device, so memory is allocated once.
     """
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = CausalLM(config, parallel)
     for name, param in model.named_parameters():
         param.requires_grad_(False)
         param.data = param.data.to(torch.float32 if name.endswith(FLOAT32_PARAMETERS) else dtype)
@@ -76,6 +91,7 @@ def build_empty_model(config: ModelConfig, device: str, dtype: torch.dtype) -> C
 
 def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> None:
     params = dict(model.named_parameters())
+    shards = model_shards(model)
     mapper = NameMapper(config, set(params))
     filled: dict[str, int] = {name: 0 for name in params}
     # Regions written so far: parameter -> expert (None: not per expert) -> [(target, tensor name)].
@@ -92,8 +108,19 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
                         f"{config.family} model takes it)"
                     )
                 _check_not_written(written, target, name, file.name)
-                destination = _destination(params[target.parameter], target)
-                tensor = handle.get_tensor(name)
+                shard = shards.get(target.parameter)
+                if shard is None:
+                    destination, tensor = (
+                        _destination(params[target.parameter], target),
+                        handle.get_tensor(name),
+                    )
+                else:
+                    placed = _shard_destination(
+                        params[target.parameter], target, shard, handle.get_tensor(name)
+                    )
+                    if placed is None:  # none of this tensor is the rank's
+                        continue
+                    destination, tensor = placed
                 if tensor.shape != destination.shape:
                     raise CheckpointError(
                         f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, expected "
@@ -131,3 +158,35 @@ def _destination(param: torch.Tensor, target: Target) -> torch.Tensor:
     if target.rows is not None:
         view = view[target.rows[0] : target.rows[1]]
     return view
+
+
+def _shard_destination(
+    param: torch.Tensor, target: Target, shard: Shard, tensor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where the rank's part of checkpoint ``tensor`` (at ``target``, in full coordinates) goes in its
+    ``param`` (the rank's ``shard``), and that part; None when the rank holds none of it.
+
+    An expert shard (EP) cuts dim 0 of a fused expert parameter; a TP shard cuts a dim of a plain one,
+    where a hub tensor may fill a row range of dim 0 (KDA's q/k/v short convs).
+    """
+    view = param.data
+    if target.expert is not None:  # a per-expert tensor: only an EP shard cuts the expert dim
+        local = target.expert - shard.index * view.shape[0]
+        if not 0 <= local < view.shape[0]:
+            return None
+        view = view[local]
+        if target.rows is not None:
+            view = view[target.rows[0] : target.rows[1]]
+        return view, tensor
+    if target.rows is None:
+        if tensor.dim() <= shard.dim or tensor.shape[shard.dim] % (shard.count * shard.blocks):
+            return view, tensor  # not the parameter's shape: the caller's shape check names it
+        return view, shard.take(tensor)
+    # rows (r0, r1) of dim 0 of the full parameter; the full dim 0 is ``count`` times the rank's.
+    r0, r1 = target.rows
+    held = shard.full_indices(view.shape[0] * shard.count)
+    inside = ((held >= r0) & (held < r1)).nonzero().flatten()
+    if inside.numel() == 0:
+        return None
+    first, last = int(inside[0]), int(inside[-1]) + 1
+    return view[first:last], tensor.index_select(0, held[first:last] - r0)

@@ -9,6 +9,7 @@ from torch import nn
 
 from kernels.invariant.reproducible_blas import ensure_strict_mkl
 from services.engine.adapters.step_lora import StepLora
+from services.engine.parallel.context import ParallelContext
 
 from .backends import KernelSet, build_kernels
 from .config import LAYER_KDA, MLP_MOE, ModelConfig
@@ -37,17 +38,18 @@ FLOAT32_PARAMETERS = (
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: attention (KDA or MLA), then MLP (dense or MoE)."""
 
-    def __init__(self, config: ModelConfig, index: int):
+    def __init__(self, config: ModelConfig, index: int, parallel: ParallelContext):
         super().__init__()
         self.is_kda = config.layer_types[index] == LAYER_KDA
         self.is_moe = config.mlp_types[index] == MLP_MOE
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = KimiDeltaAttention(config) if self.is_kda else MultiLatentAttention(config)
+        attention = KimiDeltaAttention if self.is_kda else MultiLatentAttention
+        self.self_attn = attention(config, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if self.is_moe:
-            self.mlp = MoE(config.hidden_size, config.moe)
+            self.mlp = MoE(config.hidden_size, config.moe, parallel)
         else:
-            self.mlp = DenseMLP(config.hidden_size, config.intermediate_size)
+            self.mlp = DenseMLP(config.hidden_size, config.intermediate_size, parallel)
 
     def forward(
         self,
@@ -74,24 +76,34 @@ class DecoderLayer(nn.Module):
 class DecoderStack(nn.Module):
     """Embedding, decoder layers and final norm (transformers' ``model.*`` prefix)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ParallelContext):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, parallel) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
     """A Kimi-Linear, DeepSeek-V3.2 or K3 causal language model.
 
+    Under a parallel context each rank holds its TP shard of the attention heads and MLPs and its EP
+    shard of the routed experts (``services.engine.parallel``); the embedding, the final norm and the
+    LM head are whole on every rank, so every rank computes the full logits. Every rank of a group
+    must run the same steps (the layers' reductions are collective).
+
     Args:
         config: the validated model config.
+        parallel: this rank's context (validated against ``config`` by the caller:
+            ``ParallelLayout.validate``); None is one process.
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ParallelContext | None = None):
         super().__init__()
         self.config = config
-        self.model = DecoderStack(config)
+        self.parallel = parallel or ParallelContext.single()
+        self.model = DecoderStack(config, self.parallel)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -114,7 +126,10 @@ class CausalLM(nn.Module):
 
         Raises:
             RuntimeError: invariant numerics on the CPU, with MKL already running in a non-strict mode.
+            ValueError: the model's widths do not split into the invariant row-parallel segments.
         """
+        if enabled:
+            self.parallel.layout.validate(self.config, batch_invariant=True)
         if enabled and self.lm_head.weight.device.type == "cpu":
             ensure_strict_mkl()  # at start, not at the first request: refuse before serving anything
         self.numerics = InvariantNumerics() if enabled else Numerics()
@@ -141,6 +156,9 @@ class CausalLM(nn.Module):
         nx, ops = self.numerics, self.kernels
         lora = None
         if any(meta.seq_adapters_host):
+            layout = self.parallel.layout
+            if layout.tp > 1 or layout.ep > 1:
+                raise ValueError(f"adapters: LoRA runs only at --tp 1 --ep 1, this rank is in {layout}")
             device = meta.input_ids.device
             # The segmented Triton kernel where library products are allowed (default numerics, GPU).
             segmented = device.type == "cuda" and not nx.batch_invariant
@@ -181,7 +199,12 @@ class CausalLM(nn.Module):
         if cache is None:
             weight = self.lm_head.weight
             cache = ContiguousCache(
-                input_ids.shape[0], self.config, weight.dtype, weight.device, self.numerics.batch_invariant
+                input_ids.shape[0],
+                self.config,
+                weight.dtype,
+                weight.device,
+                self.numerics.batch_invariant,
+                self.parallel.tp,
             )
         new_tokens = input_ids.tolist()
         steps = cache.steps(new_tokens)

@@ -4,6 +4,9 @@ import torch
 from torch import nn
 
 from services.engine.adapters.step_lora import StepLora, project
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.row_parallel import row_parallel_project
+from services.engine.parallel.shard import Shard
 
 from .backends import KernelSet
 from .config import ModelConfig
@@ -14,7 +17,10 @@ from .step_metadata import StepMetadata
 
 
 class KdaForgetGate(nn.Module):
-    """Low-rank per-channel forget gate: ``g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)``."""
+    """Low-rank per-channel forget gate: ``g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)``.
+
+    ``num_heads`` are the rank's heads (``f_b``, ``dt_bias``, ``A_log`` cut by the owning layer).
+    """
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int):
         super().__init__()
@@ -33,23 +39,40 @@ class KdaForgetGate(nn.Module):
 
 
 class KimiDeltaAttention(nn.Module):
-    """KDA: short conv + SiLU on q/k/v, L2-normalised q/k, gated delta rule, gated RMSNorm output."""
+    """KDA: short conv + SiLU on q/k/v, L2-normalised q/k, gated delta rule, gated RMSNorm output.
 
-    def __init__(self, config: ModelConfig):
+    Under TP a rank holds ``num_heads / tp`` heads: every per-head projection, the short conv's channels
+    and the gate parameters are cut by head, ``o_proj`` is row-parallel, and the state slot holds only
+    the rank's heads; ``f_a``, ``g_a`` and the output norm are whole on every rank.
+    """
+
+    def __init__(self, config: ModelConfig, parallel: ParallelContext):
         super().__init__()
-        spec = config.kda
-        hidden, width = config.hidden_size, spec.num_heads * spec.head_dim
-        self.num_heads, self.head_dim, self.width = spec.num_heads, spec.head_dim, width
+        spec, self.parallel = config.kda, parallel
+        heads = spec.num_heads // parallel.tp
+        hidden, width = config.hidden_size, heads * spec.head_dim
+        self.num_heads, self.head_dim, self.width = heads, spec.head_dim, width
         self.q_proj = nn.Linear(hidden, width, bias=False)
         self.k_proj = nn.Linear(hidden, width, bias=False)
         self.v_proj = nn.Linear(hidden, width, bias=False)
         self.conv1d = nn.Conv1d(3 * width, 3 * width, spec.conv_kernel_size, groups=3 * width, bias=False)
-        self.forget_gate = KdaForgetGate(hidden, spec.num_heads, spec.head_dim)
-        self.b_proj = nn.Linear(hidden, spec.num_heads, bias=False)
+        self.forget_gate = KdaForgetGate(hidden, heads, spec.head_dim)
+        self.b_proj = nn.Linear(hidden, heads, bias=False)
         self.g_a_proj = nn.Linear(hidden, spec.head_dim, bias=False)
         self.g_b_proj = nn.Linear(spec.head_dim, width, bias=False)
         self.o_norm = GatedRMSNorm(spec.head_dim, config.rms_norm_eps)
         self.o_proj = nn.Linear(width, hidden, bias=False)
+        if parallel.tp > 1:
+            rank, tp = parallel.tp_rank, parallel.tp
+            column = Shard(0, rank, tp)
+            self.parameter_shards = {
+                **{f"{name}.weight": column for name in ("q_proj", "k_proj", "v_proj", "b_proj", "g_b_proj")},
+                "conv1d.weight": Shard(0, rank, tp, blocks=3),
+                "forget_gate.f_b_proj.weight": column,
+                "forget_gate.dt_bias": column,
+                "forget_gate.A_log": Shard(2, rank, tp),
+                "o_proj.weight": Shard(1, rank, tp),
+            }
 
     def forward(
         self,
@@ -85,4 +108,5 @@ class KimiDeltaAttention(nn.Module):
         q, k = nx.l2_normalize(q), nx.l2_normalize(k)
         out = ops.kda.forward(q, k, v, g, beta, self.head_dim**-0.5, layer_cache, meta)
         gate = project(project(x, self.g_a_proj, nx, lora), self.g_b_proj, nx, lora).view(heads)
-        return project(self.o_norm(out, gate, nx).reshape(tokens, -1), self.o_proj, nx, lora)
+        normed = self.o_norm(out, gate, nx).reshape(tokens, -1)
+        return row_parallel_project(normed, self.o_proj, nx, lora, self.parallel)

@@ -5,6 +5,9 @@ from torch import nn
 
 from kernels.rotary.naive import apply_rope_interleaved
 from services.engine.adapters.step_lora import StepLora, project
+from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.row_parallel import row_parallel_project
+from services.engine.parallel.shard import Shard
 
 from .backends import KernelSet
 from .config import ModelConfig
@@ -20,12 +23,17 @@ class MultiLatentAttention(nn.Module):
 
     Prefill (more than one new token) expands K/V per head; a single-token step runs in the absorbed
     latent form, as decode does. With a ``LightningIndexer`` each query attends only to its top-k.
+
+    Under TP a rank holds ``heads / tp`` heads: the query and ``kv_b`` projections are column-parallel
+    (their rows, head-major), ``o_proj`` row-parallel (summed over the TP group); the latent projection,
+    its cache and the indexer are whole on every rank.
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ParallelContext):
         super().__init__()
-        self.config = config
-        heads, hidden = config.num_attention_heads, config.hidden_size
+        self.config, self.parallel = config, parallel
+        heads, hidden = config.num_attention_heads // parallel.tp, config.hidden_size
+        self.local_heads = heads
         if config.q_lora_rank is None:
             self.q_proj = nn.Linear(hidden, heads * config.qk_head_dim, bias=False)
         else:
@@ -43,6 +51,10 @@ class MultiLatentAttention(nn.Module):
             query_input = config.q_lora_rank or hidden
             rope_dim = config.qk_rope_head_dim if config.rope else 0
             self.indexer = LightningIndexer(config.indexer, hidden, query_input, rope_dim)
+        if parallel.tp > 1:
+            column, row = Shard(0, parallel.tp_rank, parallel.tp), Shard(1, parallel.tp_rank, parallel.tp)
+            query = "q_proj.weight" if config.q_lora_rank is None else "q_b_proj.weight"
+            self.parameter_shards = {query: column, "kv_b_proj.weight": column, "o_proj.weight": row}
 
     def forward(
         self,
@@ -78,7 +90,7 @@ class MultiLatentAttention(nn.Module):
         else:
             query_input = self.q_a_layernorm(project(x, self.q_a_proj, nx, lora), nx)
             q = project(query_input, self.q_b_proj, nx, lora)
-        q = q.view(tokens, c.num_attention_heads, c.qk_head_dim)
+        q = q.view(tokens, self.local_heads, c.qk_head_dim)
         q_nope, q_rope = q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim :]
         compressed = project(x, self.kv_a_proj_with_mqa, nx, lora)
         latent = self.kv_a_layernorm(compressed[..., : c.kv_lora_rank], nx)
@@ -95,4 +107,4 @@ class MultiLatentAttention(nn.Module):
         out = ops.attention.forward(
             q_nope, q_rope, self.kv_b_proj.weight, layer_cache, meta, topk, c.attention_scale
         )
-        return project(out.reshape(tokens, -1), self.o_proj, nx, lora)
+        return row_parallel_project(out.reshape(tokens, -1), self.o_proj, nx, lora, self.parallel)

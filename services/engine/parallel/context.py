@@ -5,6 +5,7 @@ Model code takes a ``ParallelContext`` from the start (DESIGN.md section 6): wit
 single-process path and the parallel path are the same code.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -57,31 +58,43 @@ class ParallelContext:
         return self.coordinates.ep
 
 
-def build_parallel_context(layout: ParallelLayout) -> ParallelContext:
+def build_parallel_context(
+    layout: ParallelLayout, ranks: Sequence[int] | None = None
+) -> ParallelContext | None:
     """Create every dimension's groups from the initialised default group and return this rank's context.
 
-    Collective over the default group: every rank must call it, with the same layout, in the same
-    order relative to other group creations (``dist.new_group`` is collective).
+    Collective over the default group: every process must call it, with the same arguments, in the
+    same order relative to other group creations (``dist.new_group`` is collective).
+
+    Args:
+        layout: the degrees.
+        ranks: the default-group ranks that run the layout, layout rank ``i`` on ``ranks[i]``
+            (default: the whole default group, in order). Lets one set of processes run several
+            layouts one after another (tests).
+
+    Returns:
+        This process's context, or None when it is not among ``ranks``.
 
     Raises:
-        RuntimeError: torch.distributed is not initialised, or its world size is not the layout's.
+        RuntimeError: torch.distributed is not initialised, or the process count is not the layout's.
     """
     if not dist.is_initialized():
         raise RuntimeError(
             "build_parallel_context: torch.distributed is not initialised (init_process_group)"
         )
-    if dist.get_world_size() != layout.world_size:
+    ranks = list(range(dist.get_world_size())) if ranks is None else list(ranks)
+    if len(ranks) != layout.world_size:
         raise RuntimeError(
-            f"build_parallel_context: {dist.get_world_size()} processes for a layout of "
+            f"build_parallel_context: {len(ranks)} processes for a layout of "
             f"{layout.world_size} ranks ({layout}); start one process per rank"
         )
-    rank = dist.get_rank()
+    me = dist.get_rank()
     groups = {}
     for dimension in DIMENSIONS:
         mine = None
-        for ranks in layout.groups(dimension):
-            group = dist.new_group(ranks) if len(ranks) > 1 else None
-            if rank in ranks:
+        for members in layout.groups(dimension):
+            group = dist.new_group([ranks[m] for m in members]) if len(members) > 1 else None
+            if me in ranks and ranks.index(me) in members:
                 mine = group
         groups[f"{dimension}_group"] = mine
-    return ParallelContext(layout, rank, **groups)
+    return ParallelContext(layout, ranks.index(me), **groups) if me in ranks else None

@@ -86,8 +86,8 @@ def _join_exchanges(model: CausalLM, cache: PcpModelCache, ops) -> None:
 
     for index, layer in enumerate(model.model.layers):
         if layer.is_kda:
-            attention, kda = layer.self_attn, config.kda
-            heads, dim = kda.num_heads, kda.head_dim
+            attention = layer.self_attn  # under TP: this rank's heads
+            heads, dim = attention.num_heads, attention.head_dim
             layer_cache = cache.kda(index)
             taps = attention.conv1d.weight.squeeze(1)
             ops.kda.short_conv(nothing(3 * attention.width), taps, layer_cache, None)

@@ -17,7 +17,9 @@ a tree whose subtrees are the shards.)
 """
 
 import torch
+from torch import nn
 
+from services.engine.adapters.step_lora import StepLora
 from services.engine.model.numerics import Numerics
 
 from .collectives import all_reduce_sum, sum_segments
@@ -50,3 +52,12 @@ def row_parallel_linear(
     x_parts, w_parts = x.chunk(segments, -1), weight.chunk(segments, -1)
     partials = torch.stack([nx.linear_f32(xs, ws) for xs, ws in zip(x_parts, w_parts, strict=True)])
     return sum_segments(partials, parallel.tp_group).to(x.dtype)
+
+
+def row_parallel_project(
+    x: torch.Tensor, module: nn.Linear, nx: Numerics, lora: StepLora | None, parallel: ParallelContext
+) -> torch.Tensor:
+    """A row-parallel layer's linear (``row_parallel_linear``), then the step's adapters on their rows
+    (``step_lora.project``'s contract; adapters run only at TP 1, where ``module`` is whole)."""
+    base = row_parallel_linear(x, module.weight, nx, parallel)
+    return base if lora is None else lora.linear(module, x, base, nx)
