@@ -1,23 +1,26 @@
 """Parallel prefill of tiny Kimi-Linear (KDA + MLA), DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA)
-models on 2 gloo ranks against one rank (``CausalLM.forward_step``): PCP 2 and PP 2 in one process
-group (starting ranks costs more than the cases).
+models against one process (``CausalLM.forward_step``), every layout in one group of 4 gloo ranks
+(starting ranks costs more than the cases): PCP 2 (ranks 0-1) and PP 2 (ranks 2-3) for every family,
+PCP 4 and PP 2 x PCP 2 (all ranks) for K3.
 
 PCP steps: a ragged prefill of three prompts (37, 9 and 50 tokens: none a multiple of the 16-token
-chunk, the 9-token one shorter than the 4 zigzag chunks, so rank 1 holds none of it), a second PCP
-prefill continuing two of them after their cached prefix (20 and 5 tokens), a third of 7 tokens of
-one sequence (rank 1 holds no row and only joins the exchanges), then a plain decode step
-of all three on each rank's own cache. Default numerics in float32: logits within 1e-5 and the
-caches (MLA latents, rope keys, index keys, KDA recurrent and conv state) equal within 1e-5 after
-each step. Batch-invariant numerics: the same, bitwise. The zigzag split is checked to have given
-both ranks rows, and the PCP KDA and MLA exchanges to have run.
+chunk, the 9-token one shorter than the 2 x pcp zigzag chunks), a second PCP prefill continuing two
+of them after their cached prefix (20 and 5 tokens), a third of 7 tokens of one sequence (every rank
+but 0 holds no row and only joins the exchanges), then a plain decode step of all three on each
+rank's own cache. Default numerics in float32: logits within 1e-5 and the caches (MLA latents, rope
+keys, index keys, KDA recurrent and conv state) within 1e-5 after each step. Batch-invariant
+numerics: the same, bitwise. The PCP KDA and MLA exchanges are counted, so a run that bypassed them
+fails.
 
 PP: the same three prompts as micro-batches of 16-token chunks through 2 stages (layers 0-1, 2-3),
 each stage holding only its layers' weights and caches: the last stage's logits and every stage's
-cache equal to one process's bitwise (the same ops on the same rows), in both numerics.
+cache bitwise those of one process (the same ops on the same rows), in both numerics. PP 2 x PCP 2:
+each micro-batch also split over the stage's 2 PCP ranks: within 1e-5 / bitwise as for PCP.
 """
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
@@ -28,7 +31,7 @@ from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
 from services.engine.model import SequenceStep, build_step_metadata, load_model_config
 from services.engine.model.config import LAYER_KDA
-from services.engine.parallel.context import build_parallel_context
+from services.engine.parallel.context import ParallelContext, build_parallel_context
 from services.engine.parallel.layout import ParallelLayout
 from services.engine.parallel.pcp_cache import PcpMlaLayerCache
 from services.engine.parallel.pcp_kda import PcpKda
@@ -38,7 +41,7 @@ from services.engine.parallel.zigzag import chunk_size, zigzag_plan
 from tests.conftest import relative_error
 from tests.parallel.gloo_ranks import run_ranks
 
-WORLD = 2
+WORLD = 4
 FAMILIES = ("kimi_linear", "deepseek_v32", "k3")
 MODES = ("default", "invariant")
 # chunks[step][seq]: new tokens (0: the sequence sits the step out); the last step is a decode step.
@@ -140,41 +143,59 @@ def _pp_run(model, stage: PipelineStage | None, invariant: bool) -> tuple[list[t
     return logits, contents
 
 
-def _count_calls(cls, name: str, counts: dict) -> None:
-    original = getattr(cls, name)
+def _count_calls(counts: dict) -> None:
+    """Count the PCP exchanges' calls into ``counts`` (a rank's run that skipped them shows as 0)."""
+    for cls, name in ((PcpKda, "forward"), (PcpKda, "short_conv"), (PcpMlaLayerCache, "write")):
+        original = getattr(cls, name)
 
-    def counted(self, *args, **kwargs):
-        counts[f"{cls.__name__}.{name}"] = counts.get(f"{cls.__name__}.{name}", 0) + 1
-        return original(self, *args, **kwargs)
+        def counted(self, *args, _original=original, _key=f"{cls.__name__}.{name}", **kwargs):
+            counts[_key] = counts.get(_key, 0) + 1
+            return _original(self, *args, **kwargs)
 
-    setattr(cls, name, counted)
+        setattr(cls, name, counted)
 
 
 def _rank_body(rank: int, size: int, checkpoints: dict) -> dict:
-    pcp_context = build_parallel_context(ParallelLayout(pcp=size))
-    pp_context = build_parallel_context(ParallelLayout(pp=size))
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    pcp4 = build_parallel_context(ParallelLayout(pcp=4))
+    pp2_pcp2 = build_parallel_context(ParallelLayout(pcp=2, pp=2))
+    pcp2 = ParallelContext(ParallelLayout(pcp=2), rank % 2, pcp_group=pairs[0]) if rank < 2 else None
+    pp2 = ParallelContext(ParallelLayout(pp=2), rank % 2, pp_group=pairs[1]) if rank >= 2 else None
     calls: dict[str, int] = {}
-    for cls, name in ((PcpKda, "forward"), (PcpKda, "short_conv"), (PcpMlaLayerCache, "write")):
-        _count_calls(cls, name, calls)
-    plans = [
-        zigzag_plan([SequenceStep(tuple(t), 0, (s,), s) for s, t in enumerate(step) if t], size)
-        for step in _token_ids()[:-1]
-    ]
-    results = {"rows": [plan.row_counts() for plan in plans], "calls": calls}
+    _count_calls(calls)
+    results = {}
+
+    def record(key, run, *args):
+        calls.clear()
+        logits, cache = run(*args)
+        results[key] = {"logits": logits, "cache": cache, "calls": dict(calls)}
+
+    def staged(path, invariant: bool, context: ParallelContext) -> PipelineStage:
+        model = load_model(path, dtype=torch.float32)
+        model.set_batch_invariant(invariant)
+        stage = PipelineStage.build(model, context)
+        results[("parameters", path, context.layout)] = sum(p.numel() for p in model.parameters())
+        return stage
+
     for family, path in checkpoints.items():
         model = load_model(path, dtype=torch.float32)
-        full_parameters = sum(p.numel() for p in model.parameters())
+        results[("parameters", path, "full")] = sum(p.numel() for p in model.parameters())
         for mode in MODES:
             invariant = mode == "invariant"
             model.set_batch_invariant(invariant)
-            results[(family, mode, "pcp1")] = _run(model, None)
-            results[(family, mode, "pcp2")] = _run(model, pcp_context)
-            results[(family, mode, "pp1")] = _pp_run(model, None, invariant)
-            staged = load_model(path, dtype=torch.float32)
-            staged.set_batch_invariant(invariant)
-            stage = PipelineStage.build(staged, pp_context)
-            results[(family, mode, "pp2")] = _pp_run(staged, stage, invariant)
-            results[(family, "parameters")] = (sum(p.numel() for p in staged.parameters()), full_parameters)
+            if rank == 0:
+                record((family, mode, "pcp1"), _run, model, None)
+            if rank == 3:
+                record((family, mode, "pp1"), _pp_run, model, None, invariant)
+            if pcp2 is not None:
+                record((family, mode, "pcp2"), _run, model, pcp2)
+            else:
+                stage = staged(path, invariant, pp2)
+                record((family, mode, "pp2"), _pp_run, stage.model, stage, invariant)
+            if family == "k3":
+                record((family, mode, "pcp4"), _run, model, pcp4)
+                stage = staged(path, invariant, pp2_pcp2)
+                record((family, mode, "pp2_pcp2"), _pp_run, stage.model, stage, invariant)
     return results
 
 
@@ -187,65 +208,71 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.int32) if x.dtype == torch.float32 else x
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_pcp2_matches_one_rank(rank_results, family, mode):
-    for rank in range(WORLD):
-        want_logits, want_cache = rank_results[rank][(family, mode, "pcp1")]
-        got_logits, got_cache = rank_results[rank][(family, mode, "pcp2")]
-        for step, (got, want) in enumerate(zip(got_logits, want_logits, strict=True)):
-            rows = sum(1 for n in CHUNKS[step] if n)
-            assert got.shape == want.shape == (rows, 1024)
-            if mode == "invariant":
-                assert torch.equal(_bits(got), _bits(want)), f"rank {rank} step {step}: logits differ"
-            else:
-                err = relative_error(got, want)
-                assert err <= 1e-5, f"rank {rank} step {step}: logits relative error {err:.2e}"
-        for step, (got, want) in enumerate(zip(got_cache, want_cache, strict=True)):
-            assert got.keys() == want.keys() and got
-            for name in want:
-                if mode == "invariant":
-                    same = torch.equal(_bits(got[name]), _bits(want[name]))
-                    assert same, f"rank {rank} step {step}: {name}"
-                else:
-                    err = relative_error(got[name], want[name])
-                    assert err <= 1e-5, f"rank {rank} step {step}: {name} relative error {err:.2e}"
+def _assert_close(got: torch.Tensor, want: torch.Tensor, bitwise: bool, what: str) -> None:
+    assert got.shape == want.shape, what
+    if bitwise:
+        assert torch.equal(_bits(got), _bits(want)), f"{what}: not bitwise equal"
+    else:
+        err = relative_error(got, want)
+        assert err <= 1e-5, f"{what}: relative error {err:.2e}"
 
 
-def test_pcp_split_and_exchanges_ran(rank_results, tiny_checkpoint):
-    rows = rank_results[0]["rows"]
-    assert [sum(step) for step in rows] == [sum(step) for step in CHUNKS[:-1]]
-    assert min(rows[0]) > 0 and min(rows[1]) > 0 and rows[2] == [7, 0], rows
-    kda_layers = mla_layers = 0
-    for family in FAMILIES:
-        types = load_model_config(tiny_checkpoint(family)).layer_types
-        kda_layers += sum(1 for kind in types if kind == LAYER_KDA)
-        mla_layers += sum(1 for kind in types if kind != LAYER_KDA)
-    pcp_steps = (len(CHUNKS) - 1) * len(MODES)
-    for rank in range(WORLD):  # the idle rank of the third step joins every exchange too
-        calls = rank_results[rank]["calls"]
-        assert calls["PcpKda.forward"] == calls["PcpKda.short_conv"] == pcp_steps * kda_layers
-        assert calls["PcpMlaLayerCache.write"] == pcp_steps * mla_layers
+def _kda_and_mla_layers(checkpoint) -> tuple[int, int]:
+    types = load_model_config(checkpoint).layer_types
+    kda = sum(1 for kind in types if kind == LAYER_KDA)
+    return kda, len(types) - kda
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_pp2_matches_one_process(rank_results, family, mode):
-    want_logits, want_cache = rank_results[1][(family, mode, "pp1")]
-    assert rank_results[0][(family, mode, "pp2")][0] == []
-    got_logits = rank_results[1][(family, mode, "pp2")][0]
-    assert len(got_logits) == len(want_logits) == -(-max(CHUNKS[0]) // PP_CHUNK)
-    for got, want in zip(got_logits, want_logits, strict=True):
-        assert torch.equal(_bits(got), _bits(want))
-    stage_layers = [set(), set()]
-    for rank in range(WORLD):
-        got_cache = rank_results[rank][(family, mode, "pp2")][1]
-        for name, value in got_cache.items():
-            stage_layers[rank].add(int(name.split(".")[0]))
-            assert torch.equal(_bits(value), _bits(want_cache[name])), f"stage {rank}: {name}"
-        staged, full = rank_results[rank][(family, "parameters")]
-        assert staged < full
-    assert stage_layers == [{0, 1}, {2, 3}]
+@pytest.mark.parametrize(("family", "pcp"), [(f, 2) for f in FAMILIES] + [("k3", 4)], ids=str)
+def test_pcp_matches_one_rank(rank_results, tiny_checkpoint, family, pcp, mode):
+    want = rank_results[0][(family, mode, "pcp1")]
+    kda_layers, mla_layers = _kda_and_mla_layers(tiny_checkpoint(family))
+    pcp_steps = len(CHUNKS) - 1
+    bitwise = mode == "invariant"
+    for rank in range(pcp):
+        got = rank_results[rank][(family, mode, f"pcp{pcp}")]
+        # every PCP step ran the exchanges on every rank, the idle ones included
+        assert got["calls"].get("PcpKda.forward", 0) == pcp_steps * kda_layers
+        assert got["calls"].get("PcpKda.short_conv", 0) == pcp_steps * kda_layers
+        assert got["calls"].get("PcpMlaLayerCache.write", 0) == pcp_steps * mla_layers
+        for step, (got_logits, want_logits) in enumerate(zip(got["logits"], want["logits"], strict=True)):
+            assert got_logits.shape == (sum(1 for n in CHUNKS[step] if n), 1024)
+            _assert_close(got_logits, want_logits, bitwise, f"rank {rank} step {step} logits")
+        for step, (got_cache, want_cache) in enumerate(zip(got["cache"], want["cache"], strict=True)):
+            assert got_cache.keys() == want_cache.keys() and got_cache
+            for name in want_cache:
+                _assert_close(got_cache[name], want_cache[name], bitwise, f"rank {rank} step {step} {name}")
+
+
+# (rank, the stage's layers, whether it is the last stage) of each pipeline layout
+STAGES = {
+    "pp2": [(2, {0, 1}, False), (3, {2, 3}, True)],
+    "pp2_pcp2": [(0, {0, 1}, False), (1, {0, 1}, False), (2, {2, 3}, True), (3, {2, 3}, True)],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("family", "layout"), [(f, "pp2") for f in FAMILIES] + [("k3", "pp2_pcp2")], ids=str)
+def test_pp_matches_one_process(rank_results, tiny_checkpoint, family, layout, mode):
+    want = rank_results[3][(family, mode, "pp1")]
+    bitwise = layout == "pp2" or mode == "invariant"
+    for rank, layers, last in STAGES[layout]:
+        got = rank_results[rank][(family, mode, layout)]
+        if not last:
+            assert got["logits"] == []
+        else:
+            assert len(got["logits"]) == len(want["logits"]) == -(-max(CHUNKS[0]) // PP_CHUNK)
+            for index, (g, w) in enumerate(zip(got["logits"], want["logits"], strict=True)):
+                _assert_close(g, w, bitwise, f"rank {rank} micro-batch {index} logits")
+        assert {int(name.split(".")[0]) for name in got["cache"]} == layers
+        for name, value in got["cache"].items():
+            _assert_close(value, want["cache"][name], bitwise, f"rank {rank}: {name}")
+        # the stage holds only its layers' weights
+        path = tiny_checkpoint(family)
+        full = rank_results[rank][("parameters", path, "full")]
+        layout_key = ParallelLayout(pp=2) if layout == "pp2" else ParallelLayout(pcp=2, pp=2)
+        assert rank_results[rank][("parameters", path, layout_key)] < full
 
 
 def test_pp_above_layers_is_refused(tiny_checkpoint):

@@ -11,7 +11,8 @@ starts ``m + 1`` at once, so the stages overlap::
     stage 1             m0     m1     m2
 
 The last stage computes the logits. The layers, numerics and shapes a token goes through are those
-of one process, so a pipeline's logits and caches are bitwise those of ``pp = 1``.
+of one process, so a pipeline's logits and caches are bitwise those of ``pp = 1``. Under PCP the
+stage's PCP ranks split each micro-batch (``pcp_prefill.prepare_step``): PP stages x PCP ranks.
 """
 
 from dataclasses import dataclass
@@ -22,10 +23,10 @@ from torch import nn
 
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.layer_cache import ModelCache
-from services.engine.model.step_metadata import SequenceStep, build_step_metadata
+from services.engine.model.step_metadata import SequenceStep
 
 from .context import ParallelContext
-from .stage_forward import embed, final_logits, run_layers
+from .pcp_prefill import prepare_step
 
 
 def stage_layers(num_layers: int, pp: int, stage: int) -> range:
@@ -108,6 +109,9 @@ class PipelineStage:
     ) -> list[torch.Tensor]:
         """Run every micro-batch through this stage, in order (every stage calls it with the same list).
 
+        Under PCP each micro-batch is split over the stage's PCP ranks (``pcp_prefill``), and PCP rank
+        ``r`` hands its rows to PCP rank ``r`` of the next stage (a rank holding none sends nothing).
+
         Args:
             micro_batches: the steps, in the order their tokens must enter the cache.
             block_size: tokens per block of ``cache``.
@@ -121,19 +125,19 @@ class PipelineStage:
         ranks = dist.get_process_group_ranks(group) if group is not None else []
         # the residual stream's dtype and device: those of the stage's first layer's norm
         norm = self.model.model.layers[self.layers.start].input_layernorm.weight
-        device, shape = norm.device, (self.model.config.hidden_size,)
         logits, sends = [], []
         for steps in micro_batches:
-            meta = build_step_metadata(steps, block_size, device, index_topk=self.model.index_topk)
+            part = prepare_step(self.model, steps, block_size, cache, self.parallel)
             if self.is_first:
-                hidden = embed(self.model, meta)
+                hidden = part.embed()
             else:
-                hidden = torch.empty(meta.num_tokens, *shape, dtype=norm.dtype, device=device)
-                dist.recv(hidden, ranks[self.stage - 1], group=group)
-            hidden = run_layers(self.model, hidden, meta, cache, self.layers)
+                hidden = norm.new_empty(part.num_rows, self.model.config.hidden_size)
+                if part.num_rows:
+                    dist.recv(hidden, ranks[self.stage - 1], group=group)
+            hidden = part.run_layers(hidden, self.layers)
             if self.is_last:
-                logits.append(final_logits(self.model, hidden[meta.logit_rows]))
-            else:  # the send runs while this stage starts the next micro-batch
+                logits.append(part.logits(hidden))
+            elif part.num_rows:  # the send runs while this stage starts the next micro-batch
                 # the tensor is kept until its send is waited on
                 sends.append((dist.isend(hidden, ranks[self.stage + 1], group=group), hidden))
         for work, _ in sends:
