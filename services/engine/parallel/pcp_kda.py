@@ -50,7 +50,7 @@ class PcpKda(KdaBackend):
             self.local[(piece.seq, piece.chunk)] = slice(offset, offset + piece.length)
             offset += piece.length
 
-    def _slot_index(self, chunk: int) -> int:
+    def _piece_index(self, chunk: int) -> int:
         """Which of a rank's two pieces of a sequence ``chunk`` is (0: first, 1: second)."""
         return 0 if chunk < self.plan.pcp else 1
 
@@ -60,7 +60,7 @@ class PcpKda(KdaBackend):
         tails = x.new_zeros(seqs, 2, halo, x.shape[-1])
         for (seq, chunk), rows in self.local.items():
             tail = x[rows][-halo:]
-            tails[seq, self._slot_index(chunk), halo - tail.shape[0] :] = tail
+            tails[seq, self._piece_index(chunk), halo - tail.shape[0] :] = tail
         parts = [torch.empty_like(tails) for _ in self.peers]
         dist.all_gather(parts, tails, group=self.group)
         out = torch.empty_like(x)
@@ -76,7 +76,7 @@ class PcpKda(KdaBackend):
                     rows = self.local[(seq, piece.chunk)]
                     out[rows], _ = self.nx.causal_conv1d(x[rows], weight, state)
                 kept = min(halo, piece.length)
-                tail = parts[piece.rank][seq, self._slot_index(piece.chunk), halo - kept :]
+                tail = parts[piece.rank][seq, self._piece_index(piece.chunk), halo - kept :]
                 state = torch.cat([state, tail.transpose(0, 1).to(state.dtype)], -1)[:, -halo:]
             cache.conv[step.slot] = state
         return out
@@ -93,13 +93,11 @@ class PcpKda(KdaBackend):
         heads, k_dim, v_dim = k.shape[1], k.shape[2], v.shape[2]
         seqs = len(self.plan.steps)
         transitions = torch.zeros(seqs, 2, heads, k_dim, k_dim + v_dim, dtype=torch.float32, device=v.device)
-        start = torch.cat(
-            [torch.eye(k_dim, device=v.device).expand(heads, k_dim, k_dim), v.new_zeros(heads, k_dim, v_dim)],
-            -1,
-        ).float()
+        identity = torch.eye(k_dim, dtype=torch.float32, device=v.device).expand(heads, k_dim, k_dim)
+        start = torch.cat([identity, identity.new_zeros(heads, k_dim, v_dim)], -1)  # [I | 0]
         for (seq, chunk), rows in self.local.items():
-            values = torch.cat([v.new_zeros(v[rows].shape[0], heads, k_dim), v[rows]], -1)
-            _, transitions[seq, self._slot_index(chunk)] = self.nx.kda(
+            values = torch.cat([v.new_zeros(v[rows].shape[0], heads, k_dim), v[rows]], -1)  # [0 | v]
+            _, transitions[seq, self._piece_index(chunk)] = self.nx.kda(
                 q[rows], k[rows], values, g[rows], beta[rows], scale, start
             )
         parts = [torch.empty_like(transitions) for _ in self.peers]
@@ -113,7 +111,7 @@ class PcpKda(KdaBackend):
                 if piece.rank == self.rank:
                     rows = self.local[(seq, piece.chunk)]
                     out[rows], _ = self.nx.kda(q[rows], k[rows], v[rows], g[rows], beta[rows], scale, state)
-                pair = parts[piece.rank][seq, self._slot_index(piece.chunk)]
+                pair = parts[piece.rank][seq, self._piece_index(piece.chunk)]
                 moved = pair[..., :k_dim] @ state if state is not None else 0.0
                 state = moved + pair[..., k_dim:]
             cache.recurrent[step.slot] = state
