@@ -13,9 +13,10 @@ numerics: the same, bitwise. The PCP KDA and MLA exchanges are counted, so a run
 fails.
 
 PP: the same three prompts as micro-batches of 16-token chunks through 2 stages (layers 0-1, 2-3),
-each stage holding only its layers' weights and caches: the last stage's logits and every stage's
-cache bitwise those of one process (the same ops on the same rows), in both numerics. PP 2 x PCP 2:
-each micro-batch also split over the stage's 2 PCP ranks: within 1e-5 / bitwise as for PCP.
+each stage loading only its layers' weights (and the embedding or the head) and holding only their
+caches: the last stage's logits and every stage's cache bitwise those of one process (the same ops
+on the same rows), in both numerics. PP 2 x PCP 2: each micro-batch also split over the stage's 2
+PCP ranks: within 1e-5 / bitwise as for PCP.
 """
 
 import pytest
@@ -171,7 +172,7 @@ def _rank_body(rank: int, size: int, checkpoints: dict) -> dict:
         results[key] = {"logits": logits, "cache": cache, "calls": dict(calls)}
 
     def staged(path, invariant: bool, context: ParallelContext) -> PipelineStage:
-        model = load_model(path, dtype=torch.float32)
+        model = load_model(path, dtype=torch.float32, parallel=context)  # the stage's modules only
         model.set_batch_invariant(invariant)
         stage = PipelineStage.build(model, context)
         results[("parameters", path, context.layout)] = sum(p.numel() for p in model.parameters())

@@ -1,7 +1,9 @@
 """Pipeline parallelism for prefill: the layers split into ``pp`` contiguous stages, micro-batches of
 chunks flowing stage to stage.
 
-A stage holds only its layers' weights (``keep_stage``) and caches (``cache.layout.stage_layout``).
+A stage holds only its layers' weights and caches: the loader builds a stage's model without the
+other stages' modules (``keep_stage`` on the meta model) and skips their tensors
+(``held_by_other_stage``); the pools take ``cache.layout.stage_layout``.
 A prefill is a list of micro-batches (each a step: the next chunk of every prompt still going); stage
 ``s`` runs micro-batch ``m``, hands its hidden states to stage ``s + 1`` (a non-blocking send) and
 starts ``m + 1`` at once, so the stages overlap::
@@ -15,6 +17,7 @@ of one process, so a pipeline's logits and caches are bitwise those of ``pp = 1`
 stage's PCP ranks split each micro-batch (``pcp_prefill.prepare_step``): PP stages x PCP ranks.
 """
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -53,20 +56,47 @@ class _Absent(nn.Module):
         raise RuntimeError("this module lives on another pipeline stage")
 
 
-def keep_stage(model: CausalLM, layers: range, first: bool, last: bool) -> None:
-    """Drop every weight ``model`` does not need as the stage running ``layers``.
+def stage_position(parallel: ParallelContext, num_layers: int) -> tuple[range, bool, bool]:
+    """``(layers, first, last)`` of the rank's pipeline stage."""
+    pp, stage = parallel.layout.pp, parallel.coordinates.pp
+    return stage_layers(num_layers, pp, stage), stage == 0, stage == pp - 1
 
-    The embedding stays on the first stage, the final norm and LM head on the last. Choose the
-    numerics and kernels (``set_batch_invariant``, ``set_kernels``) before: they read the head's device.
+
+def keep_stage(model: CausalLM, layers: range, first: bool, last: bool) -> None:
+    """Drop every module ``model`` does not need as the stage running ``layers`` (on the meta device
+    before its weights are allocated, or after loading).
+
+    The embedding stays on the first stage (and on the last when the LM head is tied to it), the final
+    norm and LM head on the last. A stage's model runs through ``stage_forward`` / ``PipelineStage``;
+    its ``forward_step`` is the whole model's and needs every stage.
     """
     for index in range(len(model.model.layers)):
         if index not in layers:
             model.model.layers[index] = _Absent()
-    if not first:
+    if not first and not (last and model.config.tie_word_embeddings):
         model.model.embed_tokens = _Absent()
     if not last:
         model.model.norm = _Absent()
         model.lm_head = _Absent()
+
+
+_LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def held_by_other_stage(name: str, parallel: ParallelContext, num_layers: int, tied: bool) -> bool:
+    """Whether checkpoint tensor ``name`` belongs to a module another pipeline stage holds (the loader
+    skips it). A layer index past the model's layers is not claimed: the loader judges it."""
+    if parallel.layout.pp == 1:
+        return False
+    layers, first, last = stage_position(parallel, num_layers)
+    if match := _LAYER_TENSOR.match(name):
+        index = int(match.group(1))
+        return index < num_layers and index not in layers
+    if name.startswith("model.embed_tokens."):
+        return not first and not (last and tied)
+    if name.startswith(("model.norm.", "lm_head.")):
+        return not last
+    return False
 
 
 @dataclass(frozen=True)
@@ -84,12 +114,11 @@ class PipelineStage:
     layers: range
 
     @staticmethod
-    def build(model: CausalLM, parallel: ParallelContext, prune: bool = True) -> "PipelineStage":
-        """The stage of ``parallel.coordinates.pp``; ``prune`` drops the other stages' weights."""
-        pp, stage = parallel.layout.pp, parallel.coordinates.pp
-        layers = stage_layers(len(model.model.layers), pp, stage)
-        if prune:
-            keep_stage(model, layers, stage == 0, stage == pp - 1)
+    def build(model: CausalLM, parallel: ParallelContext) -> "PipelineStage":
+        """The stage of ``parallel.coordinates.pp`` (``load_model(..., parallel)`` already left out the
+        other stages' modules; a whole model is cut down here)."""
+        layers, first, last = stage_position(parallel, len(model.model.layers))
+        keep_stage(model, layers, first, last)
         return PipelineStage(model, parallel, layers)
 
     @property
