@@ -19,6 +19,8 @@ on the same rows), in both numerics. PP 2 x PCP 2: each micro-batch also split o
 PCP ranks: within 1e-5 / bitwise as for PCP.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,13 +33,20 @@ from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
 from services.engine.model import SequenceStep, build_step_metadata, load_model_config
+from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import LAYER_KDA
 from services.engine.parallel.context import ParallelContext, build_parallel_context
 from services.engine.parallel.layout import ParallelLayout
 from services.engine.parallel.pcp_cache import PcpMlaLayerCache
 from services.engine.parallel.pcp_kda import PcpKda
 from services.engine.parallel.pcp_prefill import pcp_forward_step
-from services.engine.parallel.pipeline import PipelineStage, chunk_micro_batches
+from services.engine.parallel.pipeline import (
+    PipelineStage,
+    chunk_micro_batches,
+    held_by_other_stage,
+    keep_stage,
+    stage_position,
+)
 from services.engine.parallel.zigzag import chunk_size, zigzag_plan
 from tests.conftest import relative_error
 from tests.parallel.gloo_ranks import run_ranks
@@ -300,3 +309,28 @@ def test_zigzag_plan_covers_every_row_once(pcp):
             assert step.token_ids == steps[piece.seq].token_ids[piece.start : piece.end]
     if pcp == 4:  # 100 tokens, chunk 16: chunk 6 holds 4 tokens (rank 1), chunk 7 none (rank 0)
         assert [len(r) for r in zigzag_plan(steps[:1], 4).global_rows] == [16, 20, 32, 32]
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_stage_modules_and_tensors(tiny_checkpoint, tied):
+    """Which modules each of 3 stages keeps and which checkpoint tensors it skips (4 layers: 2, 1, 1)."""
+    config = dataclasses.replace(load_model_config(tiny_checkpoint("k3")), tie_word_embeddings=tied)
+    kept = []
+    for stage in range(3):
+        context = ParallelContext(ParallelLayout(pp=3), stage)
+        layers, first, last = stage_position(context, config.num_hidden_layers)
+        with torch.device("meta"):
+            model = CausalLM(config)
+        keep_stage(model, layers, first, last)
+        names = {name for name, _ in model.named_parameters()}
+        kept.append({name.split(".")[2] for name in names if name.startswith("model.layers.")})
+        assert ("model.embed_tokens.weight" in names) == (first or (last and tied))
+        assert ("model.norm.weight" in names) == last
+        assert any(name.startswith("lm_head.") for name in names) == (last and not tied)
+        held = [(name, held_by_other_stage(name, context, config.num_hidden_layers, tied)) for name in names]
+        assert not any(skipped for _, skipped in held), "a stage skips a tensor of its own"
+        assert held_by_other_stage("model.layers.3.mlp.gate.weight", context, 4, tied) == (stage != 2)
+        assert held_by_other_stage("lm_head.weight", context, 4, tied) == (stage != 2)
+        # an index past the layers (multi-token prediction) is no stage's: the loader judges it
+        assert not held_by_other_stage("model.layers.4.eh_proj.weight", context, 4, tied)
+    assert kept == [{"0", "1"}, {"2"}, {"3"}]
