@@ -1,7 +1,7 @@
 """Parallel prefill of tiny Kimi-Linear (KDA + MLA), DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA)
 models against one process (``CausalLM.forward_step``), every layout in one group of 4 gloo ranks
 (starting ranks costs more than the cases): PCP 2 (ranks 0-1) and PP 2 (ranks 2-3) for every family,
-PCP 4 and PP 2 x PCP 2 (all ranks) for K3.
+PCP 4, PP 2 x PCP 2 and TP 2 x PCP 2 (all ranks) for K3.
 
 PCP steps: a ragged prefill of three prompts (37, 9 and 50 tokens: none a multiple of the 16-token
 chunk, the 9-token one shorter than the 2 x pcp zigzag chunks), a second PCP prefill continuing two
@@ -88,7 +88,8 @@ def _cache_contents(model, cache: ContiguousCache) -> dict[str, torch.Tensor]:
 def _run(model, context) -> tuple[list[torch.Tensor], list[dict]]:
     """Each step's logits and the cache afterwards; prefill steps through PCP when ``context`` is given."""
     weight = model.lm_head.weight
-    cache = ContiguousCache(3, model.config, weight.dtype, weight.device, model.numerics.batch_invariant)
+    invariant, tp = model.numerics.batch_invariant, model.parallel.tp
+    cache = ContiguousCache(3, model.config, weight.dtype, weight.device, invariant, tp)
     logits, contents = [], []
     with torch.no_grad():
         for number, pieces in enumerate(_token_ids()):
@@ -113,7 +114,8 @@ def _stage_cache(model, layers: range, invariant: bool) -> PagedModelCache:
     """Pools of ``layers`` only: block 0 padding, then each prompt's blocks; slot ``s`` for prompt ``s``."""
     dtype, device = torch.float32, "cpu"
     blocks_layout = stage_layout(block_layout(model.config, BLOCK, dtype), layers)
-    slots_layout = stage_layout(slot_layout(model.config, dtype, FIXED_CHUNK if invariant else 0), layers)
+    open_rows = FIXED_CHUNK if invariant else 0
+    slots_layout = stage_layout(slot_layout(model.config, dtype, open_rows, model.parallel.tp), layers)
     blocks = BlockPool(blocks_layout, BLOCK, 1 + sum(_pp_blocks()), device)
     slots = StateSlotPool(slots_layout, len(CHUNKS[0]), device)
     blocks.allocate(1 + sum(_pp_blocks()))
@@ -169,6 +171,7 @@ def _rank_body(rank: int, size: int, checkpoints: dict) -> dict:
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     pcp4 = build_parallel_context(ParallelLayout(pcp=4))
     pp2_pcp2 = build_parallel_context(ParallelLayout(pcp=2, pp=2))
+    tp2_pcp2 = build_parallel_context(ParallelLayout(tp=2, pcp=2))
     pcp2 = ParallelContext(ParallelLayout(pcp=2), rank % 2, pcp_group=pairs[0]) if rank < 2 else None
     pp2 = ParallelContext(ParallelLayout(pp=2), rank % 2, pp_group=pairs[1]) if rank >= 2 else None
     calls: dict[str, int] = {}
@@ -206,6 +209,9 @@ def _rank_body(rank: int, size: int, checkpoints: dict) -> dict:
                 record((family, mode, "pcp4"), _run, model, pcp4)
                 stage = staged(path, invariant, pp2_pcp2)
                 record((family, mode, "pp2_pcp2"), _pp_run, stage.model, stage, invariant)
+                sharded = load_model(path, dtype=torch.float32, parallel=tp2_pcp2)  # the rank's heads
+                sharded.set_batch_invariant(invariant)
+                record((family, mode, "tp2_pcp2"), _run, sharded, tp2_pcp2)
     return results
 
 
@@ -253,6 +259,29 @@ def test_pcp_matches_one_rank(rank_results, tiny_checkpoint, family, pcp, mode):
             assert got_cache.keys() == want_cache.keys() and got_cache
             for name in want_cache:
                 _assert_close(got_cache[name], want_cache[name], bitwise, f"rank {rank} step {step} {name}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tp2_pcp2_matches_one_rank(rank_results, mode):
+    """TP 2 x PCP 2 (ranks 0-1: PCP rank 0, TP ranks 0 and 1): logits and MLA rows as for PCP; each TP
+    rank's KDA recurrent state is its half of the heads."""
+    want = rank_results[0][("k3", mode, "pcp1")]
+    bitwise = mode == "invariant"
+    for rank in range(WORLD):
+        got = rank_results[rank][("k3", mode, "tp2_pcp2")]
+        assert got["calls"].get("PcpKda.forward", 0) > 0
+        for step, (g, w) in enumerate(zip(got["logits"], want["logits"], strict=True)):
+            _assert_close(g, w, bitwise, f"rank {rank} step {step} logits")
+        got_cache, want_cache = got["cache"][-1], want["cache"][-1]
+        assert got_cache.keys() == want_cache.keys()
+        for name, value in got_cache.items():
+            if name.endswith(".recurrent"):
+                heads = value.shape[1]
+                tp_rank = rank % 2
+                expected = want_cache[name][:, tp_rank * heads : (tp_rank + 1) * heads]
+                _assert_close(value, expected, bitwise, f"rank {rank}: {name}")
+            elif not name.split(".")[1].startswith(("conv", "open")):
+                _assert_close(value, want_cache[name], bitwise, f"rank {rank}: {name}")
 
 
 # (rank, the stage's layers, whether it is the last stage) of each pipeline layout
