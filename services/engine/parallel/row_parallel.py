@@ -2,8 +2,9 @@
 
 Default numerics: each rank's ``x_shard @ w_shard^T`` in the model dtype, all-reduced (at TP 1 this is
 ``nx.linear`` unchanged). Batch-invariant numerics: K is cut into ``INVARIANT_K_SEGMENTS`` equal
-segments whatever the degree; a rank computes the float32 partial of each segment it holds (one
-fixed-shape invariant product each) and the partials are summed by ``sum_segments`` in segment order,
+segments whatever the degree; a rank computes the float32 partial of each segment it holds
+(``InvariantNumerics.segment_products``: a partial's bits do not depend on how many segments one
+call holds) and the partials are summed by ``sum_segments`` in segment order,
 then rounded once to the model dtype. Every segment's partial and the summation tree are the same at
 every degree, so TP 1, 2, 4 and 8 give the same bits::
 
@@ -49,9 +50,7 @@ def row_parallel_linear(
             f"batch-invariant row-parallel product: width {x.shape[-1] * parallel.tp} is not a multiple "
             f"of {INVARIANT_K_SEGMENTS} segments (ParallelLayout.validate rejects such a model)"
         )
-    x_parts, w_parts = x.chunk(segments, -1), weight.chunk(segments, -1)
-    partials = torch.stack([nx.linear_f32(xs, ws) for xs, ws in zip(x_parts, w_parts, strict=True)])
-    return sum_segments(partials, parallel.tp_group).to(x.dtype)
+    return sum_segments(nx.segment_products(x, weight, segments), parallel.tp_group).to(x.dtype)
 
 
 def row_parallel_project(
