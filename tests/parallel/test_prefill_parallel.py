@@ -39,7 +39,7 @@ from services.engine.parallel.context import ParallelContext, build_parallel_con
 from services.engine.parallel.layout import ParallelLayout
 from services.engine.parallel.pcp_cache import PcpMlaLayerCache
 from services.engine.parallel.pcp_kda import PcpKda
-from services.engine.parallel.pcp_prefill import pcp_forward_step
+from services.engine.parallel.pcp_prefill import pcp_forward_step, prepare_step
 from services.engine.parallel.pipeline import (
     PipelineStage,
     chunk_micro_batches,
@@ -363,3 +363,11 @@ def test_stage_modules_and_tensors(tiny_checkpoint, tied):
         # an index past the layers (multi-token prediction) is no stage's: the loader judges it
         assert not held_by_other_stage("model.layers.4.eh_proj.weight", context, 4, tied)
     assert kept == [{"0", "1"}, {"2"}, {"3"}]
+
+
+def test_split_prefill_refuses_adapters(tiny_checkpoint):
+    model = load_model(tiny_checkpoint("k3"), dtype=torch.float32)
+    cache = ContiguousCache(1, model.config, torch.float32, "cpu")
+    steps = [dataclasses.replace(step, adapter=1) for step in cache.steps([[1, 2, 3]])]
+    with pytest.raises(ValueError, match="--pcp / --pp: prefill split over ranks does not run LoRA"):
+        prepare_step(model, steps, cache.block_size, cache, ParallelContext.single())

@@ -108,14 +108,16 @@ def prepare_step(
         logit_rows: rows of the undivided step whose logits are wanted (default: each sequence's last).
 
     Raises:
-        ValueError: a step with a LoRA adapter under PCP (not supported).
+        ValueError: a step with a LoRA adapter (the parts run without adapters).
     """
+    if any(step.adapter for step in steps):
+        raise ValueError(
+            "--pcp / --pp: prefill split over ranks does not run LoRA adapters yet; use --pcp 1 --pp 1"
+        )
     device = next(model.parameters()).device  # a pipeline stage holds only some modules
     if parallel.pcp_group is None:
         meta = build_step_metadata(steps, block_size, device, logit_rows, model.index_topk)
         return LocalStep(model, meta, cache)
-    if any(step.adapter for step in steps):
-        raise ValueError("--pcp: prefill context parallelism does not run LoRA adapters yet; use --pcp 1")
     plan = zigzag_plan(steps, parallel.layout.pcp)
     rank, group = parallel.coordinates.pcp, parallel.pcp_group
     undivided = build_step_metadata(steps, block_size, device, index_topk=model.index_topk)
@@ -145,6 +147,11 @@ def pcp_forward_step(
     Returns:
         ``[R, vocab]`` logits of ``logit_rows`` on every PCP rank.
     """
+    if parallel.pcp_group is None:  # one rank: the model's own step (adapters included)
+        device = next(model.parameters()).device
+        return model.forward_step(
+            build_step_metadata(steps, block_size, device, logit_rows, model.index_topk), cache
+        )
     part = prepare_step(model, steps, block_size, cache, parallel, logit_rows)
     return part.logits(part.run_layers(part.embed(), range(len(model.model.layers))))
 
