@@ -138,3 +138,8 @@ def slot_layout(config: ModelConfig, dtype: torch.dtype, open_chunk_rows: int = 
                     entries.append((layer, name, torch.float32, (open_chunk_rows, heads, dim)))
                 entries.append((layer, OPEN_COUNT, torch.int32, (1,)))
     return _pack(entries)
+
+
+def stage_layout(layout: Layout, layers: range) -> Layout:
+    """``layout`` keeping only the fields of ``layers`` (a pipeline stage's pools), packed again."""
+    return _pack([(f.layer, f.kind, f.dtype, f.shape) for f in layout.fields if f.layer in layers])

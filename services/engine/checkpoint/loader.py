@@ -10,6 +10,7 @@ from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
 from services.engine.model.config import ModelConfig
 from services.engine.model.config_loader import load_model_config
 from services.engine.parallel.context import ParallelContext
+from services.engine.parallel.pipeline import held_by_other_stage, keep_stage, stage_position
 from services.engine.parallel.shard import Shard, model_shards
 
 from .tensor_names import NameMapper, Target
@@ -49,7 +50,8 @@ def load_model(
         dtype: parameter dtype (default: the config's ``torch_dtype``); a few router and gate
             parameters stay float32 (``FLOAT32_PARAMETERS``).
         parallel: this rank's context: the model holds, and the loader copies, only the rank's shard
-            of each sharded tensor (``services.engine.parallel.shard``); None is one process.
+            of each sharded tensor (``services.engine.parallel.shard``) and, under PP, only its
+            stage's modules (``services.engine.parallel.pipeline``); None is one process.
 
     Returns:
         The model in eval mode.
@@ -80,17 +82,20 @@ def build_empty_model(
     """
     with torch.device("meta"):
         model = CausalLM(config, parallel)
+    if parallel is not None and parallel.layout.pp > 1:  # the stage's modules only
+        keep_stage(model, *stage_position(parallel, config.num_hidden_layers))
     for name, param in model.named_parameters():
         param.requires_grad_(False)
         param.data = param.data.to(torch.float32 if name.endswith(FLOAT32_PARAMETERS) else dtype)
     model = model.to_empty(device=device)
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
 
 
 def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> None:
     params = dict(model.named_parameters())
+    layers, tied = config.num_hidden_layers, config.tie_word_embeddings
     shards = model_shards(model)
     mapper = NameMapper(config, set(params))
     filled: dict[str, int] = {name: 0 for name in params}
@@ -99,7 +104,7 @@ def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> 
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
-                if mapper.is_skipped(name):
+                if mapper.is_skipped(name) or held_by_other_stage(name, model.parallel, layers, tied):
                     continue
                 target = mapper.resolve(name)
                 if target is None:

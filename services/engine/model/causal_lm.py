@@ -117,7 +117,7 @@ class CausalLM(nn.Module):
 
     def set_kernels(self, name: str, kv_format: str = "auto") -> None:
         """Choose the op families' backend by name (``check_kernels`` validates it first)."""
-        device = str(self.lm_head.weight.device)
+        device = str(self.device)
         if self.numerics.batch_invariant:  # the name picks the invariant numerics' own kernels
             self.numerics = InvariantNumerics(device_kernels="triton" if name == "triton" else "torch")
         kernels = build_kernels(name, self.numerics, device, kv_format)
@@ -136,12 +136,17 @@ class CausalLM(nn.Module):
         """
         if enabled:
             self.parallel.layout.validate(self.config, batch_invariant=True)
-        if enabled and self.lm_head.weight.device.type == "cpu":
+        if enabled and self.device.type == "cpu":
             ensure_strict_mkl()  # at start, not at the first request: refuse before serving anything
         numerics = InvariantNumerics() if enabled else Numerics()
-        kernels = build_kernels("reference", numerics, str(self.lm_head.weight.device))
+        kernels = build_kernels("reference", numerics, str(self.device))
         self.kernels = dcp_kernel_set(kernels, self.parallel, numerics.batch_invariant)
         self.numerics = numerics
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live (any one of them: a pipeline stage holds only some modules)."""
+        return next(self.parameters()).device
 
     def forward_step(
         self, meta: StepMetadata, cache: ModelCache, adapters: "Mapping[int, LoraAdapter] | None" = None

@@ -122,7 +122,8 @@ class ParallelLayout:
 
         TP splits attention heads (MLA and the KDA heads), the dense MLP and the shared experts by
         intermediate size; EP splits the routed experts. In batch-invariant mode TP must also divide
-        ``INVARIANT_K_SEGMENTS``, and DCP must be 1 (``check_dcp_numerics``).
+        ``INVARIANT_K_SEGMENTS``, and DCP must be 1 (``check_dcp_numerics``). PP needs at least one layer
+        per stage.
 
         Raises:
             ValueError: naming the flag and what it does not divide.
@@ -157,6 +158,11 @@ class ParallelLayout:
                         f"--batch-invariant: the product after {what} has width {k}, not a multiple of "
                         f"{INVARIANT_K_SEGMENTS} segments; this model cannot run batch-invariant"
                     )
+        if self.pp > config.num_hidden_layers:
+            raise ValueError(
+                f"--pp {self.pp}: more pipeline stages than the model's {config.num_hidden_layers} layers; "
+                f"use --pp <= {config.num_hidden_layers}"
+            )
         if self.ep > 1:
             if moe is None:
                 raise ValueError(f"--ep {self.ep}: the model has no MoE layer; use --ep 1")

@@ -85,13 +85,14 @@ class ReferenceKda(KdaBackend):
         out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         for seq in range(meta.num_seqs):
             rows, slot = meta.rows(seq), meta.kda_slots_host[seq]
-            previous = self._read(cache, slot) if meta.past_lens_host[seq] > 0 else None
+            previous = self.read_state(cache, slot) if meta.past_lens_host[seq] > 0 else None
             out[rows], state = self.nx.kda(q[rows], k[rows], v[rows], g[rows], beta[rows], scale, previous)
-            self._write(cache, slot, state)
+            self.write_state(cache, slot, state)
         return out
 
     @staticmethod
-    def _read(cache: KdaLayerCache, slot: int) -> torch.Tensor | FixedChunkState:
+    def read_state(cache: KdaLayerCache, slot: int) -> torch.Tensor | FixedChunkState:
+        """The slot's state as ``Numerics.kda`` continues it (a copy of the CF-BI rows when kept)."""
         if not cache.has_open_rows:
             return cache.recurrent[slot]
         return FixedChunkState(
@@ -103,7 +104,8 @@ class ReferenceKda(KdaBackend):
         )
 
     @staticmethod
-    def _write(cache: KdaLayerCache, slot: int, state: torch.Tensor | FixedChunkState) -> None:
+    def write_state(cache: KdaLayerCache, slot: int, state: torch.Tensor | FixedChunkState) -> None:
+        """Store the state ``Numerics.kda`` returned into the slot."""
         if isinstance(state, FixedChunkState):
             cache.recurrent[slot] = state.s0
             cache.open_k[slot] = state.open_k
