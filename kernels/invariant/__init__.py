@@ -8,9 +8,7 @@ change order with shape and threads. The ``batch_invariant`` mode builds on thes
 * ``elementwise``: ``fixed_elementwise`` and ``fixed_exp/log/sigmoid/silu/softplus``, fixed-size
   blocks so every element takes the same SIMD path.
 * ``linear``: ``fixed_linear`` (rows padded to ``TILE_ROWS``, empirical, with a probe
-  ``fixed_linear_is_invariant``) and ``tree_linear`` (by construction); ``fixed_segment_linear``
-  (partial products over fixed K segments, the row-parallel form, probed by
-  ``fixed_segment_linear_is_invariant``) and ``tree_segment_linear``.
+  ``fixed_linear_is_invariant``) and ``tree_linear`` (by construction).
 * ``norm``: RMSNorm, gated RMSNorm, L2 normalisation, LayerNorm on top of the above.
 * ``attention``: masked softmax and the weighted sum of values, invariant to masked key padding.
 """
@@ -25,15 +23,7 @@ from kernels.invariant.elementwise import (
     fixed_silu,
     fixed_softplus,
 )
-from kernels.invariant.linear import (
-    TILE_ROWS,
-    fixed_linear,
-    fixed_linear_is_invariant,
-    fixed_segment_linear,
-    fixed_segment_linear_is_invariant,
-    tree_linear,
-    tree_segment_linear,
-)
+from kernels.invariant.linear import TILE_ROWS, fixed_linear, fixed_linear_is_invariant, tree_linear
 from kernels.invariant.norm import (
     invariant_gated_rms_norm,
     invariant_l2_normalize,
@@ -49,8 +39,6 @@ __all__ = [
     "fixed_exp",
     "fixed_linear",
     "fixed_linear_is_invariant",
-    "fixed_segment_linear",
-    "fixed_segment_linear_is_invariant",
     "fixed_log",
     "fixed_sigmoid",
     "fixed_silu",
@@ -62,6 +50,5 @@ __all__ = [
     "invariant_softmax",
     "invariant_weighted_sum",
     "tree_linear",
-    "tree_segment_linear",
     "tree_sum",
 ]

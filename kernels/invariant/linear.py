@@ -64,40 +64,6 @@ def fixed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out[:n, :m].reshape(*x.shape[:-1], m)
 
 
-def fixed_segment_linear(x: torch.Tensor, weight: torch.Tensor, segments: int) -> torch.Tensor:
-    """The ``segments`` partial products of ``x @ weight.T`` over equal K segments, in float32.
-
-    Args:
-        x: ``[N, K]`` (or ``[..., K]``); weight: ``[M, K]``; ``K`` a multiple of ``segments``.
-
-    Returns:
-        ``[segments, N, M]`` (``[segments, ..., M]``) float32: entry ``s`` is ``x[:, Ks] @ weight[:, Ks].T``
-        over the columns ``Ks`` of segment ``s``.
-
-    Invariant (empirical, like ``fixed_linear``; probed by ``fixed_segment_linear_is_invariant``): a
-    partial's bits depend only on its row of ``x`` and the segment's weight, not on N, on the row's
-    position, or on how many other segments the call holds. So a tensor-parallel rank holding segments
-    ``a .. b`` gets exactly those entries of the one-rank result. One batched GEMM call per
-    ``TILE_ROWS``-row tile, the batch running over the segments.
-    """
-    k = x.shape[-1]
-    rows = x.reshape(-1, k)
-    n, m, width = rows.shape[0], weight.shape[0], k // segments
-    padded = torch.zeros(-(-n // TILE_ROWS) * TILE_ROWS, k, dtype=torch.float32, device=x.device)
-    padded[:n] = rows
-    w = weight.to(torch.float32).reshape(m, segments, width).permute(1, 2, 0).contiguous()  # [S, Ks, M]
-    tiles = [
-        torch.bmm(t.reshape(TILE_ROWS, segments, width).transpose(0, 1), w) for t in padded.split(TILE_ROWS)
-    ]
-    return torch.cat(tiles, 1)[:, :n].reshape(segments, *x.shape[:-1], m)
-
-
-def tree_segment_linear(x: torch.Tensor, weight: torch.Tensor, segments: int) -> torch.Tensor:
-    """``fixed_segment_linear``'s contract from ``tree_linear`` (invariant by construction, slow)."""
-    pairs = zip(x.chunk(segments, -1), weight.chunk(segments, -1), strict=True)
-    return torch.stack([tree_linear(xs, ws) for xs, ws in pairs])
-
-
 def tree_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` as ``tree_sum(x[:, None, :] * weight[None], -1)``, in float32.
 
@@ -152,29 +118,4 @@ def fixed_linear_is_invariant(weight: torch.Tensor, probe_rows: int = 37) -> boo
             if not torch.equal(fixed_linear(rows, piece).view(torch.int32), columns):
                 return False
             start += piece.shape[0]
-    return True
-
-
-def fixed_segment_linear_is_invariant(weight: torch.Tensor, segments: int, probe_rows: int = 37) -> bool:
-    """Check, in this process, ``fixed_segment_linear``'s invariance for this weight and segment count:
-    rows alone against a batch, and each half and quarter of the segments (a TP rank's) against the
-    whole. Callers fall back to ``tree_segment_linear`` where it fails."""
-    generator = torch.Generator().manual_seed(4321)
-    rows = torch.randn(probe_rows, weight.shape[-1], generator=generator).to(weight.device)
-    whole = fixed_segment_linear(rows, weight, segments)
-    alone = torch.cat([fixed_segment_linear(rows[i : i + 1], weight, segments) for i in range(probe_rows)], 1)
-    if not torch.equal(alone.view(torch.int32), whole.view(torch.int32)):
-        return False
-    width = weight.shape[-1] // segments
-    for parts in (2, 4):
-        if segments % parts:
-            continue
-        held = segments // parts
-        for index in range(parts):
-            columns = slice(index * held * width, (index + 1) * held * width)
-            piece = fixed_segment_linear(rows[:, columns], weight[:, columns], held)
-            if not torch.equal(
-                piece.view(torch.int32), whole[index * held : (index + 1) * held].view(torch.int32)
-            ):
-                return False
     return True

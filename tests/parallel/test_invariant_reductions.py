@@ -3,13 +3,7 @@
 import pytest
 import torch
 
-from kernels.invariant import (
-    fixed_linear,
-    fixed_segment_linear,
-    fixed_segment_linear_is_invariant,
-    tree_segment_linear,
-    tree_sum,
-)
+from kernels.invariant import fixed_linear, tree_sum
 from kernels.moe.naive import moe_experts
 from services.engine.model.invariant_numerics import InvariantNumerics
 from services.engine.model.numerics import Numerics
@@ -18,8 +12,6 @@ from services.engine.parallel.context import ParallelContext
 from services.engine.parallel.expert_parallel import combine_in_expert_order, expert_slot_outputs
 from services.engine.parallel.layout import INVARIANT_K_SEGMENTS
 from services.engine.parallel.row_parallel import row_parallel_linear
-
-from ..conftest import relative_error
 
 
 def test_fixed_linear_columns_keep_their_bits_in_any_slice():
@@ -36,15 +28,14 @@ def test_invariant_row_parallel_product_is_a_tree_over_fixed_segments():
     x, weight = torch.randn(5, 64, generator=generator), torch.randn(24, 64, generator=generator)
     nx = InvariantNumerics()
     got = row_parallel_linear(x, weight, nx, ParallelContext.single())
-    partials = fixed_segment_linear(x, weight, INVARIANT_K_SEGMENTS)
-    want = tree_sum(partials, 0)
-    assert torch.equal(got, want)
-    # each partial is its segment's product (to rounding), and a TP 2 rank's call gives its half's bits
-    reference = tree_segment_linear(x, weight, INVARIANT_K_SEGMENTS)
-    assert relative_error(partials, reference) < 1e-6
-    half = fixed_segment_linear(x[:, 32:], weight[:, 32:], INVARIANT_K_SEGMENTS // 2)
+    parts = zip(x.chunk(INVARIANT_K_SEGMENTS, -1), weight.chunk(INVARIANT_K_SEGMENTS, -1), strict=True)
+    partials = torch.stack([fixed_linear(xs, ws) for xs, ws in parts])
+    assert torch.equal(nx.segment_products(x, weight, INVARIANT_K_SEGMENTS), partials)
+    assert torch.equal(got, tree_sum(partials, 0))
+    # a TP 2 rank's call gives its half's bits
+    half = nx.segment_products(x[:, 32:], weight[:, 32:], INVARIANT_K_SEGMENTS // 2)
     assert torch.equal(half, partials[4:])
-    assert fixed_segment_linear_is_invariant(weight, INVARIANT_K_SEGMENTS)
+    want = tree_sum(partials, 0)
     assert torch.equal(sum_segments(torch.stack([want, -want]), None), torch.zeros_like(want))
     assert torch.equal(row_parallel_linear(x, weight, Numerics(), ParallelContext.single()), x @ weight.T)
     with pytest.raises(ValueError, match="width 60 is not a multiple of 8 segments"):

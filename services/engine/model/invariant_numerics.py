@@ -25,8 +25,6 @@ from kernels.invariant import (
     fixed_exp,
     fixed_linear,
     fixed_linear_is_invariant,
-    fixed_segment_linear,
-    fixed_segment_linear_is_invariant,
     fixed_sigmoid,
     fixed_silu,
     fixed_softplus,
@@ -37,7 +35,6 @@ from kernels.invariant import (
     invariant_softmax,
     invariant_weighted_sum,
     tree_linear,
-    tree_segment_linear,
     tree_sum,
 )
 from kernels.invariant.reproducible_blas import ensure_strict_mkl
@@ -103,21 +100,10 @@ class InvariantNumerics(Numerics):
 
     def segment_products(self, x: torch.Tensor, weight: torch.Tensor, segments: int) -> torch.Tensor:
         """``[segments, N, M]`` float32 partial products of ``x [N, K] @ weight [M, K]^T`` over equal K
-        segments, each entry's bits independent of how many segments the call holds (the row-parallel
-        product, ``services.engine.parallel.row_parallel``)."""
-        if self._triton:
-            pairs = zip(x.chunk(segments, -1), weight.chunk(segments, -1), strict=True)
-            return torch.stack([self._triton.linear(xs, ws, torch.float32) for xs, ws in pairs])
-        key = ("segments", segments, weight.device.type, tuple(weight.shape), weight.dtype)
-        if key not in self._fixed_tiles_ok:
-            if weight.device.type == "cpu":
-                ensure_strict_mkl()
-            self._fixed_tiles_ok[key] = fixed_segment_linear_is_invariant(weight, segments)
-            if not self._fixed_tiles_ok[key]:
-                log.warning("segmented GEMM is not invariant here for weight %s; using tree_linear", key)
-        if self._fixed_tiles_ok[key]:
-            return fixed_segment_linear(x, weight, segments)
-        return tree_segment_linear(x, weight, segments)
+        segments (the row-parallel product, ``services.engine.parallel.row_parallel``): one invariant
+        product per segment, so an entry's bits never depend on how many segments one rank holds."""
+        pairs = zip(x.chunk(segments, -1), weight.chunk(segments, -1), strict=True)
+        return torch.stack([self._product(xs, ws) for xs, ws in pairs])
 
     def linear(self, x, weight):
         if self._triton:  # rounds the float32 accumulator to x.dtype once, in the kernel

@@ -3,9 +3,9 @@
 Default numerics: each rank's ``x_shard @ w_shard^T`` in the model dtype, all-reduced (at TP 1 this is
 ``nx.linear`` unchanged). Batch-invariant numerics: K is cut into ``INVARIANT_K_SEGMENTS`` equal
 segments whatever the degree; a rank computes the float32 partial of each segment it holds
-(``InvariantNumerics.segment_products``: a partial's bits do not depend on how many segments one
-call holds) and the partials are summed by ``sum_segments`` in segment order,
-then rounded once to the model dtype. Every segment's partial and the summation tree are the same at
+(``InvariantNumerics.segment_products``: one fixed-shape invariant product per segment), the
+partials are summed by ``sum_segments`` in segment order, then rounded once to the model dtype.
+Every segment's partial and the summation tree are the same at
 every degree, so TP 1, 2, 4 and 8 give the same bits::
 
     K = 8 segments        s0 s1 s2 s3 s4 s5 s6 s7
