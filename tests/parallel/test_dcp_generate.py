@@ -1,0 +1,68 @@
+"""DCP through the engine, as processes: ``baton generate --dcp 2`` on the CPU (gloo) gives the greedy
+tokens of one rank for tiny DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA) checkpoints, and its
+prefix cache hits on whole virtual blocks.
+
+Blocks of 4 tokens, so at dcp 2 one block id covers 8 positions. Two prompts run one after the other
+(``--max-num-seqs 1``): the first, 21 tokens, spans three virtual blocks and is longer than the tiny
+preset's ``index_topk`` (16), so its decode rows attend a subset chosen by the distributed top-k; the
+second shares its first 20 tokens, so one rank reuses 5 blocks of 4 (20 tokens) and dcp 2 reuses 2
+virtual blocks of 8 (16 tokens; K3 restores the KDA snapshot taken there, kept among 4 snapshots while
+the first prompt's decode takes more).
+"""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mismatch import read_dump
+from services.engine import LLM, SamplingParams
+from tests.parallel.test_rank_group import baton
+
+FAMILIES = ("deepseek_v32", "k3")
+FIRST = [(7 * i + 3) % 97 for i in range(21)]
+PROMPTS = [FIRST, FIRST[:20] + [11, 42, 5]]
+MAX_TOKENS = 6
+SIZES = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 1, "num_snapshots": 4}
+CACHED = {1: 20, 2: 16}  # the second prompt's cached tokens at dcp 1 and dcp 2
+
+
+def _flags() -> list[str]:
+    sizes = [(f"--{name.replace('_', '-')}", str(value)) for name, value in SIZES.items()]
+    return [flag for pair in sizes for flag in pair]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[subprocess.Popen, Path]]:
+    """``baton generate --dcp 2`` of both prompts for each family, started together."""
+    root = tmp_path_factory.mktemp("dcp-generate")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": n, "prompt_ids": p}) + "\n" for n, p in enumerate(PROMPTS)))
+    started = {}
+    for family in FAMILIES:
+        out = root / f"{family}.jsonl"
+        args = ["generate", "--model", str(tiny_checkpoint(family)), "--prompts", str(prompts)]
+        args += ["--out", str(out), "--ignore-eos", "--max-tokens", str(MAX_TOKENS), "--dtype", "float32"]
+        started[family] = (baton(*args, *_flags(), "--dcp", "2", wait=False), out)
+    yield started
+    for process, _ in started.values():
+        process.kill()
+        process.communicate()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dcp_2_generates_the_one_rank_greedy_tokens(runs, tiny_checkpoint, family):
+    with LLM(str(tiny_checkpoint(family)), dtype="float32", **SIZES) as llm:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        want = llm.generate(PROMPTS, params)
+    process, out = runs[family]
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    got = read_dump(out).by_id()
+    assert sorted(got) == [0, 1]
+    for n, output in enumerate(want):
+        assert len(output.token_ids) == MAX_TOKENS
+        assert list(got[n].token_ids) == output.token_ids, f"prompt {n}"
+    assert [output.num_cached_tokens for output in want] == [0, CACHED[1]]
+    assert [got[n].extra["num_cached_tokens"] for n in (0, 1)] == [0, CACHED[2]], "a hit on virtual blocks"
