@@ -1,6 +1,7 @@
 """DCP through the engine, as processes: ``baton generate --dcp 2`` on the CPU (gloo) gives the greedy
 tokens of one rank for tiny DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA) checkpoints, and its
-prefix cache hits on whole virtual blocks.
+prefix cache hits on whole virtual blocks; ``--dcp`` with ``--batch-invariant`` is refused before any
+rank starts.
 
 Blocks of 4 tokens, so at dcp 2 one block id covers 8 positions. Two prompts run one after the other
 (``--max-num-seqs 1``): the first, 21 tokens, spans three virtual blocks and is longer than the tiny
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from mismatch import read_dump
 from services.engine import LLM, SamplingParams
-from tests.parallel.test_rank_group import baton
+from tests.parallel.test_rank_group import _started_here, baton
 
 FAMILIES = ("deepseek_v32", "k3")
 FIRST = [(7 * i + 3) % 97 for i in range(21)]
@@ -66,3 +68,10 @@ def test_dcp_2_generates_the_one_rank_greedy_tokens(runs, tiny_checkpoint, famil
         assert list(got[n].token_ids) == output.token_ids, f"prompt {n}"
     assert [output.num_cached_tokens for output in want] == [0, CACHED[1]]
     assert [got[n].extra["num_cached_tokens"] for n in (0, 1)] == [0, CACHED[2]], "a hit on virtual blocks"
+
+
+def test_dcp_with_batch_invariant_is_refused_before_any_rank_starts(tiny_checkpoint, capsys):
+    argv = ["generate", "--model", str(tiny_checkpoint("k3")), "--prompt-ids", "1,2,3", "--dcp", "2"]
+    assert main([*argv, "--batch-invariant"]) == 2
+    assert "--dcp 2 with --batch-invariant" in capsys.readouterr().err
+    assert not _started_here("services.engine.parallel.follower"), "a rank started"
