@@ -12,14 +12,19 @@ the first prompt's decode takes more).
 """
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli.main import main
 from mismatch import read_dump
 from services.engine import LLM, SamplingParams
+from services.engine.capacity import capacity_ledger
+from services.engine.engine_config import EngineConfig
+from services.engine.model.config_loader import load_model_config
 from tests.parallel.test_rank_group import _started_here, baton
 
 FAMILIES = ("deepseek_v32", "k3")
@@ -75,3 +80,16 @@ def test_dcp_with_batch_invariant_is_refused_before_any_rank_starts(tiny_checkpo
     assert main([*argv, "--batch-invariant"]) == 2
     assert "--dcp 2 with --batch-invariant" in capsys.readouterr().err
     assert not _started_here("services.engine.parallel.follower"), "a rank started"
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 4])
+def test_the_engine_pool_holds_the_blocks_capacity_counts(tiny_checkpoint, dcp):
+    """A context of ``max_model_len`` tokens takes as many block ids of the engine's pool as
+    ``baton capacity --dcp`` counts blocks per rank (``ceil(ceil(L / dcp) / B)``)."""
+    path = tiny_checkpoint("k3")
+    config = EngineConfig(model=str(path), block_size=4, max_model_len=61, max_num_seqs=3, dcp=dcp)
+    ledger = capacity_ledger(load_model_config(path), torch.float32, 4, "auto", False, 64, dcp=dcp)
+    assert config.block_tokens == 4 * dcp
+    per_rank_tokens = math.ceil(61 / dcp)
+    assert config.blocks_per_sequence == ledger.kv_blocks(61) == math.ceil(per_rank_tokens / 4)
+    assert config.pool_blocks == 3 * ledger.kv_blocks(61)
