@@ -1,7 +1,7 @@
 """DCP through the engine, as processes: ``baton generate --dcp 2`` on the CPU (gloo) gives the greedy
-tokens of one rank for tiny DeepSeek-V3.2 (MLA + DSA) and K3 (KDA + MLA + DSA) checkpoints, and its
-prefix cache hits on whole virtual blocks; ``--dcp`` with ``--batch-invariant`` is refused before any
-rank starts.
+tokens of one rank for tiny DeepSeek-V3.2 (MLA + DSA, with ``--ep 2``) and K3 (KDA + MLA + DSA)
+checkpoints, and its prefix cache hits on whole virtual blocks; ``--dcp`` with ``--batch-invariant``
+is refused before any rank starts.
 
 Blocks of 4 tokens, so at dcp 2 one block id covers 8 positions. Two prompts run one after the other
 (``--max-num-seqs 1``): the first, 21 tokens, spans three virtual blocks and is longer than the tiny
@@ -27,7 +27,8 @@ from services.engine.engine_config import EngineConfig
 from services.engine.model.config_loader import load_model_config
 from tests.parallel.test_rank_group import _started_here, baton
 
-FAMILIES = ("deepseek_v32", "k3")
+# deepseek_v32 also splits its routed experts over the two DCP ranks (they hold the same tokens' rows).
+DEGREES = {"deepseek_v32": ("--dcp", "2", "--ep", "2"), "k3": ("--dcp", "2")}
 FIRST = [(7 * i + 3) % 97 for i in range(21)]
 PROMPTS = [FIRST, FIRST[:20] + [11, 42, 5]]
 MAX_TOKENS = 6
@@ -47,18 +48,18 @@ def runs(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[subprocess.Popen,
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": n, "prompt_ids": p}) + "\n" for n, p in enumerate(PROMPTS)))
     started = {}
-    for family in FAMILIES:
+    for family, degrees in DEGREES.items():
         out = root / f"{family}.jsonl"
         args = ["generate", "--model", str(tiny_checkpoint(family)), "--prompts", str(prompts)]
         args += ["--out", str(out), "--ignore-eos", "--max-tokens", str(MAX_TOKENS), "--dtype", "float32"]
-        started[family] = (baton(*args, *_flags(), "--dcp", "2", wait=False), out)
+        started[family] = (baton(*args, *_flags(), *degrees, wait=False), out)
     yield started
     for process, _ in started.values():
         process.kill()
         process.communicate()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", DEGREES)
 def test_dcp_2_generates_the_one_rank_greedy_tokens(runs, tiny_checkpoint, family):
     with LLM(str(tiny_checkpoint(family)), dtype="float32", **SIZES) as llm:
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
