@@ -9,6 +9,13 @@ a request), so a later request can reuse MLA blocks *and* restore the KDA state 
 A parallel engine's rank 0 turns on ``record_state_copies``: each snapshot save and restore is then
 kept as a ``StateCopy`` (physical slot indices) until ``take_state_copies``, so the followers, each
 holding its own shard of the state, make the same copies (``services/engine/parallel/rank_step.py``).
+
+With decode context parallelism (``dcp > 1``) the accounting is in *virtual* blocks: one block id
+covers ``block_tokens = dcp * B`` positions of a context, of which each DCP rank stores its ``B`` in
+its own pool's block of that id (``services/engine/parallel/dcp_shard.py``). Block tables, prefix
+hashes and snapshot boundaries all count ``block_tokens``, so the prefix cache works unchanged: a hit
+shares block ids, and every rank's block of that id holds its part of the same tokens. KDA state is not
+split by DCP.
 """
 
 from dataclasses import dataclass
@@ -46,6 +53,7 @@ class CacheManager:
         slots: KDA state-slot pool (one per running request).
         snapshots: KDA snapshot store, or None to disable prefix caching.
         snapshot_stride: take a snapshot every this many blocks.
+        dcp: the decode-context-parallel degree: a block id covers ``dcp * blocks.block_size`` tokens.
     """
 
     def __init__(
@@ -54,8 +62,10 @@ class CacheManager:
         slots: StateSlotPool,
         snapshots: SnapshotStore | None = None,
         snapshot_stride: int = 1,
+        dcp: int = 1,
     ):
         self.blocks = blocks
+        self.block_tokens = dcp * blocks.block_size
         self.slots = slots
         self.snapshots = snapshots
         self.snapshot_stride = snapshot_stride
@@ -100,7 +110,7 @@ class CacheManager:
         if config.enable_prefix_caching:
             kept = config.num_snapshots or config.max_num_seqs
             snapshots = SnapshotStore(slots.layout, kept, config.device)
-        return cls(blocks, slots, snapshots, config.snapshot_stride)
+        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp)
 
     def apply_state_copies(self, copies: tuple[StateCopy, ...]) -> None:
         """A follower rank: make the KDA state copies rank 0's cache manager recorded, in order."""
@@ -115,12 +125,12 @@ class CacheManager:
     @property
     def snapshot_tokens(self) -> int:
         """Token spacing of snapshot boundaries."""
-        return self.blocks.block_size * self.snapshot_stride
+        return self.block_tokens * self.snapshot_stride
 
     def blocks_needed(self, request: Request, new_tokens: int) -> int:
         """Extra blocks the request needs to cache ``new_tokens`` more tokens."""
         total = request.num_computed + new_tokens
-        return max(0, -(-total // self.blocks.block_size) - len(request.block_table))
+        return max(0, -(-total // self.block_tokens) - len(request.block_table))
 
     def can_grow(self, request: Request, new_tokens: int) -> bool:
         return self.blocks.can_allocate(self.blocks_needed(request, new_tokens))
@@ -137,7 +147,7 @@ class CacheManager:
         """
         if not self.prefix_caching or request.num_computed:
             return PrefixHit()
-        size = self.blocks.block_size
+        size = self.block_tokens
         hashes = self._hashes(request)[: (request.num_tokens - 1) // size]
         found = []
         for block_hash in hashes:
@@ -154,7 +164,7 @@ class CacheManager:
 
     def can_admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> bool:
         """Whether ``admit`` can start the request from ``hit`` and cache ``new_tokens`` more tokens."""
-        size = self.blocks.block_size
+        size = self.block_tokens
         needed = -(-(hit.num_blocks * size + new_tokens) // size) - hit.num_blocks
         kept_cached = sum(1 for block in hit.block_ids if self.blocks.ref_counts[block] == 0)
         return self.slots.can_allocate() and self.blocks.can_allocate(needed, reserved=kept_cached)
@@ -163,7 +173,7 @@ class CacheManager:
         """Start a waiting request from ``hit``: share its blocks, restore its KDA state, make room."""
         self.blocks.acquire(list(hit.block_ids))
         request.block_table = list(hit.block_ids)
-        request.num_computed = request.num_cached_tokens = hit.num_blocks * self.blocks.block_size
+        request.num_computed = request.num_cached_tokens = hit.num_blocks * self.block_tokens
         request.num_registered = hit.num_blocks
         request.slot = self.slots.allocate()
         if hit.snapshot_hash is not None:
@@ -176,7 +186,7 @@ class CacheManager:
         if not self.prefix_caching:
             return
         hashes = self._hashes(request)
-        full = request.num_computed // self.blocks.block_size
+        full = request.num_computed // self.block_tokens
         for index in range(request.num_registered, full):
             self.blocks.register(request.block_table[index], hashes[index])
         request.num_registered = full
@@ -186,7 +196,7 @@ class CacheManager:
 
     def record_end(self, request: Request) -> None:
         """At the end of a request, snapshot its state if it stops exactly on a block boundary."""
-        size = self.blocks.block_size
+        size = self.block_tokens
         if self.prefix_caching and self.has_state and request.slot is not None and request.num_computed:
             if request.num_computed % size == 0:
                 full = request.num_computed // size
@@ -205,8 +215,8 @@ class CacheManager:
         request.num_registered = 0
 
     def total_tokens(self) -> int:
-        """Tokens the block pool can hold in all."""
-        return self.blocks.num_blocks * self.blocks.block_size
+        """Context tokens the block pool holds in all (over the DCP ranks, each storing its share)."""
+        return self.blocks.num_blocks * self.block_tokens
 
     def check_integrity(self) -> None:
         self.blocks.check_integrity()
@@ -216,6 +226,6 @@ class CacheManager:
 
     def _hashes(self, request: Request) -> list[bytes]:
         request.block_hashes = extend_chain(
-            request.block_hashes, request.all_ids, self.blocks.block_size, request.cache_root
+            request.block_hashes, request.all_ids, self.block_tokens, request.cache_root
         )
         return request.block_hashes

@@ -17,9 +17,10 @@ class EngineConfig:
         model: checkpoint folder.
         device: ``cpu`` or ``cuda`` (``cuda:N`` accepted).
         dtype: compute dtype name (``float32``, ``bfloat16``, ``float16``); None takes the checkpoint's.
-        block_size: tokens per packed block.
-        num_blocks: blocks in the pool; None sizes it to hold ``max_num_seqs`` contexts of
-            ``max_model_len`` tokens.
+        block_size: tokens per packed block of a rank's pool (with ``dcp > 1`` one block id covers
+            ``dcp * block_size`` positions of a context, ``block_tokens``).
+        num_blocks: blocks in the pool (of every rank); None sizes it to hold ``max_num_seqs`` contexts
+            of ``max_model_len`` tokens.
         max_num_seqs: requests running at once (also the number of KDA state slots).
         max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
         max_model_len: longest prompt + generation a request may reach.
@@ -124,8 +125,14 @@ class EngineConfig:
         return self.layout.world_size
 
     @property
+    def block_tokens(self) -> int:
+        """Positions of a context one block id covers: ``dcp * block_size`` (each DCP rank stores
+        ``block_size`` of them in its own pool's block of that id, ``parallel/dcp_shard.py``)."""
+        return self.dcp * self.block_size
+
+    @property
     def blocks_per_sequence(self) -> int:
-        return -(-self.max_model_len // self.block_size)
+        return -(-self.max_model_len // self.block_tokens)
 
     @property
     def pool_blocks(self) -> int:

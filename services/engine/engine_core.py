@@ -193,7 +193,7 @@ class EngineCore:
             ValueError: a bad prompt (as ``add_request``).
         """
         request = self._new_request(prompt_ids, SamplingParams(), None, tenant, adapter)
-        return self.cache.find_prefix(request).num_blocks * self.cache.blocks.block_size
+        return self.cache.find_prefix(request).num_blocks * self.cache.block_tokens
 
     def add_prefill_only(
         self,

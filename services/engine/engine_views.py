@@ -22,7 +22,7 @@ class WorkerLoad:
     total_blocks: int
     free_slots: int
     total_slots: int
-    block_size: int
+    block_size: int  # context tokens a block id covers (dcp x the pool's block size)
     queued_prompt_tokens: int  # prompt tokens of waiting and running requests not yet computed
     adapters: tuple[str, ...] = ()  # LoRA adapters loaded, sorted
 
@@ -84,7 +84,7 @@ def load_of(engine: EngineCore) -> WorkerLoad:
         total_blocks=cache.blocks.num_blocks,
         free_slots=cache.slots.num_free,
         total_slots=cache.slots.num_slots,
-        block_size=cache.blocks.block_size,
+        block_size=cache.block_tokens,
         queued_prompt_tokens=queued,
         adapters=tuple(engine.adapters.names),
     )

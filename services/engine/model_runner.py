@@ -93,7 +93,11 @@ class ModelRunner:
             ``[len(logit_rows), vocab]`` logits.
         """
         meta = build_step_metadata(
-            steps, self.paged.block_size, self.device, logit_rows=logit_rows, index_topk=self.model.index_topk
+            steps,
+            self.cache.block_tokens,
+            self.device,
+            logit_rows=logit_rows,
+            index_topk=self.model.index_topk,
         )
         table = self.adapters.table if self.adapters is not None else None
         return self.model.forward_step(meta, self.paged, table)

@@ -192,7 +192,7 @@ class Scheduler:
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             hit = self.cache.find_prefix(request)
-            start = hit.num_blocks * self.cache.blocks.block_size
+            start = hit.num_blocks * self.cache.block_tokens
             count = self._chunk_size(request, start, budget)
             if not self.cache.can_admit(request, hit, count):
                 break
