@@ -11,7 +11,7 @@ from services.engine.engine_config import EngineConfig
 from services.engine.model.config_loader import load_model_config
 
 # The dimensions the model shards today; the others are accepted as flags and refused here.
-SUPPORTED = ("tp", "ep")
+SUPPORTED = ("tp", "pcp", "pp", "ep")
 
 
 def check_parallel(config: EngineConfig, prebuilt: bool = False) -> None:
