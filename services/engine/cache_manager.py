@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from common.prefix_hash import extend_chain
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
-from services.engine.cache.layout import block_layout, slot_layout
+from services.engine.cache.layout import block_layout, slot_layout, stage_layout
 from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.model.causal_lm import CausalLM
+from services.engine.parallel.pipeline import stage_position
 from services.engine.parallel.rank_step import RESTORE, SAVE, StateCopy
 
 from .engine_config import EngineConfig
@@ -90,18 +91,20 @@ class CacheManager:
     @classmethod
     def for_model(cls, config: EngineConfig, model: CausalLM, scratch: bool = False) -> "CacheManager":
         """The pools ``config`` asks for, laid out for ``model`` (its shard, on a parallel rank) on
-        ``config.device``; ``scratch``: a spare block and slot for CUDA-graph padding rows."""
-        dtype = model.lm_head.weight.dtype
+        ``config.device`` (a pipeline stage's layers only); ``scratch``: a spare block and slot for
+        CUDA-graph padding rows."""
+        dtype = model.dtype
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
+        layers = stage_position(model.parallel, model.config.num_hidden_layers)[0]  # all at --pp 1
         blocks = BlockPool(
-            block_layout(model.config, config.block_size, dtype, config.kv_format),
+            stage_layout(block_layout(model.config, config.block_size, dtype, config.kv_format), layers),
             config.block_size,
             config.pool_blocks,
             config.device,
             scratch=scratch,
         )
         slots = StateSlotPool(
-            slot_layout(model.config, dtype, open_rows, model.parallel.tp),
+            stage_layout(slot_layout(model.config, dtype, open_rows, model.parallel.tp), layers),
             config.max_num_seqs,
             config.device,
             scratch=scratch,

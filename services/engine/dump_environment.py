@@ -39,12 +39,11 @@ def model_environment(
         kv_format: the engine's KV block storage; None where there is no paged cache (the trainer).
         flags: the producer's other settings.
     """
-    weight = model.lm_head.weight
     return collect_environment(
-        device=device_name(weight.device),
+        device=device_name(model.device),
         kernels=model.kernels.name,
         numerics="batch_invariant" if model.numerics.batch_invariant else "default",
-        dtype=str(weight.dtype).removeprefix("torch."),
+        dtype=str(model.dtype).removeprefix("torch."),
         kv_format=kv_format,
         checkpoint=checkpoint,
         flags=flags,

@@ -10,6 +10,7 @@ from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, build_step_metadata
 from services.engine.parallel.rank_group import RankGroup
 from services.engine.parallel.rank_step import RankStep
+from services.engine.parallel.split_step import SplitStep
 
 from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs
@@ -41,8 +42,11 @@ class ModelRunner:
         self.adapters = adapters
         self.cache = cache
         self.device = cache.blocks.storage.device
-        self.paged = PagedModelCache(cache.blocks, cache.slots, model.config, model.lm_head.weight.dtype)
+        self.paged = PagedModelCache(cache.blocks, cache.slots, model.config, model.dtype)
         self.graphs = graphs
+        layout = model.parallel.layout
+        # under PCP or PP every rank runs its part of each step
+        self.split = SplitStep(model, self.paged.block_size) if layout.pcp * layout.pp > 1 else None
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, SampledToken]:
@@ -85,13 +89,15 @@ class ModelRunner:
             for j, request in enumerate(picked)
         }
 
-    def forward(self, steps: list[SequenceStep], logit_rows: list[int]) -> torch.Tensor:
+    def forward(self, steps: list[SequenceStep], logit_rows: list[int]) -> torch.Tensor | None:
         """Build the step's metadata and run the model on the paged cache (no sampling): rank 0's
         eager steps, and every step of a follower rank.
 
         Returns:
-            ``[len(logit_rows), vocab]`` logits.
+            ``[len(logit_rows), vocab]`` logits (None on a pipeline stage's rank that does not get them).
         """
+        if self.split is not None:
+            return self.split.forward(steps, logit_rows, self.paged)
         meta = build_step_metadata(
             steps,
             self.cache.block_tokens,

@@ -1,7 +1,10 @@
 """A parallel engine as processes, through the real ``baton generate`` on the CPU (gloo): ``--tp 2`` gives
-the one-rank greedy tokens, and ``--tp 2 --ep 2 --batch-invariant`` the one-rank tokens and log-prob bits
-for a batch of prompts; a follower that dies takes the group down and rank 0 says which; rank 0 dying
-ends its followers; bad layouts fail before any rank starts."""
+the one-rank greedy tokens, and so does ``--pcp 2`` for a 40-token prompt (zigzag chunks of 16: each
+PCP rank computes real pieces) on tiny K3 (KDA + MLA + DSA) and DeepSeek-V3.2 (MLA + DSA), rank 0
+counting its PCP exchanges (the prefill steps': decode steps run whole on every PCP rank);
+``--tp 2 --ep 2`` and ``--pp 2`` with ``--batch-invariant`` give the one-rank tokens and log-prob bits
+for a batch of K3 prompts; a follower that dies takes the group down
+and rank 0 says which; rank 0 dying ends its followers; bad layouts fail before any rank starts."""
 
 import json
 import os
@@ -17,18 +20,22 @@ import torch
 from cli.main import main
 from mismatch import read_dump
 from services.engine import LLM, SamplingParams
+from services.engine.model import load_model_config
+from services.engine.model.config import LAYER_KDA
 from services.engine.parallel.rank_group import EXIT_GROUP_DOWN
+from tests.parallel.counted_generate import EXCHANGES_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = [(5 * i + 2) % 97 for i in range(11)]
+LONG_PROMPT = [(5 * i + 2) % 97 for i in range(40)]  # > 32 tokens: pcp 2 splits it into real chunks
 MAX_TOKENS = 6
 
 
 def baton(
-    *args: str, wait: bool = True, timeout: float = 120
+    *args: str, wait: bool = True, timeout: float = 120, module: str = "cli.main"
 ) -> subprocess.CompletedProcess | subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "cli.main", *args]
+    command = [sys.executable, "-m", module, *args]
     if not wait:
         return subprocess.Popen(
             command, cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -36,8 +43,8 @@ def baton(
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def generate_args(model: Path, *extra: str) -> list[str]:
-    ids = ",".join(map(str, PROMPT))
+def generate_args(model: Path, *extra: str, prompt: list[int] = PROMPT) -> list[str]:
+    ids = ",".join(map(str, prompt))
     sizes = [
         "--max-tokens",
         str(MAX_TOKENS),
@@ -80,13 +87,28 @@ def model(tiny_checkpoint) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_rank_ids(model) -> list[int]:
-    with LLM(str(model), dtype="float32", max_model_len=64, max_num_seqs=2) as llm:
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
-        return llm.generate([PROMPT], params)[0].token_ids
+def one_rank_ids(tiny_checkpoint):
+    """``one_rank_ids(family, prompt)``: the one-rank greedy tokens, computed once each."""
+    made = {}
+
+    def ids(family: str, prompt: list[int]) -> list[int]:
+        if (family, len(prompt)) not in made:
+            folder = str(tiny_checkpoint(family))
+            with LLM(folder, dtype="float32", max_model_len=64, max_num_seqs=2) as llm:
+                params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+                made[family, len(prompt)] = llm.generate([prompt], params)[0].token_ids
+        return made[family, len(prompt)]
+
+    return ids
 
 
-DEGREES = {"tp2": ("--tp", "2")}
+# name -> (family, prompt, flags); the PCP runs count rank 0's exchanges (``counted_generate``)
+DEGREES = {
+    "tp2": ("k3", PROMPT, ("--tp", "2")),
+    "pcp2": ("k3", LONG_PROMPT, ("--pcp", "2")),
+    "pcp2-dsv32": ("deepseek_v32", LONG_PROMPT, ("--pcp", "2")),
+}
+INVARIANT = {"tp2-ep2": ("--tp", "2", "--ep", "2"), "pp2": ("--pp", "2")}
 
 
 @pytest.fixture(scope="module")
@@ -95,18 +117,22 @@ def dumps(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("invariant")
     lines = [json.dumps({"id": n, "prompt_ids": PROMPT[: 3 + 4 * n]}) for n in range(3)]
     (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
-    return {name: root / f"{name}.jsonl" for name in ("prompts", "one-rank", "tp2-ep2")}
+    return {name: root / f"{name}.jsonl" for name in ("prompts", "one-rank", *INVARIANT)}
 
 
 @pytest.fixture(scope="module")
-def runs(model, dumps) -> dict[str, subprocess.Popen]:
+def runs(model, dumps, tiny_checkpoint) -> dict[str, subprocess.Popen]:
     """Every multi-rank run of this file, started together (each rank pays the torch import): two to
     kill a rank of as soon as it has one (``kill-follower``, ``kill-rank-0``: the tests that run first),
     and the generations."""
-    started = {name: baton(*generate_args(model, *flags), wait=False) for name, flags in DEGREES.items()}
-    started["tp2-ep2-invariant"] = baton(
-        *invariant_dump_args(model, dumps["prompts"], dumps["tp2-ep2"], "--tp", "2", "--ep", "2"), wait=False
-    )
+    started = {}
+    for name, (family, prompt, flags) in DEGREES.items():
+        module = "tests.parallel.counted_generate" if "--pcp" in flags else "cli.main"
+        args = generate_args(tiny_checkpoint(family), *flags, prompt=prompt)
+        started[name] = baton(*args, wait=False, module=module)
+    for name, flags in INVARIANT.items():
+        args = invariant_dump_args(model, dumps["prompts"], dumps[name], *flags)
+        started[f"{name}-invariant"] = baton(*args, wait=False)
     for name in ("kill-follower", "kill-rank-0"):
         started[name] = baton(*generate_args(model, "--tp", "2", "--max-tokens", "50"), wait=False)
     yield started
@@ -166,20 +192,34 @@ def test_rank_0_dying_ends_its_followers(runs):
 
 
 @pytest.mark.parametrize("name", DEGREES)
-def test_generate_on_two_ranks_gives_the_one_rank_greedy_tokens(runs, one_rank_ids, name):
+def test_generate_on_two_ranks_gives_the_one_rank_greedy_tokens(runs, one_rank_ids, tiny_checkpoint, name):
+    family, prompt, flags = DEGREES[name]
     stdout, stderr = runs[name].communicate(timeout=120)
-    assert len(one_rank_ids) == MAX_TOKENS
-    assert (
-        generated_ids(subprocess.CompletedProcess([], runs[name].returncode, stdout, stderr)) == one_rank_ids
-    )
+    want = one_rank_ids(family, prompt)
+    assert len(want) == MAX_TOKENS
+    assert generated_ids(subprocess.CompletedProcess([], runs[name].returncode, stdout, stderr)) == want
+    if "--pcp" in flags:  # rank 0 ran the prefill steps split (each layer's exchange once), no decode step
+        counts = json.loads(stderr.strip().splitlines()[-1].removeprefix(EXCHANGES_PREFIX))
+        types = load_model_config(tiny_checkpoint(family)).layer_types
+        kda = sum(kind == LAYER_KDA for kind in types)
+        # With KDA layers the first chunk ends on the last snapshot boundary (32 tokens); the 8-token
+        # tail is a second step, all on PCP rank 0 (rank 1 only joins the exchanges).
+        steps = 2 if kda else 1
+        assert counts == {
+            **({"PcpKda.short_conv": kda * steps, "PcpKda.forward": kda * steps} if kda else {}),
+            "PcpMlaLayerCache.write": (len(types) - kda) * steps,
+        }
 
 
-def test_batch_invariant_tp_and_ep_give_the_one_rank_bits(runs, model, dumps):
-    """DESIGN.md section 4: invariant mode's tokens and log-probs do not depend on the TP degree."""
-    _, stderr = runs["tp2-ep2-invariant"].communicate(timeout=120)
-    assert runs["tp2-ep2-invariant"].returncode == 0, stderr
-    assert main(invariant_dump_args(model, dumps["prompts"], dumps["one-rank"])) == 0
-    want, got = read_dump(dumps["one-rank"]).by_id(), read_dump(dumps["tp2-ep2"]).by_id()
+@pytest.mark.parametrize("name", INVARIANT)
+def test_batch_invariant_parallel_runs_give_the_one_rank_bits(runs, model, dumps, name):
+    """DESIGN.md section 4: invariant mode's tokens and log-probs do not depend on the layout (PCP's
+    KDA relays the exact state; a PP stage runs one process's ops on the same rows)."""
+    _, stderr = runs[f"{name}-invariant"].communicate(timeout=120)
+    assert runs[f"{name}-invariant"].returncode == 0, stderr
+    if not dumps["one-rank"].exists():
+        assert main(invariant_dump_args(model, dumps["prompts"], dumps["one-rank"])) == 0
+    want, got = read_dump(dumps["one-rank"]).by_id(), read_dump(dumps[name]).by_id()
     assert sorted(got) == sorted(want) == [0, 1, 2]
     for request_id, record in want.items():
         assert len(record.token_ids) == MAX_TOKENS and record.logprob_bits is not None
@@ -194,13 +234,14 @@ def test_batch_invariant_tp_and_ep_give_the_one_rank_bits(runs, model, dumps):
     [
         (("--tp", "3"), "--tp 3: does not divide 4 attention heads"),
         (("--tp", "2", "--ep", "4"), "--ep: 4 must divide tp x dcp = 2"),
-        (("--pp", "2"), "--pp 2: not supported yet"),
+        (("--pp", "5"), "--pp 5: more pipeline stages than the model's 4 layers"),
+        (("--dcp", "2", "--pp", "2"), "--dcp 2 with --pcp 1 / --pp 2: not supported yet"),
         (
             ("--tp", "2", "--device", "cuda", "--kernels", "reference"),
             "--tp x --dcp x --pcp x --pp: 2 ranks need CUDA devices 0..1",
         ),
     ],
-    ids=["tp-heads", "ep-divides", "pp-unsupported", "more-ranks-than-devices"],
+    ids=["tp-heads", "ep-divides", "pp-above-layers", "dcp-with-pp", "more-ranks-than-devices"],
 )
 def test_bad_layouts_fail_before_any_rank_starts(model, flags, message, capsys):
     if "cuda" in flags and torch.cuda.device_count() >= 2:

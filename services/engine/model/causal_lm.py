@@ -148,6 +148,13 @@ class CausalLM(nn.Module):
         """Where the parameters live (any one of them: a pipeline stage holds only some modules)."""
         return next(self.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype (that of the logits and of the cache rows): the layer norms' (a pipeline
+        stage may hold neither the embedding nor the LM head)."""
+        held = (layer for layer in self.model.layers if isinstance(layer, DecoderLayer))
+        return next(held).input_layernorm.weight.dtype
+
     def forward_step(
         self, meta: StepMetadata, cache: ModelCache, adapters: "Mapping[int, LoraAdapter] | None" = None
     ) -> torch.Tensor:

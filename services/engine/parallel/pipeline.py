@@ -29,7 +29,7 @@ from services.engine.model.layer_cache import ModelCache
 from services.engine.model.step_metadata import SequenceStep
 
 from .context import ParallelContext
-from .pcp_prefill import prepare_step
+from .pcp_prefill import LocalStep, PcpStep, prepare_step
 
 
 def stage_layers(num_layers: int, pp: int, stage: int) -> range:
@@ -150,28 +150,58 @@ class PipelineStage:
             On the last stage, each micro-batch's ``[S, vocab]`` logits of its sequences' last rows;
             an empty list elsewhere.
         """
-        group = self.parallel.pp_group
-        ranks = dist.get_process_group_ranks(group) if group is not None else []
-        # the residual stream's dtype and device: those of the stage's first layer's norm
-        norm = self.model.model.layers[self.layers.start].input_layernorm.weight
         logits, sends = [], []
         for steps in micro_batches:
             part = prepare_step(self.model, steps, block_size, cache, self.parallel)
-            if self.is_first:
-                hidden = part.embed()
-            else:
-                hidden = norm.new_empty(part.num_rows, self.model.config.hidden_size)
-                if part.num_rows:
-                    dist.recv(hidden, ranks[self.stage - 1], group=group)
-            hidden = part.run_layers(hidden, self.layers)
+            hidden = self._receive_and_run(part)
             if self.is_last:
                 logits.append(part.logits(hidden))
             elif part.num_rows:  # the send runs while this stage starts the next micro-batch
                 # the tensor is kept until its send is waited on
-                sends.append((dist.isend(hidden, ranks[self.stage + 1], group=group), hidden))
+                sends.append((dist.isend(hidden, self._neighbour(1), group=self.parallel.pp_group), hidden))
         for work, _ in sends:
             work.wait()
         return logits
+
+    def step(
+        self, steps: list[SequenceStep], block_size: int, cache: ModelCache, logit_rows: list[int]
+    ) -> torch.Tensor | None:
+        """Run one engine step through this stage and hand its rows on before returning (every stage
+        calls it with the same step; under PCP split as in ``prefill``).
+
+        Args:
+            steps: the step.
+            block_size: tokens per block of ``cache``.
+            cache: the stage's cache.
+            logit_rows: rows of the step whose logits are wanted.
+
+        Returns:
+            On the last stage the ``[len(logit_rows), vocab]`` logits; None elsewhere.
+        """
+        part = prepare_step(self.model, steps, block_size, cache, self.parallel, logit_rows)
+        hidden = self._receive_and_run(part)
+        if self.is_last:
+            return part.logits(hidden)
+        if part.num_rows:
+            dist.send(hidden, self._neighbour(1), group=self.parallel.pp_group)
+        return None
+
+    def _neighbour(self, offset: int) -> int:
+        """The global rank of the stage ``offset`` stages on, at this rank's place in its stage."""
+        return dist.get_process_group_ranks(self.parallel.pp_group)[self.stage + offset]
+
+    def _receive_and_run(self, part: LocalStep | PcpStep) -> torch.Tensor:
+        """This stage's layers over the part's rows: embedded on the first stage, else received from
+        the stage before."""
+        if self.is_first:
+            hidden = part.embed()
+        else:
+            # the residual stream's dtype and device: those of the stage's first layer's norm
+            norm = self.model.model.layers[self.layers.start].input_layernorm.weight
+            hidden = norm.new_empty(part.num_rows, self.model.config.hidden_size)
+            if part.num_rows:
+                dist.recv(hidden, self._neighbour(-1), group=self.parallel.pp_group)
+        return part.run_layers(hidden, self.layers)
 
 
 def chunk_micro_batches(
