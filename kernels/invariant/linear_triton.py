@@ -19,9 +19,9 @@ small batches (decode is bound by reading ``w`` anyway).
 
 Float32 inputs multiply in IEEE float32 (not TF32); bf16/fp16 inputs in the tensor cores with float32
 accumulation. Under the Triton interpreter (CPU) the tiles are upcast to float32 (its bf16 dot is wrong)
-and each chunk's products are summed over K in index order instead of ``dot``: the interpreter's ``dot``
-is a numpy product, whose BLAS may round a row differently by its position inside the tile (OpenBLAS on
-AMD EPYC does). The float32 reference is
+and each chunk's products are summed over K in index order instead of ``dot`` (``kernels.tile_dot``:
+the interpreter's ``dot`` is a BLAS product that may round a row by its place in the tile). The float32
+reference is
 ``kernels.invariant.linear.tree_linear`` (same signature, invariant by construction).
 """
 
@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.tile_dot import tile_dot
 from kernels.triton_env import require_triton_device
 
 
@@ -62,10 +63,7 @@ def _linear_kernel(
         m_k = o_k < K
         a = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
         b = tl.load(p_w + o_k[:, None] * stride_wk, mask=m_k[:, None] & m_n[None, :], other=0.0)
-        if UPCAST:  # the interpreter: products summed over the chunk's K in index order
-            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-        else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tile_dot(a, b, acc, PRECISION, UPCAST)
     p_o = out + o_m[:, None] * stride_om + o_n[None, :]
     tl.store(p_o, acc.to(out.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 

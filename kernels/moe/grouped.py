@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.tile_dot import tile_dot
 from kernels.triton_env import require_triton_device
 
 
@@ -100,10 +101,10 @@ def _moe_gate_up_kernel(
         a = tl.load(p_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_g = tl.load(p_g + o_k[:, None], mask=m_k[:, None] & m_n[None, :], other=0.0)
         b_u = tl.load(p_u + o_k[:, None], mask=m_k[:, None] & m_n[None, :], other=0.0)
-        if UPCAST:  # the interpreter's bf16 dot is wrong; multiply in float32 there
-            a, b_g, b_u = a.to(tl.float32), b_g.to(tl.float32), b_u.to(tl.float32)
-        acc_g = tl.dot(a, b_g, acc_g, input_precision=PRECISION)
-        acc_u = tl.dot(a, b_u, acc_u, input_precision=PRECISION)
+        # Under the interpreter (UPCAST) in float32, summed in K order: its bf16 dot is wrong, its BLAS
+        # rounds a row by its place in the tile (the invariant MoE launches these kernels).
+        acc_g = tile_dot(a, b_g, acc_g, PRECISION, UPCAST)
+        acc_u = tile_dot(a, b_u, acc_u, PRECISION, UPCAST)
     act = acc_g * tl.sigmoid(acc_g) * acc_u
     tl.store(h + o_m[:, None] * stride_h + o_n[None, :], act.to(h.dtype.element_ty), mask=m_n[None, :])
 
@@ -146,9 +147,7 @@ def _moe_down_kernel(
         m_k = o_k < I
         a = tl.load(p_h + o_k[None, :], mask=m_k[None, :], other=0.0)
         b = tl.load(p_w + o_k[:, None], mask=m_k[:, None] & m_n[None, :], other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tile_dot(a, b, acc, PRECISION, UPCAST)
     scale = tl.load(weights + pair, mask=m_m, other=0.0).to(tl.float32)
     acc = acc * scale[:, None]
     p_y = y + tl.where(m_m, pair, 0)[:, None] * stride_y + o_n[None, :]
