@@ -20,10 +20,10 @@ from services.engine.model.config_loader import load_model_config
 from services.engine.parallel.handoff_plan import (
     HandoffRequestRows,
     HandoffSide,
-    apply_plan_reference,
     check_mappable,
     plan_handoff,
 )
+from services.engine.parallel.handoff_send import apply_plan_reference
 from services.engine.parallel.layout import ParallelLayout
 from services.engine.parallel.pipeline import stage_layers
 from services.transfer import BLOCKS, STATE
@@ -52,7 +52,7 @@ CASES = {
     "tp1-to-tp2": Case(ParallelLayout(), 4, ParallelLayout(tp=2), 8, 13),
     "pp2-to-dcp4-partial": Case(ParallelLayout(pp=2), 4, ParallelLayout(dcp=4), 2, 19),
     "tp4xdcp2-to-tp2": Case(ParallelLayout(tp=4, dcp=2), 2, ParallelLayout(tp=2), 4, 11),
-    "same-layout": Case(ParallelLayout(), 4, ParallelLayout(), 4, 14),
+    "same-layout": Case(ParallelLayout(), 3, ParallelLayout(), 3, 11),  # rope rows of 48 bytes: padding
     "fp8-pcp2-to-tp2": Case(ParallelLayout(pcp=2), 4, ParallelLayout(tp=2), 4, 15, kv_format="fp8"),
     "invariant-tp2xpcp2-to-tp4": Case(
         ParallelLayout(tp=2, pcp=2), 4, ParallelLayout(tp=4), 4, 9, open_rows=16
@@ -219,12 +219,12 @@ def writes_of(send, region):
 
 
 def test_same_layout_moves_whole_blocks_and_the_whole_slot():
-    case = CASES["same-layout"]  # 14 tokens of 4 per block: 3 whole blocks, then rows 0 and 1
+    case = CASES["same-layout"]  # 11 tokens of 3 per block: 3 whole blocks, then rows 0 and 1
     plan = run_case(case)
     rows = request_rows(case)
     blocks, slots = rank_layouts(case, case.decode, case.decode_block, 0)
     last = rows.decode_block_ids[3] * blocks.nbytes
-    partial = [(0, last + f.offset, 2 * f.nbytes // 4) for f in blocks.fields]
+    partial = [(0, last + f.offset, 2 * f.nbytes // 3) for f in blocks.fields]
     whole = [(0, block * blocks.nbytes, blocks.nbytes) for block in rows.decode_block_ids[:3]]
     assert writes_of(plan[0], BLOCKS) == whole + partial
     assert writes_of(plan[0], STATE) == [(0, rows.decode_slot * slots.nbytes, slots.nbytes)]
@@ -307,7 +307,24 @@ def test_unmappable_layouts_are_refused_naming_the_field(prefill, decode, messag
         check_mappable(CONFIG, prefill, decode)
 
 
-def test_too_few_block_ids_are_refused_naming_the_side():
-    rows = HandoffRequestRows(9, (0, 1, 2), 0, (0, 1), 0)
-    with pytest.raises(ValueError, match=r"decode_block_ids: 2 blocks for 9 tokens of 4 per block; need 3"):
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            HandoffRequestRows(9, (0, 1, 2), 0, (0, 1), 0),
+            r"decode_block_ids: 2 blocks for 9 tokens of 4 per block",
+        ),
+        (
+            HandoffRequestRows(9, (0,), 0, (0, 1, 2), 0),
+            r"prefill_block_ids: 1 blocks for 9 tokens .*; need 3",
+        ),
+        (
+            HandoffRequestRows(0, (), 0, (), 0),
+            r"num_tokens: a handoff moves at least one cached token, got 0",
+        ),
+    ],
+    ids=["decode-blocks", "prefill-blocks", "no-tokens"],
+)
+def test_bad_request_rows_are_refused_naming_the_field(rows, message):
+    with pytest.raises(ValueError, match=message):
         plan_handoff(CONFIG, BASE, BASE, rows)

@@ -45,10 +45,10 @@ from services.engine.cache.layout import (
 from services.engine.model.config import LAYER_KDA, ModelConfig
 from services.transfer import BLOCKS, STATE
 
+from .handoff_send import RankSend, SendBuilder
 from .layout import ParallelLayout
 from .pipeline import stage_layers
 
-REGIONS = (BLOCKS, STATE)  # region codes (index) used while planning
 _OPEN_ROWS = (OPEN_K, OPEN_G, OPEN_DELTA)
 
 
@@ -100,37 +100,6 @@ class HandoffRequestRows:
     decode_slot: int
 
 
-@dataclass(frozen=True)
-class ByteRuns:
-    """Byte ranges ``offsets[i] .. offsets[i] + nbytes[i]`` of one region (int64 CPU tensors ``[N]``)."""
-
-    region: str
-    offsets: torch.Tensor
-    nbytes: torch.Tensor
-
-
-@dataclass(frozen=True)
-class RemoteWrite:
-    """Runs of the staging buffer written into one region of one decode rank (int64 CPU ``[N]`` each)."""
-
-    decode_rank: int
-    region: str
-    staging_offsets: torch.Tensor
-    remote_offsets: torch.Tensor
-    nbytes: torch.Tensor
-
-
-@dataclass(frozen=True)
-class RankSend:
-    """What one prefill rank does: concatenate its ``gather`` runs, in order, into a staging buffer of
-    ``staging_nbytes`` bytes (offsets into a region's flat ``storage``), then make the ``writes``
-    (remote offsets into the decode rank's flat region). Empty when the rank sends nothing."""
-
-    gather: tuple[ByteRuns, ...]
-    writes: tuple[RemoteWrite, ...]
-    staging_nbytes: int
-
-
 def check_mappable(config: ModelConfig, prefill: HandoffSide, decode: HandoffSide) -> None:
     """Refuse a pair of groups the plan cannot map (at Reserve, before any prefill work).
 
@@ -178,9 +147,11 @@ def plan_handoff(
     after a field that is copied whole.
 
     Raises:
-        ValueError: ``check_mappable``'s errors, or too few block ids on a side (naming it).
+        ValueError: ``check_mappable``'s errors, no tokens, or too few block ids on a side (naming it).
     """
     check_mappable(config, prefill, decode)
+    if rows.num_tokens < 1:
+        raise ValueError(f"num_tokens: a handoff moves at least one cached token, got {rows.num_tokens}")
     for role, side, ids in (
         ("prefill", prefill, rows.prefill_block_ids),
         ("decode", decode, rows.decode_block_ids),
@@ -191,7 +162,7 @@ def plan_handoff(
                 f"{role}_block_ids: {len(ids)} blocks for {rows.num_tokens} tokens of "
                 f"{side.tokens_per_block} per block; need {needed}"
             )
-    copies = _Copies()
+    copies = SendBuilder()
     _plan_blocks(config, prefill, decode, rows, copies)
     _plan_state(config, prefill, decode, rows, copies)
     return {rank: copies.rank_send(rank) for rank in range(prefill.parallel.world_size)}
@@ -202,7 +173,7 @@ def _plan_blocks(
     prefill: HandoffSide,
     decode: HandoffSide,
     rows: HandoffRequestRows,
-    copies: "_Copies",
+    copies: SendBuilder,
 ) -> None:
     """Each decode rank's block rows of the request, from a replica of the stage holding the layer."""
     source = prefill.parallel
@@ -275,7 +246,7 @@ def _plan_state(
     prefill: HandoffSide,
     decode: HandoffSide,
     rows: HandoffRequestRows,
-    copies: "_Copies",
+    copies: SendBuilder,
 ) -> None:
     """Each decode rank's slot: per KDA layer, its heads from the prefill TP ranks holding them (a
     replica of each, rotating per decode rank and layer); the open-row count whole."""
@@ -297,7 +268,7 @@ def _plan_state(
                 replica = (decode_rank + ordinal[field.layer]) % (source.dcp * source.pcp)
                 src_base = rows.prefill_slot * source_layout.nbytes + source_field.offset
                 dst_base = rows.decode_slot * layout.nbytes + field.offset
-                for tp, src, dst, nbytes in _head_pieces(field, source_field, first, dst_heads, src_heads):
+                for tp, src, dst, nbytes in _head_pieces(field, first, dst_heads, src_heads):
                     sender = source.rank_of(tp, replica % source.dcp, replica // source.dcp, stage)
                     copies.add(
                         torch.full_like(src, sender),
@@ -310,7 +281,7 @@ def _plan_state(
 
 
 def _head_pieces(
-    field: Field, source_field: Field, first: int, dst_heads: int, src_heads: int
+    field: Field, first: int, dst_heads: int, src_heads: int
 ) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The pieces of a decode slot field holding heads ``[first, first + dst_heads)``, from source fields
     of ``src_heads`` heads per TP rank: ``(source TP rank, source offsets, decode offsets, bytes)``, offsets
@@ -339,111 +310,6 @@ def _head_pieces(
     return pieces
 
 
-def apply_plan_reference(
-    plan: dict[int, RankSend],
-    prefill_pools: dict[int, tuple[torch.Tensor, torch.Tensor]],
-    decode_pools: dict[int, tuple[torch.Tensor, torch.Tensor]],
-) -> None:
-    """Run ``plan`` with plain torch indexing: the reference the tests (and a CPU fallback) use.
-
-    Args:
-        plan: ``plan_handoff``'s result.
-        prefill_pools / decode_pools: rank -> ``(blocks, state)`` contiguous uint8 storages
-            (``BlockPool.storage``, ``StateSlotPool.storage``); the decode ones are written in place.
-    """
-    for rank, send in sorted(plan.items()):
-        if not send.gather:
-            continue
-        local = dict(zip(REGIONS, (pool.view(-1) for pool in prefill_pools[rank]), strict=True))
-        staging = torch.cat(
-            [local[runs.region][_byte_index(runs.offsets, runs.nbytes)] for runs in send.gather]
-        )
-        for write in send.writes:
-            remote = dict(
-                zip(REGIONS, (pool.view(-1) for pool in decode_pools[write.decode_rank]), strict=True)
-            )
-            target = _byte_index(write.remote_offsets, write.nbytes)
-            remote[write.region][target] = staging[_byte_index(write.staging_offsets, write.nbytes)]
-
-
-def _byte_index(offsets: torch.Tensor, nbytes: torch.Tensor) -> torch.Tensor:
-    """``[sum(nbytes)]`` int64: the byte positions of runs ``offsets[i] .. offsets[i] + nbytes[i]``."""
-    starts = torch.cumsum(nbytes, 0) - nbytes
-    return torch.repeat_interleave(offsets - starts, nbytes) + torch.arange(int(nbytes.sum()))
-
-
 def _aligned(nbytes: int) -> int:
     """A field's bytes with its alignment padding (``_pack`` places the next field there)."""
     return -(-nbytes // ALIGNMENT) * ALIGNMENT
-
-
-class _Copies:
-    """Elementary copies of the plan, per prefill rank: (region code, decode rank, source offset,
-    destination offset, bytes) as ``[5, N]`` int64 tensors."""
-
-    def __init__(self):
-        self._parts: dict[int, list[torch.Tensor]] = {}
-
-    def add(
-        self,
-        senders: torch.Tensor,
-        region: str,
-        decode_rank: int,
-        source: torch.Tensor,
-        target: torch.Tensor,
-        nbytes: torch.Tensor,
-    ) -> None:
-        """Copies ``i`` from prefill rank ``senders[i]``; every argument tensor is int64 ``[N]``."""
-        code = torch.full_like(source, REGIONS.index(region))
-        columns = torch.stack([code, torch.full_like(source, decode_rank), source, target, nbytes])
-        for sender in senders.unique().tolist():
-            self._parts.setdefault(sender, []).append(columns[:, senders == sender])
-
-    def rank_send(self, rank: int) -> RankSend:
-        """``rank``'s copies in destination order (region, decode rank, offset), coalesced."""
-        if rank not in self._parts:
-            return RankSend((), (), 0)
-        columns = torch.cat(self._parts[rank], dim=1)
-        for key in (3, 1, 0):  # stable sorts, the last one primary
-            columns = columns[:, torch.sort(columns[key], stable=True).indices]
-        region, decode_rank, source, target, nbytes = columns
-        staging = torch.cumsum(nbytes, 0) - nbytes
-        total = int(nbytes.sum())
-        same_region = region[1:] == region[:-1]
-        gather = _runs(same_region & (source[:-1] + nbytes[:-1] == source[1:]), staging, total)
-        same_rank = same_region & (decode_rank[1:] == decode_rank[:-1])
-        writes = _runs(same_rank & (target[:-1] + nbytes[:-1] == target[1:]), staging, total)
-        return RankSend(
-            gather=tuple(
-                ByteRuns(REGIONS[int(region[starts[0]])], source[starts], run_bytes)
-                for starts, run_bytes in _split(region, *gather)
-            ),
-            writes=tuple(
-                RemoteWrite(
-                    int(decode_rank[starts[0]]),
-                    REGIONS[int(region[starts[0]])],
-                    staging[starts],
-                    target[starts],
-                    run_bytes,
-                )
-                for starts, run_bytes in _split(region * (int(decode_rank.max()) + 1) + decode_rank, *writes)
-            ),
-            staging_nbytes=total,
-        )
-
-
-def _runs(joins: torch.Tensor, staging: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(start item, bytes)`` of each run, where ``joins[i]`` says item ``i + 1`` continues item ``i``'s
-    run; items lie back to back in the staging buffer (``staging``: their offsets, ``total`` bytes)."""
-    starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.nonzero(~joins)[:, 0] + 1])
-    ends = torch.cat([staging[starts[1:]], torch.tensor([total])])
-    return starts, ends - staging[starts]
-
-
-def _split(
-    key: torch.Tensor, starts: torch.Tensor, run_bytes: torch.Tensor
-) -> list[tuple[torch.Tensor, ...]]:
-    """Runs grouped by the (sorted) ``key`` of their start item: ``(starts, bytes)`` per key, in order. A run
-    never crosses a key change (its joins require the same key)."""
-    counts = torch.unique_consecutive(key[starts], return_counts=True)[1].tolist()
-    return list(zip(torch.split(starts, counts), torch.split(run_bytes, counts), strict=True))
