@@ -209,6 +209,20 @@ def test_decode_ranks_end_with_their_rows_bitwise(case):
     assert set(plan) == set(range(case.prefill.world_size))
 
 
+def test_a_rank_planning_its_own_part_gets_the_full_plan_s_entry():
+    case = CASES["pp2xpcp2-to-tp2xdcp2"]
+    prefill, decode = sides(case)
+    full = plan_handoff(CONFIG, prefill, decode, request_rows(case))
+    for rank, send in full.items():
+        (own,) = plan_handoff(CONFIG, prefill, decode, request_rows(case), senders=[rank]).values()
+        assert own.staging_nbytes == send.staging_nbytes > 0
+        for mine, theirs in zip(own.gather + own.writes, send.gather + send.writes, strict=True):
+            assert all(
+                torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                for a, b in zip(vars(mine).values(), vars(theirs).values(), strict=True)
+            )
+
+
 def writes_of(send, region):
     return [
         (write.decode_rank, offset, nbytes)
@@ -328,3 +342,8 @@ def test_unmappable_layouts_are_refused_naming_the_field(prefill, decode, messag
 def test_bad_request_rows_are_refused_naming_the_field(rows, message):
     with pytest.raises(ValueError, match=message):
         plan_handoff(CONFIG, BASE, BASE, rows)
+
+
+def test_senders_outside_the_group_are_refused():
+    with pytest.raises(ValueError, match=r"senders: \[1\] are not all ranks of the prefill group"):
+        plan_handoff(CONFIG, BASE, BASE, HandoffRequestRows(4, (0,), 0, (0,), 0), senders=[1])

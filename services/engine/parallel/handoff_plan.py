@@ -24,6 +24,7 @@ and a run that is a whole field on both sides takes the field's alignment paddin
 layouts move whole blocks and slots.
 """
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -138,16 +139,23 @@ def check_mappable(config: ModelConfig, prefill: HandoffSide, decode: HandoffSid
 
 
 def plan_handoff(
-    config: ModelConfig, prefill: HandoffSide, decode: HandoffSide, rows: HandoffRequestRows
+    config: ModelConfig,
+    prefill: HandoffSide,
+    decode: HandoffSide,
+    rows: HandoffRequestRows,
+    senders: Collection[int] | None = None,
 ) -> dict[int, RankSend]:
-    """Every prefill rank's sends for one request (every rank of the group has an entry).
+    """The prefill ranks' sends for one request: an entry for each rank of ``senders`` (default: every
+    rank of the prefill group; a rank planning only its own part passes ``[rank]``).
 
-    Every byte of the request's rows (tokens ``0 .. num_tokens - 1`` of each block field) and of its
-    slot's fields, on every decode rank, is written exactly once; beyond them only alignment padding
-    after a field that is copied whole.
+    Over all the group's ranks, every byte of the request's rows (tokens ``0 .. num_tokens - 1`` of each
+    block field) and of its slot's fields, on every decode rank, is written exactly once; beyond them
+    only alignment padding after a field that is copied whole. The plan is a pure function of its
+    arguments, so each rank may compute its own part.
 
     Raises:
-        ValueError: ``check_mappable``'s errors, no tokens, or too few block ids on a side (naming it).
+        ValueError: ``check_mappable``'s errors, no tokens, too few block ids on a side, or a sender outside
+            the group (naming the field).
     """
     check_mappable(config, prefill, decode)
     if rows.num_tokens < 1:
@@ -162,10 +170,13 @@ def plan_handoff(
                 f"{role}_block_ids: {len(ids)} blocks for {rows.num_tokens} tokens of "
                 f"{side.tokens_per_block} per block; need {needed}"
             )
-    copies = SendBuilder()
+    ranks = range(prefill.parallel.world_size)
+    if senders is not None and not set(senders) <= set(ranks):
+        raise ValueError(f"senders: {sorted(senders)} are not all ranks of the prefill group ({ranks})")
+    copies = SendBuilder(ranks if senders is None else senders)
     _plan_blocks(config, prefill, decode, rows, copies)
     _plan_state(config, prefill, decode, rows, copies)
-    return {rank: copies.rank_send(rank) for rank in range(prefill.parallel.world_size)}
+    return {rank: copies.rank_send(rank) for rank in sorted(copies.senders)}
 
 
 def _plan_blocks(
@@ -188,26 +199,36 @@ def _plan_blocks(
         sender, src_block, src_row, dst_block, dst_row, count = _token_runs(
             tokens, decode_rank, prefill, decode, rows
         )
-        for stage, source_layout in enumerate(stage_blocks):
-            for field in layout.fields:
-                if not source_layout.has(field.layer, field.kind):
-                    continue
-                source_field = source_layout.field(field.layer, field.kind)
-                row = field.nbytes // field.shape[0]
-                whole = (
-                    (count == field.shape[0])
-                    & (count == source_field.shape[0])
-                    & (src_row == 0)
-                    & (dst_row == 0)
+        for run_sender in sender.unique().tolist():
+            mine = sender == run_sender
+            runs = (src_block[mine], src_row[mine], dst_block[mine], dst_row[mine], count[mine])
+            for stage, source_layout in enumerate(stage_blocks):
+                _add_block_rows(
+                    copies, run_sender + stage * source.stage_size, decode_rank, source_layout, layout, runs
                 )
-                copies.add(
-                    sender + stage * source.stage_size,
-                    BLOCKS,
-                    decode_rank,
-                    src_block * source_layout.nbytes + source_field.offset + src_row * row,
-                    dst_block * layout.nbytes + field.offset + dst_row * row,
-                    torch.where(whole, _aligned(field.nbytes), count * row),
-                )
+
+
+def _add_block_rows(
+    copies: SendBuilder, sender: int, decode_rank: int, source: Layout, target: Layout, runs: tuple
+) -> None:
+    """The copies of ``runs`` (one sender's, ``_token_runs``' columns) for the fields both layouts hold."""
+    if sender not in copies.senders:
+        return
+    src_block, src_row, dst_block, dst_row, count = runs
+    for field in target.fields:
+        if not source.has(field.layer, field.kind):
+            continue
+        source_field = source.field(field.layer, field.kind)
+        row = field.nbytes // field.shape[0]
+        whole = (count == field.shape[0]) & (count == source_field.shape[0]) & (src_row == 0) & (dst_row == 0)
+        copies.add(
+            sender,
+            BLOCKS,
+            decode_rank,
+            src_block * source.nbytes + source_field.offset + src_row * row,
+            dst_block * target.nbytes + field.offset + dst_row * row,
+            torch.where(whole, _aligned(field.nbytes), count * row),
+        )
 
 
 def _token_runs(
@@ -270,14 +291,7 @@ def _plan_state(
                 dst_base = rows.decode_slot * layout.nbytes + field.offset
                 for tp, src, dst, nbytes in _head_pieces(field, first, dst_heads, src_heads):
                     sender = source.rank_of(tp, replica % source.dcp, replica // source.dcp, stage)
-                    copies.add(
-                        torch.full_like(src, sender),
-                        STATE,
-                        decode_rank,
-                        src + src_base,
-                        dst + dst_base,
-                        nbytes,
-                    )
+                    copies.add(sender, STATE, decode_rank, src + src_base, dst + dst_base, nbytes)
 
 
 def _head_pieces(

@@ -10,6 +10,7 @@ Offsets are bytes into a region's flat storage (``BlockPool.storage`` / ``StateS
 regions are named as ``services.transfer`` names them.
 """
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -87,70 +88,55 @@ class SendBuilder:
     """Collects a plan's elementary copies (prefill rank, region, decode rank, source offset, decode
     offset, bytes), each decode byte in one copy, and turns one rank's into its ``RankSend``."""
 
-    def __init__(self):
-        self._parts: dict[int, list[torch.Tensor]] = {}
+    def __init__(self, senders: Collection[int]):
+        """Keeps the copies of ``senders`` only (the others' are dropped as they come)."""
+        self.senders = frozenset(senders)
+        # sender -> (region code, decode rank) -> int64 [N] pieces of the source, target, bytes columns
+        self._parts: dict[int, dict[tuple[int, int], tuple[list[torch.Tensor], ...]]] = {}
 
     def add(
         self,
-        senders: torch.Tensor,
+        sender: int,
         region: str,
         decode_rank: int,
         source: torch.Tensor,
         target: torch.Tensor,
         nbytes: torch.Tensor,
     ) -> None:
-        """Copies ``i`` from prefill rank ``senders[i]``; every argument tensor is int64 ``[N]`` (kept
-        per sender as ``[5, N]`` columns: region code, decode rank, source, target, bytes)."""
-        code = torch.full_like(source, REGIONS.index(region))
-        columns = torch.stack([code, torch.full_like(source, decode_rank), source, target, nbytes])
-        for sender in senders.unique().tolist():
-            self._parts.setdefault(sender, []).append(columns[:, senders == sender])
+        """Copies ``nbytes[i]`` bytes at ``source[i]`` on prefill rank ``sender`` to ``target[i]`` of
+        ``decode_rank``'s ``region`` (int64 ``[N]`` each)."""
+        if sender not in self.senders:
+            return
+        groups = self._parts.setdefault(sender, {})
+        columns = groups.setdefault((REGIONS.index(region), decode_rank), ([], [], []))
+        for column, piece in zip(columns, (source, target, nbytes), strict=True):
+            column.append(piece)
 
     def rank_send(self, rank: int) -> RankSend:
-        """``rank``'s copies in destination order (region, decode rank, offset), coalesced."""
-        if rank not in self._parts:
-            return RankSend((), (), 0)
-        columns = torch.cat(self._parts[rank], dim=1)
-        for key in (3, 1, 0):  # stable sorts, the last one primary
-            columns = columns[:, torch.sort(columns[key], stable=True).indices]
-        region, decode_rank, source, target, nbytes = columns
-        staging = torch.cumsum(nbytes, 0) - nbytes
-        total = int(nbytes.sum())
-        same_region = region[1:] == region[:-1]
-        gather = _runs(same_region & (source[:-1] + nbytes[:-1] == source[1:]), staging, total)
-        same_rank = same_region & (decode_rank[1:] == decode_rank[:-1])
-        writes = _runs(same_rank & (target[:-1] + nbytes[:-1] == target[1:]), staging, total)
-        return RankSend(
-            gather=tuple(
-                ByteRuns(REGIONS[int(region[starts[0]])], source[starts], run_bytes)
-                for starts, run_bytes in _split(region, *gather)
-            ),
-            writes=tuple(
-                RemoteWrite(
-                    int(decode_rank[starts[0]]),
-                    REGIONS[int(region[starts[0]])],
-                    staging[starts],
-                    target[starts],
-                    run_bytes,
-                )
-                for starts, run_bytes in _split(region * (int(decode_rank.max()) + 1) + decode_rank, *writes)
-            ),
-            staging_nbytes=total,
-        )
+        """``rank``'s copies staged in destination order (region, decode rank, offset), coalesced."""
+        groups = self._parts.get(rank, {})
+        staged, writes, by_region = 0, [], {}
+        for code, decode_rank in sorted(groups):
+            source, target, nbytes = (torch.cat(column) for column in groups[code, decode_rank])
+            order = torch.argsort(target)  # the targets are disjoint ranges
+            source, target, nbytes = source[order], target[order], nbytes[order]
+            staging = staged + torch.cumsum(nbytes, 0) - nbytes
+            staged += int(nbytes.sum())
+            starts, run_bytes = _runs(target[:-1] + nbytes[:-1] == target[1:], staging, staged)
+            writes.append(RemoteWrite(decode_rank, REGIONS[code], staging[starts], target[starts], run_bytes))
+            by_region.setdefault(code, []).append((source, nbytes, staging))
+        gather = []
+        for code, parts in by_region.items():
+            source, nbytes, staging = (torch.cat(column) for column in zip(*parts, strict=True))
+            end = int(staging[-1] + nbytes[-1])
+            starts, run_bytes = _runs(source[:-1] + nbytes[:-1] == source[1:], staging, end)
+            gather.append(ByteRuns(REGIONS[code], source[starts], run_bytes))
+        return RankSend(tuple(gather), tuple(writes), staged)
 
 
-def _runs(joins: torch.Tensor, staging: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _runs(joins: torch.Tensor, staging: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(start item, bytes)`` of each run, where ``joins[i]`` says item ``i + 1`` continues item ``i``'s
-    run; items lie back to back in the staging buffer (``staging``: their offsets, ``total`` bytes)."""
+    run; the items lie back to back in the staging buffer (at ``staging``, up to ``end``)."""
     starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.nonzero(~joins)[:, 0] + 1])
-    ends = torch.cat([staging[starts[1:]], torch.tensor([total])])
+    ends = torch.cat([staging[starts[1:]], torch.tensor([end])])
     return starts, ends - staging[starts]
-
-
-def _split(
-    key: torch.Tensor, starts: torch.Tensor, run_bytes: torch.Tensor
-) -> list[tuple[torch.Tensor, ...]]:
-    """Runs grouped by the (sorted) ``key`` of their start item: ``(starts, bytes)`` per key, in order. A run
-    never crosses a key change (its joins require the same key)."""
-    counts = torch.unique_consecutive(key[starts], return_counts=True)[1].tolist()
-    return list(zip(torch.split(starts, counts), torch.split(run_bytes, counts), strict=True))
