@@ -3,6 +3,7 @@ global cache image: every decode rank ends bitwise with the rows and state heads
 changes (alignment padding inside the request's blocks and slot aside), each byte is written once."""
 
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,8 +16,11 @@ from services.engine.cache.layout import (
     slot_layout,
     stage_layout,
 )
+from services.engine.cache_manager import CacheManager
 from services.engine.checkpoint.presets import preset_config, with_layers
+from services.engine.engine_config import EngineConfig
 from services.engine.model.config_loader import load_model_config
+from services.engine.parallel.context import ParallelContext
 from services.engine.parallel.handoff_plan import (
     HandoffRequestRows,
     HandoffSide,
@@ -347,3 +351,20 @@ def test_bad_request_rows_are_refused_naming_the_field(rows, message):
 def test_senders_outside_the_group_are_refused():
     with pytest.raises(ValueError, match=r"senders: \[1\] are not all ranks of the prefill group"):
         plan_handoff(CONFIG, BASE, BASE, HandoffRequestRows(4, (0,), 0, (0,), 0), senders=[1])
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        EngineConfig("unused", block_size=4, num_blocks=2, max_num_seqs=1, tp=2, pcp=2, pp=2),
+        EngineConfig("unused", block_size=8, num_blocks=2, max_num_seqs=1, tp=4, dcp=2, kv_format="fp8"),
+        EngineConfig("unused", block_size=4, num_blocks=2, max_num_seqs=1, tp=2, batch_invariant=True),
+    ],
+    ids=["tp2xpcp2xpp2", "fp8-tp4xdcp2", "invariant-tp2"],
+)
+def test_rank_layouts_are_the_engine_pools_layouts(engine):
+    side = HandoffSide.of_engine(engine, DTYPE)
+    for rank in range(engine.world_size):
+        shard = SimpleNamespace(config=CONFIG, dtype=DTYPE, parallel=ParallelContext(engine.layout, rank))
+        pools = CacheManager.for_model(engine, shard)
+        assert side.rank_layouts(CONFIG, rank) == (pools.blocks.layout, pools.slots.layout)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.layout import (
     ALIGNMENT,
     CONV,
@@ -43,6 +44,7 @@ from services.engine.cache.layout import (
     slot_layout,
     stage_layout,
 )
+from services.engine.engine_config import EngineConfig
 from services.engine.model.config import LAYER_KDA, ModelConfig
 from services.transfer import BLOCKS, STATE
 
@@ -72,6 +74,18 @@ class HandoffSide:
     dtype: torch.dtype
     kv_format: str = "auto"
     open_chunk_rows: int = 0
+
+    @classmethod
+    def of_engine(cls, config: EngineConfig, dtype: torch.dtype) -> "HandoffSide":
+        """The side an engine's ranks are (``dtype``: its model's), as ``CacheManager.for_model`` lays out
+        their pools."""
+        return cls(
+            config.layout,
+            config.block_size,
+            dtype,
+            config.kv_format,
+            FIXED_CHUNK if config.batch_invariant else 0,
+        )
 
     @property
     def tokens_per_block(self) -> int:
