@@ -19,6 +19,7 @@ from services.engine.cache.layout import (
 from services.engine.cache_manager import CacheManager
 from services.engine.checkpoint.presets import preset_config, with_layers
 from services.engine.engine_config import EngineConfig
+from services.engine.model.config import ModelConfig
 from services.engine.model.config_loader import load_model_config
 from services.engine.parallel.context import ParallelContext
 from services.engine.parallel.handoff_plan import (
@@ -34,6 +35,9 @@ from services.transfer import BLOCKS, STATE
 
 # 8 layers: MLA at 3 and 7 (one per stage under --pp 2), KDA elsewhere; 4 KDA heads of 16.
 CONFIG = load_model_config(with_layers(preset_config("k3", "tiny"), 8))
+_SIX_HEADS = with_layers(preset_config("k3", "tiny"), 8)
+_SIX_HEADS["linear_attn_config"] = {**_SIX_HEADS["linear_attn_config"], "num_heads": 6}
+SIX_HEADS = load_model_config(_SIX_HEADS)  # TP 2 and 3 split its KDA heads 3 + 3 and 2 + 2 + 2
 DTYPE = torch.bfloat16
 NUM_BLOCKS, NUM_SLOTS = 24, 3
 
@@ -47,6 +51,7 @@ class Case:
     num_tokens: int
     kv_format: str = "auto"
     open_rows: int = 0
+    config: ModelConfig = CONFIG
 
 
 CASES = {
@@ -58,6 +63,10 @@ CASES = {
     "tp4xdcp2-to-tp2": Case(ParallelLayout(tp=4, dcp=2), 2, ParallelLayout(tp=2), 4, 11),
     "same-layout": Case(ParallelLayout(), 3, ParallelLayout(), 3, 11),  # rope rows of 48 bytes: padding
     "fp8-pcp2-to-tp2": Case(ParallelLayout(pcp=2), 4, ParallelLayout(tp=2), 4, 15, kv_format="fp8"),
+    "six-heads-tp2-to-tp3": Case(ParallelLayout(tp=2), 4, ParallelLayout(tp=3), 4, 10, config=SIX_HEADS),
+    "invariant-six-heads-tp3-to-tp2": Case(
+        ParallelLayout(tp=3), 4, ParallelLayout(tp=2), 4, 7, open_rows=16, config=SIX_HEADS
+    ),
     "invariant-tp2xpcp2-to-tp4": Case(
         ParallelLayout(tp=2, pcp=2), 4, ParallelLayout(tp=4), 4, 9, open_rows=16
     ),
@@ -86,9 +95,10 @@ def request_rows(case: Case) -> HandoffRequestRows:
 
 def rank_layouts(case: Case, parallel: ParallelLayout, block_size: int, rank: int):
     """A rank's (block, slot) layouts, built here from the cache layout functions as the pools are."""
-    layers = stage_layers(CONFIG.num_hidden_layers, parallel.pp, parallel.coordinates(rank).pp)
-    blocks = block_layout(CONFIG, block_size, DTYPE, case.kv_format)
-    slots = slot_layout(CONFIG, DTYPE, case.open_rows, parallel.tp)
+    config = case.config
+    layers = stage_layers(config.num_hidden_layers, parallel.pp, parallel.coordinates(rank).pp)
+    blocks = block_layout(config, block_size, DTYPE, case.kv_format)
+    slots = slot_layout(config, DTYPE, case.open_rows, parallel.tp)
     return stage_layout(blocks, layers), stage_layout(slots, layers)
 
 
@@ -100,13 +110,13 @@ class GlobalCache:
     def __init__(self, case: Case, generator: torch.Generator):
         self.case = case
         self.rows, self.state = {}, {}
-        heads = CONFIG.kda.num_heads
-        for field in block_layout(CONFIG, 1, DTYPE, case.kv_format).fields:
+        heads = case.config.kda.num_heads
+        for field in block_layout(case.config, 1, DTYPE, case.kv_format).fields:
             shape = (case.num_tokens, field.nbytes)
             self.rows[field.layer, field.kind] = torch.randint(
                 0, 256, shape, dtype=torch.uint8, generator=generator
             )
-        for field in slot_layout(CONFIG, DTYPE, case.open_rows).fields:
+        for field in slot_layout(case.config, DTYPE, case.open_rows).fields:
             if field.kind == OPEN_COUNT:
                 shape = (field.nbytes,)
             else:
@@ -131,7 +141,7 @@ class GlobalCache:
                 blocks[block_ids[token // span], start : start + row_bytes] = self.rows[
                     field.layer, field.kind
                 ][token]
-        heads = CONFIG.kda.num_heads // parallel.tp
+        heads = self.case.config.kda.num_heads // parallel.tp
         for field in slot_fields.fields:
             value = self.state[field.layer, field.kind]
             if field.kind != OPEN_COUNT:
@@ -176,7 +186,7 @@ def run_case(case: Case):
     for rank, pools in expected.items():
         cache.write_rank(case.decode, case.decode_block, rank, pools, rows.decode_block_ids, rows.decode_slot)
 
-    plan = plan_handoff(CONFIG, prefill, decode, rows)
+    plan = plan_handoff(case.config, prefill, decode, rows)
     apply_plan_reference(plan, prefill_pools, decode_pools)
 
     for rank in decode_pools:
