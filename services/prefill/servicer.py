@@ -101,6 +101,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             transfer_bytes=stats.nbytes,
             transfer_seconds=stats.seconds,
             cached_tokens=held.num_cached_tokens,
+            cached_tokens_host=held.num_cached_tokens_host,
         )
         if first.logprob is not None:
             response.first_logprob = first.logprob
