@@ -203,6 +203,11 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.cache.admit(request, hit, count)
+            if request.num_computed != start:  # the host tier's part failed to load: recompute it
+                recount = self._chunk_size(request, request.num_computed, budget)
+                if self.cache.can_grow(request, recount):
+                    self.cache.grow(request, recount)
+                    count = recount
             chunks.append(self._chunk(request, count))
             budget -= count
         return SchedulerOutput(tuple(chunks), tuple(preempted))

@@ -1,0 +1,131 @@
+"""The engine with its own host tier (``--host-cache-gib``): a later turn whose prefix the device pool
+lost loads it from the tier instead of recomputing, with the same tokens and log-prob bits.
+
+Each family builds two engines, reused across cases by tenant (the salt keeps their chains apart):
+one with an 8-block device pool and a tier, one with a large pool and no tier."""
+
+import numpy as np
+import pytest
+
+from services.engine import LLM, SamplingParams
+from services.hicache.host_tier import KV
+from tests.conftest import TEST_DEVICE
+
+BLOCK = 16
+GREEDY = SamplingParams(max_tokens=4, temperature=0, logprobs=0, ignore_eos=True)
+TURN1 = list(range(40, 90))  # 50 tokens: 3 full blocks
+FILLER = list(range(200, 300))  # 100 other tokens: pushes turn 1's blocks out of an 8-block pool
+NEW_TEXT = list(range(500, 520))
+SMALL_POOL = 8
+HOST_GIB = 0.01
+TURN2_TOKENS = len(TURN1) + GREEDY.max_tokens + len(NEW_TEXT)
+DECODES = GREEDY.max_tokens - 1
+LOADED = 3 * BLOCK  # turn 1's full blocks, with the KDA snapshot after them (its last chunk ends there)
+
+
+def bits(values):
+    return np.asarray(values, dtype=np.float32).view(np.int32).tolist()
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint):
+    """``engines(family, batch_invariant=False) -> (with tier and a small pool, without tier)``, cached."""
+    made = {}
+
+    def make(family, batch_invariant=False):
+        if (family, batch_invariant) not in made:
+            common = dict(
+                dtype="float32",
+                device=TEST_DEVICE,
+                block_size=BLOCK,
+                max_num_batched_tokens=64,
+                max_model_len=128,
+                max_num_seqs=2,
+                batch_invariant=batch_invariant,
+            )
+            path = str(tiny_checkpoint(family))
+            tier = LLM(path, num_blocks=SMALL_POOL, host_cache_gib=HOST_GIB, **common)
+            plain = LLM(path, **common) if not batch_invariant else None
+            made[family, batch_invariant] = tier, plain
+        return made[family, batch_invariant]
+
+    return make
+
+
+def counted_generate(llm, prompt, tenant):
+    """``generate`` one prompt; returns (output, tokens run through the model for it)."""
+    scheduler = llm.engine.scheduler
+    schedule, ran = scheduler.schedule, []
+
+    def counting():
+        output = schedule()
+        ran.append(output.num_tokens)
+        return output
+
+    scheduler.schedule = counting
+    try:
+        (output,) = llm.generate([prompt], GREEDY, tenant=tenant)
+    finally:
+        scheduler.schedule = schedule
+    return output, sum(ran)
+
+
+def turn_one(llm, tenant, filler=True):
+    """Turn 1 (and a filler request that evicts it from a small pool); returns turn 2's prompt."""
+    first = llm.generate([TURN1], GREEDY, tenant=tenant)[0]
+    if filler:
+        llm.generate([FILLER], GREEDY, tenant=tenant)
+    return TURN1 + first.token_ids + NEW_TEXT
+
+
+@pytest.mark.parametrize("family", ["k3", "kimi_linear", "deepseek_v32"])
+def test_turn_two_loads_its_prefix_from_the_host_tier(engines, family):
+    tier, plain = engines(family)
+    loaded, computed = counted_generate(tier, turn_one(tier, "load"), "load")
+    assert loaded.num_cached_tokens == loaded.num_cached_tokens_host == LOADED
+    assert computed == TURN2_TOKENS - LOADED + DECODES
+    assert tier.engine.cache.host.tier.stats()[KV].bytes_out > 0
+    tier.engine.check_integrity()  # pools and tier: nothing held, no lease open
+    # A pool that kept turn 1 hits the same prefix on the device: the same steps, so the same bits.
+    device, device_computed = counted_generate(plain, turn_one(plain, "device", filler=False), "device")
+    assert device.num_cached_tokens == LOADED and device.num_cached_tokens_host == 0
+    assert device_computed == computed
+    assert loaded.token_ids == device.token_ids and bits(loaded.logprobs) == bits(device.logprobs)
+    # Without a tier (--host-cache-gib 0) nothing changes: recomputing turn 2 gives the same tokens.
+    assert plain.engine.cache.host is None and plain.engine.cache.blocks.on_evict is None
+    cold, cold_computed = counted_generate(plain, loaded.prompt_ids, "cold")
+    assert cold.num_cached_tokens == 0 and cold_computed == TURN2_TOKENS + DECODES
+    assert loaded.token_ids == cold.token_ids
+    plain.engine.check_integrity()
+
+
+def test_batch_invariant_load_equals_recompute_bitwise(engines):
+    tier, _ = engines("k3", batch_invariant=True)
+    loaded, _ = counted_generate(tier, turn_one(tier, "load"), "load")
+    cold, _ = counted_generate(tier, loaded.prompt_ids, "cold")
+    assert loaded.num_cached_tokens_host == LOADED and cold.num_cached_tokens == 0
+    assert loaded.token_ids == cold.token_ids and bits(loaded.logprobs) == bits(cold.logprobs)
+    tier.engine.check_integrity()
+
+
+def test_a_corrupt_page_is_recomputed(engines):
+    tier, plain = engines("k3")
+    prompt = turn_one(tier, "corrupt")
+    host = tier.engine.cache.host.tier
+    failures = host.stats()[KV].checksum_failures
+    block_hash = tier.engine.cache._hashes(tier.engine._new_request(TURN1, GREEDY, None, "corrupt", ""))[1]
+    host.kv.storage[_page_of(host, block_hash), 0] ^= 0xFF  # turn 1's second block, flipped in host memory
+    second, computed = counted_generate(tier, prompt, "corrupt")
+    assert second.num_cached_tokens == second.num_cached_tokens_host == 0
+    assert computed == TURN2_TOKENS + DECODES
+    assert host.stats()[KV].checksum_failures == failures + 1
+    cold, _ = counted_generate(plain, prompt, "cold-corrupt")
+    assert second.token_ids == cold.token_ids and bits(second.logprobs) == bits(cold.logprobs)
+    tier.engine.check_integrity()
+
+
+def _page_of(tier, block_hash):
+    lease = tier.begin_get(KV, [block_hash])
+    tier.end_get(lease.lease_id)
+    (page,) = lease.pages
+    return page
