@@ -2,7 +2,8 @@
 lost loads it from the tier instead of recomputing, with the same tokens and log-prob bits.
 
 Each family builds two engines, reused across cases by tenant (the salt keeps their chains apart):
-one with an 8-block device pool and a tier, one with a large pool and no tier."""
+one with an 8-block device pool and a tier, one with a large pool and no tier. Turn 1 leaves the device
+pool by a filler request's pressure (k3) or, cheaper, by taking every free block once (the others)."""
 
 import numpy as np
 import pytest
@@ -11,11 +12,11 @@ from services.engine import LLM, SamplingParams
 from services.hicache.host_tier import KV
 from tests.conftest import TEST_DEVICE
 
-BLOCK = 16
-GREEDY = SamplingParams(max_tokens=4, temperature=0, logprobs=0, ignore_eos=True)
-TURN1 = list(range(40, 90))  # 50 tokens: 3 full blocks
-FILLER = list(range(200, 300))  # 100 other tokens: pushes turn 1's blocks out of an 8-block pool
-NEW_TEXT = list(range(500, 520))
+BLOCK = 8
+GREEDY = SamplingParams(max_tokens=3, temperature=0, logprobs=0, ignore_eos=True)
+TURN1 = list(range(40, 66))  # 26 tokens: 3 full blocks
+FILLER = list(range(200, 260))  # 60 other tokens: push turn 1's blocks out of an 8-block pool
+NEW_TEXT = list(range(500, 510))
 SMALL_POOL = 8
 HOST_GIB = 0.01
 TURN2_TOKENS = len(TURN1) + GREEDY.max_tokens + len(NEW_TEXT)
@@ -70,24 +71,40 @@ def counted_generate(llm, prompt, tenant):
     return output, sum(ran)
 
 
-def turn_one(llm, tenant, filler=True):
-    """Turn 1 (and a filler request that evicts it from a small pool); returns turn 2's prompt."""
+def turn_one(llm, tenant, evict="take"):
+    """Turn 1, then its blocks evicted from the device pool (``filler``: by another request, ``take``:
+    by allocating every free block once, ``None``: kept); returns turn 2's prompt."""
     first = llm.generate([TURN1], GREEDY, tenant=tenant)[0]
-    if filler:
+    if evict == "filler":
         llm.generate([FILLER], GREEDY, tenant=tenant)
+    elif evict == "take":
+        blocks = llm.engine.cache.blocks
+        blocks.free(blocks.allocate(blocks.num_free))
+    assert evict is None or not any(blocks_of(llm, TURN1, tenant))
     return TURN1 + first.token_ids + NEW_TEXT
 
 
-@pytest.mark.parametrize("family", ["k3", "kimi_linear", "deepseek_v32"])
-def test_turn_two_loads_its_prefix_from_the_host_tier(engines, family):
+def blocks_of(llm, prompt, tenant):
+    """The device blocks registered under the prompt's full blocks (None where not held)."""
+    cache = llm.engine.cache
+    return [
+        cache.blocks.lookup(h)
+        for h in cache._hashes(llm.engine._new_request(prompt, GREEDY, None, tenant, ""))
+    ]
+
+
+@pytest.mark.parametrize(
+    "family, evict", [("k3", "filler"), ("kimi_linear", "take"), ("deepseek_v32", "take")]
+)
+def test_turn_two_loads_its_prefix_from_the_host_tier(engines, family, evict):
     tier, plain = engines(family)
-    loaded, computed = counted_generate(tier, turn_one(tier, "load"), "load")
+    loaded, computed = counted_generate(tier, turn_one(tier, "load", evict), "load")
     assert loaded.num_cached_tokens == loaded.num_cached_tokens_host == LOADED
     assert computed == TURN2_TOKENS - LOADED + DECODES
     assert tier.engine.cache.host.tier.stats()[KV].bytes_out > 0
     tier.engine.check_integrity()  # pools and tier: nothing held, no lease open
     # A pool that kept turn 1 hits the same prefix on the device: the same steps, so the same bits.
-    device, device_computed = counted_generate(plain, turn_one(plain, "device", filler=False), "device")
+    device, device_computed = counted_generate(plain, turn_one(plain, "device", evict=None), "device")
     assert device.num_cached_tokens == LOADED and device.num_cached_tokens_host == 0
     assert device_computed == computed
     assert loaded.token_ids == device.token_ids and bits(loaded.logprobs) == bits(device.logprobs)
@@ -113,7 +130,8 @@ def test_a_corrupt_page_is_recomputed(engines):
     prompt = turn_one(tier, "corrupt")
     host = tier.engine.cache.host.tier
     failures = host.stats()[KV].checksum_failures
-    block_hash = tier.engine.cache._hashes(tier.engine._new_request(TURN1, GREEDY, None, "corrupt", ""))[1]
+    cache = tier.engine.cache
+    block_hash = cache._hashes(tier.engine._new_request(TURN1, GREEDY, None, "corrupt", ""))[1]
     host.kv.storage[_page_of(host, block_hash), 0] ^= 0xFF  # turn 1's second block, flipped in host memory
     second, computed = counted_generate(tier, prompt, "corrupt")
     assert second.num_cached_tokens == second.num_cached_tokens_host == 0
