@@ -24,12 +24,14 @@ checksum, falls back to the device hit). Every block and snapshot registered is 
 tier, and a cached block the pool is about to reuse is offloaded first if the tier lacks it.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from common.prefix_hash import extend_chain
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout, stage_layout
+from services.engine.cache.snapshot_policy import DECODE, TURN_END, SnapshotPolicy
 from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.model.causal_lm import CausalLM
@@ -47,12 +49,14 @@ class PrefixHit:
 
     ``block_ids`` are device blocks shared from the pool. With ``from_host`` the host tier supplies the
     rest: ``host_blocks`` more blocks after them and the snapshot under ``snapshot_hash`` (else that
-    snapshot is the device store's)."""
+    snapshot is the device store's). ``kv_blocks``: how deep the prompt matched cached KV (device or
+    tier), where it branches off a cached prefix (a snapshot is taken there)."""
 
     block_ids: tuple[int, ...] = ()
     snapshot_hash: bytes | None = None
     host_blocks: int = 0
     from_host: bool = False
+    kv_blocks: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -85,6 +89,7 @@ class CacheManager:
         self.slots = slots
         self.snapshots = snapshots
         self.snapshot_stride = snapshot_stride
+        self.policy = SnapshotPolicy(self.block_tokens, snapshot_stride)
         self.has_state = bool(slots.layout.fields)
         self._state_copies: list[StateCopy] | None = None  # None: not recorded (one rank)
         self.host = host
@@ -153,11 +158,6 @@ class CacheManager:
     def prefix_caching(self) -> bool:
         return self.snapshots is not None
 
-    @property
-    def snapshot_tokens(self) -> int:
-        """Token spacing of snapshot boundaries."""
-        return self.block_tokens * self.snapshot_stride
-
     def blocks_needed(self, request: Request, new_tokens: int) -> int:
         """Extra blocks the request needs to cache ``new_tokens`` more tokens."""
         total = request.num_computed + new_tokens
@@ -180,14 +180,17 @@ class CacheManager:
             return PrefixHit()
         hashes = self._hashes(request)[: (request.num_tokens - 1) // self.block_tokens]
         hit = self._device_hit(hashes)
-        if self.host is None:
+        if self.host is None or not hashes:
             return hit
-        depth = self.host.usable_depth(hashes)
+        match = self.host.match(hashes)
+        depth = match.usable_depth
         if depth <= hit.num_blocks:
-            return hit
+            return dataclasses.replace(hit, kv_blocks=max(hit.kv_blocks, match.kv_depth))
         # The tier restores the chain to ``depth``: share the device's leading blocks, load the rest.
         shared = self._device_blocks(hashes[:depth])
-        return PrefixHit(shared, hashes[depth - 1] if self.has_state else None, depth - len(shared), True)
+        snapshot = hashes[depth - 1] if self.has_state else None
+        kv_blocks = max(hit.kv_blocks, match.kv_depth)
+        return PrefixHit(shared, snapshot, depth - len(shared), from_host=True, kv_blocks=kv_blocks)
 
     def _device_blocks(self, hashes: list[bytes]) -> tuple[int, ...]:
         found = []
@@ -202,11 +205,17 @@ class CacheManager:
         """The device pool's own hit on ``hashes`` (cut back to a snapshot with KDA state)."""
         found = self._device_blocks(hashes)
         if not self.has_state:
-            return PrefixHit(tuple(found))
+            return PrefixHit(found, kv_blocks=len(found))
         for count in range(len(found), 0, -1):
             if self.snapshots.lookup(hashes[count - 1]) is not None:
-                return PrefixHit(tuple(found[:count]), hashes[count - 1])
-        return PrefixHit()
+                return PrefixHit(found[:count], hashes[count - 1], kv_blocks=len(found))
+        return PrefixHit(kv_blocks=len(found))
+
+    def branch_point(self, hit: PrefixHit) -> int:
+        """Where a request started from ``hit`` leaves the cached KV it matched, in tokens (0: it does
+        not go past its hit's snapshot); a snapshot is taken there."""
+        branch = hit.kv_blocks * self.block_tokens
+        return branch if branch > hit.num_blocks * self.block_tokens else 0
 
     def can_admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> bool:
         """Whether ``admit`` can start the request from ``hit`` and cache ``new_tokens`` more tokens."""
@@ -230,6 +239,7 @@ class CacheManager:
             request.num_registered = len(fallback.block_ids)
             hit = fallback
         request.num_computed = request.num_cached_tokens = len(request.block_table) * self.block_tokens
+        request.branch_tokens = self.branch_point(hit)
         if hit.snapshot_hash is not None and not hit.from_host:
             snapshot = self.snapshots.restore(hit.snapshot_hash, self.slots.storage[request.slot])
             self._copied(RESTORE, request.slot, snapshot)
@@ -252,7 +262,8 @@ class CacheManager:
         return True
 
     def record_progress(self, request: Request) -> None:
-        """Register the request's newly completed blocks; snapshot its state on a stride boundary."""
+        """Register the request's newly completed blocks; snapshot its state where the snapshot policy
+        asks (``cache/snapshot_policy.py``); write both through to the host tier."""
         if not self.prefix_caching:
             return
         hashes = self._hashes(request)
@@ -263,23 +274,27 @@ class CacheManager:
             start = request.num_registered
             self.host.save_blocks(hashes[start:full], request.block_table[start:full])
         request.num_registered = full
-        if self.has_state and full and request.num_computed % self.snapshot_tokens == 0:
-            snapshot = self.snapshots.save(hashes[full - 1], self.slots.storage[request.slot])
+        reason = self.policy.reason(request, request.num_computed) if self.has_state else None
+        if reason is not None:
+            state = self.slots.storage[request.slot]
+            snapshot = self.snapshots.save(hashes[full - 1], state)
             self._copied(SAVE, request.slot, snapshot)
-            if self.host is not None:
-                self.host.save_state(hashes[full - 1], request.slot, "stride")
+            if self.host is not None and reason != DECODE:
+                self.host.save_state(hashes[full - 1], state, reason)
 
     def record_end(self, request: Request) -> None:
-        """At the end of a request, snapshot its state if it stops exactly on a block boundary."""
+        """At the end of a request, snapshot its state if it stops exactly on a block boundary, and
+        write the snapshot at its last block boundary back to the host tier (the next turn's hit)."""
         size = self.block_tokens
         if self.prefix_caching and self.has_state and request.slot is not None and request.num_computed:
+            full = request.num_computed // size
+            last_hash = self._hashes(request)[full - 1] if full else None
             if request.num_computed % size == 0:
-                full = request.num_computed // size
-                state = self.slots.storage[request.slot]
-                snapshot = self.snapshots.save(self._hashes(request)[full - 1], state)
+                snapshot = self.snapshots.save(last_hash, self.slots.storage[request.slot])
                 self._copied(SAVE, request.slot, snapshot)
-                if self.host is not None:
-                    self.host.save_state(self._hashes(request)[full - 1], request.slot, "turn_end")
+            last = self.snapshots.lookup(last_hash) if full else None
+            if self.host is not None and last is not None:
+                self.host.save_state(last_hash, self.snapshots.pool.storage[last], TURN_END)
 
     def release(self, request: Request) -> None:
         """Return everything the request holds; registered blocks stay cached for later matches."""

@@ -3,7 +3,7 @@
 The cache manager drives it at four points of a request's life (vLLM's KV-connector split, in one
 process)::
 
-    find_prefix   usable_depth(hashes)     how far the tier extends the device pool's prefix hit
+    find_prefix   match(hashes)            how far the tier extends the device pool's prefix hit
     admit         lease / copy / release   lease (and verify) the pages, then copy them into fresh
                                            blocks and the request's slot
     progress/end  save_blocks/save_state   write-through of the blocks and snapshots just registered
@@ -24,9 +24,11 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.state_pool import StateSlotPool
-from services.hicache.host_tier import KDA, KV, HostTier
+from services.hicache.host_tier import KDA, KV, HostTier, TierMatch
 
 GIB = 1 << 30
 
@@ -107,12 +109,11 @@ class HostCacheConnector:
         )
         return cls(tier, blocks, slots)
 
-    def usable_depth(self, hashes: Sequence[bytes]) -> int:
-        """Leading blocks of ``hashes`` the tier can restore a request to (the hybrid rule: up to its
-        deepest KDA snapshot within its KV depth; the KV depth without KDA state)."""
-        if not hashes:
-            return 0
-        return self.tier.match(hashes, self.has_state).usable_depth
+    def match(self, hashes: Sequence[bytes]) -> TierMatch:
+        """What the tier holds of ``hashes``; ``usable_depth``: the leading blocks it can restore a
+        request to (the hybrid rule: up to its deepest KDA snapshot within its KV depth; the KV depth
+        without KDA state)."""
+        return self.tier.match(hashes, self.has_state)
 
     def lease(self, hashes: Sequence[bytes], first: int) -> HostLeases:
         """Lease the pages of ``hashes[first:]`` and the KDA snapshot under ``hashes[-1]`` (checksums
@@ -157,16 +158,16 @@ class HostCacheConnector:
                 self.tier.kv.storage[page].copy_(self.blocks.storage[block])
         self.tier.commit_put(lease.lease_id)
 
-    def save_state(self, block_hash: bytes, slot: int, reason: str) -> None:
-        """Write-through of a KDA snapshot: the state in ``slot`` after the block ``block_hash``;
-        ``reason`` (``stride``, ``prompt_end``, ``branch``, ``turn_end``) is kept for the read-back
-        accounting."""
+    def save_state(self, block_hash: bytes, state_row: torch.Tensor, reason: str) -> None:
+        """Write-through of a KDA snapshot: ``state_row`` (a slot's bytes) is the state after the block
+        ``block_hash``; ``reason`` (``services/engine/cache/snapshot_policy.py``) is kept for the
+        read-back accounting."""
         if not self.has_state:
             return
         lease = self.tier.reserve_put(KDA, [block_hash])
         (page,) = lease.pages
         if page is not None:
-            self.tier.kda.storage[page].copy_(self.slots.storage[slot])
+            self.tier.kda.storage[page].copy_(state_row)
             self._snapshot_reason[block_hash] = reason
             self._snapshot_reason.move_to_end(block_hash)
             if len(self._snapshot_reason) > self.tier.kda.num_pages:
