@@ -41,7 +41,7 @@ STATE = "state"  # the KDA state-slot pool (StateSlotPool.storage)
 
 @dataclass(frozen=True)
 class TransferStats:
-    """What one ``write`` moved: ``nbytes`` payload bytes in ``seconds`` of wall time."""
+    """What one ``write`` or ``read`` moved: ``nbytes`` payload bytes in ``seconds`` of wall time."""
 
     nbytes: int
     seconds: float
@@ -152,6 +152,36 @@ class TransferBackend(ABC):
         self._call(f"write to peer {peer!r}", self._write_spans, endpoint, spans, message, deadline)
         return TransferStats(nbytes, time.perf_counter() - start)
 
+    def read(
+        self, peer: str, copies: Mapping[str, Sequence[tuple[int, int]]], timeout_s: float = 30.0
+    ) -> TransferStats:
+        """Copy rows of ``peer``'s regions into local rows (a one-sided read; the peer sees nothing).
+
+        Args:
+            peer: a name returned by ``connect``.
+            copies: region name -> ``(local_row, remote_row)`` pairs: the remote row is read into the
+                local row of the same-named local region.
+            timeout_s: the whole read must complete within this many seconds.
+
+        Returns:
+            ``TransferStats`` with the payload bytes and wall time.
+
+        Raises:
+            TransferError: unknown peer or region, row out of range, local row read into twice,
+                mismatched row sizes (all checked before any byte moves), a backend that cannot read,
+                backend failure, timeout.
+        """
+        self._check_open()
+        endpoint = self._peers.get(peer)
+        if endpoint is None:
+            raise TransferError(f"unknown peer {peer!r} (connected: {sorted(self._peers)})")
+        spans = plan_row_copies(self._regions, endpoint, copies, reading=True)
+        nbytes = sum(span.count * self._regions[span.region].row_bytes for span in spans)
+        start = time.perf_counter()
+        deadline = time.monotonic() + timeout_s
+        self._call(f"read from peer {peer!r}", self._read_spans, endpoint, spans, deadline)
+        return TransferStats(nbytes, time.perf_counter() - start)
+
     # ---- receiver ----------------------------------------------------------------------------
 
     def poll_notifications(self) -> list[Notification]:
@@ -232,6 +262,11 @@ class TransferBackend(ABC):
     ) -> None:
         """Copy the validated ``spans``, then deliver ``message``; raise if ``time.monotonic()``
         passes ``deadline`` first. ``spans`` may be empty (then only the message is sent)."""
+
+    @abstractmethod
+    def _read_spans(self, endpoint: TransferEndpoint, spans: list[RowSpan], deadline: float) -> None:
+        """Copy the validated ``spans`` from the peer into local rows; raise if ``time.monotonic()``
+        passes ``deadline`` first, or ``TransferError`` if this backend cannot read."""
 
     @abstractmethod
     def _poll(self) -> list[Notification]:
