@@ -127,7 +127,7 @@ class HostTier:
         self._lock = threading.Lock()
         self._lease_ids = itertools.count(1)
         self._leases: dict[int, _Lease] = {}
-        self._events: list[TierEvent] = []
+        self._events: list[TierEvent] | None = None  # None: nobody records them
         self._counters = {kind: {"hits": 0, "misses": 0, "bytes_in": 0, "bytes_out": 0} for kind in KINDS}
 
     def arena(self, kind: str) -> PageArena:
@@ -165,7 +165,7 @@ class HostTier:
         with self._lock:
             arena = self.arena(kind)
             pages, evicted = arena.reserve(list(hashes))
-            self._events += [TierEvent(kind, h, False) for h in evicted]
+            self._record(kind, evicted, inserted=False)
             lease_id = next(self._lease_ids)
             given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)
             self._leases[lease_id] = _Lease(kind, given, put=True)
@@ -177,7 +177,7 @@ class HostTier:
             lease = self._pop_lease(lease_id, put=True)
             arena = self.arena(lease.kind)
             inserted = arena.commit(lease.hashes)
-            self._events += [TierEvent(lease.kind, h, True) for h in inserted]
+            self._record(lease.kind, inserted, inserted=True)
             self._counters[lease.kind]["bytes_in"] += len(inserted) * arena.page_bytes
 
     def abort_put(self, lease_id: int) -> None:
@@ -194,7 +194,7 @@ class HostTier:
         with self._lock:
             arena = self.arena(kind)
             pages, dropped = arena.acquire(list(hashes))
-            self._events += [TierEvent(kind, h, False) for h in dropped]
+            self._record(kind, dropped, inserted=False)
             lease_id = next(self._lease_ids)
             self._leases[lease_id] = _Lease(kind, tuple(hashes[: len(pages)]), put=False)
             self._counters[kind]["bytes_out"] += len(pages) * arena.page_bytes
@@ -208,9 +208,18 @@ class HostTier:
 
     # ---- reporting ---------------------------------------------------------------------------
 
-    def take_events(self) -> list[TierEvent]:
-        """Index changes since the last call, oldest first."""
+    def record_events(self) -> set[tuple[str, bytes]]:
+        """Start recording index changes (for the cluster index); returns every ``(kind, hash)`` held
+        now, the state the events that follow change."""
         with self._lock:
+            self._events = []
+            return {(kind, h) for kind in self.kinds for h in self.arena(kind).held_hashes()}
+
+    def take_events(self) -> list[TierEvent]:
+        """Index changes since the last call, oldest first (empty until ``record_events``)."""
+        with self._lock:
+            if not self._events:
+                return []
             events, self._events = self._events, []
             return events
 
@@ -231,6 +240,10 @@ class HostTier:
                 self.arena(kind).check_integrity()
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _record(self, kind: str, hashes: list[bytes], inserted: bool) -> None:
+        if self._events is not None:
+            self._events += [TierEvent(kind, h, inserted) for h in hashes]
 
     def _pop_lease(self, lease_id: int, put: bool) -> _Lease:
         lease = self._leases.get(lease_id)

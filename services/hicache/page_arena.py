@@ -79,6 +79,10 @@ class PageArena:
             depth += 1
         return depth
 
+    def held_hashes(self) -> list[bytes]:
+        """Every hash with a committed page."""
+        return [*self._lru, *self._read]
+
     @property
     def pages_used(self) -> int:
         """Pages not free (writing, held or read)."""

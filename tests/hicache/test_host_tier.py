@@ -41,6 +41,7 @@ def put(tier: HostTier, kind: str, hashes: list[bytes], seed: int = 0) -> dict[b
 @pytest.fixture
 def tier():
     tier = make_tier()
+    assert tier.record_events() == set()
     yield tier
     tier.check_integrity()
     assert tier.open_leases() == 0
