@@ -17,11 +17,15 @@ Thread-safe: one lock serializes every call.
 """
 
 import itertools
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .page_arena import PageArena
+
+log = logging.getLogger(__name__)
 
 KV = "kv"  # packed blocks
 KDA = "kda"  # KDA state-slot snapshots
@@ -93,6 +97,7 @@ class _Lease:
     kind: str
     hashes: tuple[bytes, ...]  # put: the hashes given a page; get: the hashes acquired
     put: bool
+    expires_at: float
 
 
 class HostTier:
@@ -104,6 +109,11 @@ class HostTier:
         kv_budget_bytes, kda_budget_bytes: each kind's host memory; each must hold one page.
         layout_fingerprint: the block and slot layouts the pages hold (workers must match it).
         pin: page-lock the arenas.
+        lease_ttl_s: a lease not ended this long after it was given is ended by the tier (a put
+            aborted, a get released), so a worker that died holding one does not pin its pages for
+            ever; it must exceed the longest transfer. ``None``: leases never expire (a tier in the
+            worker's own process).
+        clock: the monotonic clock leases expire by (tests step it).
 
     Raises:
         ValueError: a page size or budget that does not fit, naming the field.
@@ -117,7 +127,11 @@ class HostTier:
         kda_budget_bytes: int,
         layout_fingerprint: str,
         pin: bool | None = None,
+        lease_ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        if lease_ttl_s is not None and not lease_ttl_s > 0:
+            raise ValueError(f"lease_ttl_s: must be > 0 (or None: never), got {lease_ttl_s}")
         pin_kw = {} if pin is None else {"pin": pin}
         self.layout_fingerprint = layout_fingerprint
         self.kv = PageArena(KV, kv_page_bytes, kv_budget_bytes, **pin_kw)
@@ -126,7 +140,9 @@ class HostTier:
         self.kda = PageArena(KDA, kda_page_bytes, kda_budget_bytes, **pin_kw) if kda_page_bytes else None
         self._lock = threading.Lock()
         self._lease_ids = itertools.count(1)
-        self._leases: dict[int, _Lease] = {}
+        self._leases: dict[int, _Lease] = {}  # in the order given, so also by expiry
+        self._lease_ttl_s = lease_ttl_s
+        self._clock = clock
         self._events: list[TierEvent] | None = None  # None: nobody records them
         self._counters = {kind: {"hits": 0, "misses": 0, "bytes_in": 0, "bytes_out": 0} for kind in KINDS}
 
@@ -163,13 +179,12 @@ class HostTier:
     def reserve_put(self, kind: str, hashes: Sequence[bytes]) -> PutLease:
         """Pages to write ``hashes`` into (see ``PutLease``); nothing is findable before ``commit_put``."""
         with self._lock:
+            self._expire_leases()
             arena = self.arena(kind)
             pages, evicted = arena.reserve(list(hashes))
             self._record(kind, evicted, inserted=False)
-            lease_id = next(self._lease_ids)
             given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)
-            self._leases[lease_id] = _Lease(kind, given, put=True)
-            return PutLease(lease_id, pages)
+            return PutLease(self._give(_Lease(kind, given, True, self._expiry())), pages)
 
     def commit_put(self, lease_id: int) -> None:
         """The put's pages are written: checksum them and make them findable."""
@@ -192,12 +207,12 @@ class HostTier:
         """Lease the leading held pages of ``hashes`` for reading, checksums verified (a corrupt page is
         dropped, counted, and the lease stops before it)."""
         with self._lock:
+            self._expire_leases()
             arena = self.arena(kind)
             pages, dropped = arena.acquire(list(hashes))
             self._record(kind, dropped, inserted=False)
-            lease_id = next(self._lease_ids)
-            self._leases[lease_id] = _Lease(kind, tuple(hashes[: len(pages)]), put=False)
             self._counters[kind]["bytes_out"] += len(pages) * arena.page_bytes
+            lease_id = self._give(_Lease(kind, tuple(hashes[: len(pages)]), False, self._expiry()))
             return GetLease(lease_id, tuple(pages))
 
     def end_get(self, lease_id: int) -> None:
@@ -245,11 +260,43 @@ class HostTier:
         if self._events is not None:
             self._events += [TierEvent(kind, h, inserted) for h in hashes]
 
+    def _expiry(self) -> float:
+        return self._clock() + self._lease_ttl_s if self._lease_ttl_s is not None else float("inf")
+
+    def _give(self, lease: _Lease) -> int:
+        lease_id = next(self._lease_ids)
+        self._leases[lease_id] = lease
+        return lease_id
+
+    def _expire_leases(self) -> None:
+        """End the leases past their expiry (the oldest first; they are in the order given)."""
+        now = self._clock()
+        while self._leases:
+            lease_id, lease = next(iter(self._leases.items()))
+            if lease.expires_at > now:
+                return
+            del self._leases[lease_id]
+            arena = self.arena(lease.kind)
+            if lease.put:
+                arena.abort(lease.hashes)
+            else:
+                arena.release(lease.hashes)
+            what = "put" if lease.put else "get"
+            log.warning(
+                "host tier: %s lease %d of %d %s pages expired unended",
+                what,
+                lease_id,
+                len(lease.hashes),
+                lease.kind,
+            )
+
     def _pop_lease(self, lease_id: int, put: bool) -> _Lease:
         lease = self._leases.get(lease_id)
         if lease is None or lease.put != put:
             what = "put" if put else "get"
-            raise ValueError(f"lease_id: {lease_id} is not an open {what} lease (ended, or never given)")
+            raise ValueError(
+                f"lease_id: {lease_id} is not an open {what} lease (ended, expired, or never given)"
+            )
         del self._leases[lease_id]
         return lease
 

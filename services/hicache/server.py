@@ -34,6 +34,8 @@ class CacheConfig:
         metrics_host, metrics_port: ``/metrics`` (port 0: any free port).
         metrics_interval_s: how often the ``baton_hicache_*`` metrics are refreshed from the tier.
         transfer_backend: the backend the arenas are registered with (workers must use the same).
+        lease_ttl_s: a put or get lease not ended this long after it was given is ended by the tier
+            (a worker died holding it); longer than any transfer (their timeout is 30 s).
         threads: gRPC handler threads.
     """
 
@@ -45,6 +47,7 @@ class CacheConfig:
     metrics_port: int = 0
     metrics_interval_s: float = 1.0
     transfer_backend: str = "nixl"
+    lease_ttl_s: float = 120.0
     threads: int = 16
 
     def validate(self) -> None:
@@ -53,6 +56,8 @@ class CacheConfig:
             raise ValueError(f"kv_budget_bytes: must be > 0, got {self.kv_budget_bytes} (--kv-gib)")
         if self.kda_budget_bytes < 0:
             raise ValueError(f"kda_budget_bytes: must be >= 0, got {self.kda_budget_bytes} (--kda-gib)")
+        if not self.lease_ttl_s > 0:
+            raise ValueError(f"lease_ttl_s: must be > 0, got {self.lease_ttl_s}")
         if self.metrics_interval_s <= 0:
             raise ValueError(f"metrics_interval_s: must be > 0, got {self.metrics_interval_s}")
         if self.threads < 1:
@@ -65,7 +70,9 @@ class HostCacheServer:
     def __init__(self, config: CacheConfig):
         config.validate()
         self.backend = make_backend(config.transfer_backend)
-        self.servicer = HostCacheServicer(self.backend, config.kv_budget_bytes, config.kda_budget_bytes)
+        self.servicer = HostCacheServicer(
+            self.backend, config.kv_budget_bytes, config.kda_budget_bytes, config.lease_ttl_s
+        )
         self.metrics = Metrics("cache")
         self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
         self._stopping = threading.Event()

@@ -29,14 +29,21 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         backend: the transfer backend the arenas are registered with (workers read and write them).
         kv_budget_bytes, kda_budget_bytes: each kind's host memory.
         pin: page-lock the arenas (``None``: when CUDA is available).
+        lease_ttl_s: a lease's life (``HostTier``): a worker that dies holding one frees it then.
     """
 
     def __init__(
-        self, backend: TransferBackend, kv_budget_bytes: int, kda_budget_bytes: int, pin: bool | None = None
+        self,
+        backend: TransferBackend,
+        kv_budget_bytes: int,
+        kda_budget_bytes: int,
+        lease_ttl_s: float,
+        pin: bool | None = None,
     ):
         self.backend = backend
         self.kv_budget_bytes = kv_budget_bytes
         self.kda_budget_bytes = kda_budget_bytes
+        self.lease_ttl_s = lease_ttl_s
         self.pin = pin
         self.tier: HostTier | None = None
         self._attach_lock = threading.Lock()
@@ -100,6 +107,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             kda_budget,
             request.layout_fingerprint,
             pin=self.pin,
+            lease_ttl_s=self.lease_ttl_s,
         )
         self.backend.register(BLOCKS, tier.arena(KV).storage)
         if tier.kda is not None:

@@ -172,3 +172,25 @@ def test_a_model_without_kda_has_no_kda_arena():
     with pytest.raises(ValueError, match="kind"):
         tier.reserve_put(KDA, chain(list(range(4))))
     tier.check_integrity()
+
+
+def test_leases_a_dead_worker_left_expire_and_free_their_pages():
+    now = [0.0]
+    tier = HostTier(
+        KV_PAGE, KDA_PAGE, 4 * KV_PAGE, KDA_PAGE, "fp", pin=False, lease_ttl_s=10, clock=lambda: now[0]
+    )
+    hashes = chain(list(range(16)))
+    put(tier, KV, hashes[:2])
+    reading = tier.begin_get(KV, hashes[:2])
+    writing = tier.reserve_put(KV, hashes[2:])
+    assert tier.reserve_put(KV, chain(list(range(50, 54)))).pages == (None,)  # all leased: no room
+    now[0] = 10.5  # the worker died: its leases pass their life
+    late = tier.reserve_put(KV, chain(list(range(60, 64))))
+    assert late.pages != (None,) and tier.open_leases() == 1
+    with pytest.raises(ValueError, match="lease_id: .* expired"):
+        tier.commit_put(writing.lease_id)
+    with pytest.raises(ValueError, match="lease_id"):
+        tier.end_get(reading.lease_id)
+    assert tier.match(hashes, has_state=False).kv_depth == 2
+    tier.abort_put(late.lease_id)
+    tier.check_integrity()
