@@ -13,7 +13,8 @@ its bytes move::
 Who moves the bytes: a worker in this process copies rows of ``kv.storage`` / ``kda.storage`` with
 torch; a worker in another process reads and writes them over NIXL (``services/hicache/server.py``).
 
-Thread-safe: one lock serializes every call.
+Thread-safe: one lock serializes every index change; the pages' checksums are computed outside it,
+while their lease keeps them in place.
 """
 
 import itertools
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .page_arena import PageArena
+from .page_arena import PageArena, page_checksum
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,10 @@ class HostTier:
         with self._lock:
             lease = self._pop_lease(lease_id, put=True)
             arena = self.arena(lease.kind)
-            inserted = arena.commit(lease.hashes)
+            pages = arena.writing_pages(lease.hashes)
+        checksums = [page_checksum(arena.storage[page]) for page in pages]  # still reserved: stay put
+        with self._lock:
+            inserted = arena.commit(lease.hashes, checksums)
             self._record(lease.kind, inserted, inserted=True)
             self._counters[lease.kind]["bytes_in"] += len(inserted) * arena.page_bytes
 
@@ -209,8 +213,17 @@ class HostTier:
         with self._lock:
             self._expire_leases()
             arena = self.arena(kind)
-            pages, dropped = arena.acquire(list(hashes))
-            self._record(kind, dropped, inserted=False)
+            pages, expected = arena.acquire(list(hashes))
+        # Leased: no put or eviction touches them while they are checked.
+        good = next(
+            (i for i, page in enumerate(pages) if page_checksum(arena.storage[page]) != expected[i]),
+            len(pages),
+        )
+        with self._lock:
+            if good < len(pages):
+                if arena.reject(hashes[good : len(pages)], expected[good]):
+                    self._record(kind, [hashes[good]], inserted=False)
+                pages = pages[:good]
             self._counters[kind]["bytes_out"] += len(pages) * arena.page_bytes
             lease_id = self._give(_Lease(kind, tuple(hashes[: len(pages)]), False, self._expiry()))
             return GetLease(lease_id, tuple(pages))

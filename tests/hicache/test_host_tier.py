@@ -137,6 +137,21 @@ def test_corrupt_page_is_dropped_counted_and_the_get_stops_before_it(tier):
     assert tier.stats()[KV].pages_used == 3
 
 
+def test_a_corrupt_page_another_reader_holds_is_dropped_once_it_is_free(tier):
+    hashes = chain(list(range(8)))
+    put(tier, KV, hashes)
+    first = tier.begin_get(KV, hashes)
+    tier.kv.storage[first.pages[1], 0] ^= 0x01
+    second = tier.begin_get(KV, hashes)
+    assert len(second.pages) == 1 and tier.match(hashes, has_state=False).kv_depth == 2  # still held
+    tier.end_get(first.lease_id)
+    tier.end_get(second.lease_id)
+    third = tier.begin_get(KV, hashes)
+    assert third.pages == first.pages[:1] and tier.match(hashes, has_state=False).kv_depth == 1
+    tier.end_get(third.lease_id)
+    assert tier.stats()[KV].checksum_failures == 2
+
+
 @pytest.mark.parametrize(
     "snapshot_blocks, has_state, usable",
     [((2,), True, 2), ((1, 3), True, 3), ((4,), True, 0), ((), True, 0), ((1,), False, 3)],
