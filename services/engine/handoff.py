@@ -80,7 +80,7 @@ def layout_of(engine: EngineCore) -> HandoffLayout:
     blocks, slots = engine.cache.blocks, engine.cache.slots
     return HandoffLayout(
         block_size=blocks.block_size,
-        dtype=str(engine.model.lm_head.weight.dtype).removeprefix("torch."),
+        dtype=str(engine.model.dtype).removeprefix("torch."),
         kv_format=engine.config.kv_format,
         block_layout=blocks.layout.fingerprint(),
         slot_layout=slots.layout.fingerprint(),
