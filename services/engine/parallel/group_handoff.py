@@ -4,11 +4,11 @@ transfer agent (``rank_handoff.py`` is every rank's side).
 At start (``open``) every rank registers its pools (a sending engine: and a staging buffer) with its own
 agent and rank 0 collects the endpoints, in rank order: a decode worker's reservation answer carries
 them. A prefill worker checks a reservation against its own ranks before computing (``check``:
-``handoff_plan.check_mappable``), and after the held prefill (``send``) plans the request, has every
-rank write its part, waits for every rank's report and only then notifies decode rank 0::
+``handoff_plan.check_mappable``), and after the held prefill (``send``) has every rank plan and write
+its part, waits for every rank's report and only then notifies decode rank 0::
 
-    rank 0: plan -> HandoffCommand ──► every rank: gather into staging, write_bytes to decode ranks
-            every RankSent  ◄───────── (an error is reported, not raised: the group stays in step)
+    rank 0: HandoffCommand ──► every rank: plan its part, gather into staging, write_bytes
+            every RankSent ◄── (an error is reported, not raised: the group stays in step)
             all written: an empty write carrying the request id to decode rank 0's agent
 
 The whole handoff runs on the engine loop thread, between steps: the followers take the command where
@@ -26,7 +26,7 @@ from services.engine.handoff import HandoffLayout, HeldPrefill, Reservation
 from services.engine.model.config import ModelConfig
 from services.transfer import TransferBackend, TransferEndpoint
 
-from .handoff_plan import HandoffRequestRows, HandoffSide, check_mappable, plan_handoff
+from .handoff_plan import HandoffRequestRows, HandoffSide, check_mappable
 from .rank_group import RankGroup
 from .rank_handoff import HandoffCommand, RankSent, RankTransfer, TransferSetup, staging_bytes_for
 
@@ -77,9 +77,12 @@ class GroupHandoff:
             TransferError: a rank could not open its agent (naming the rank).
         """
         staging = staging_bytes_for(cache, max_model_len) if sends else 0
-        transfer = RankTransfer(backend, cache, staging)
+        transfer = RankTransfer(backend, model, cache, staging)
         setup = TransferSetup(backend.name, backend.agent_name, staging)
-        answers = ranks.ask(setup, backend.endpoint) if ranks is not None else [backend.endpoint()]
+        if ranks is None:
+            answers = [backend.endpoint()]
+        else:
+            answers = ranks.ask(setup, lambda: _endpoint_or_error(backend))
         errors = [answer for answer in answers if isinstance(answer, str)]
         if errors:
             raise TransferError("opening the ranks' transfer agents failed: " + "; ".join(errors))
@@ -113,11 +116,12 @@ class GroupHandoff:
                 f"rank_endpoints: {len(endpoints)} endpoints for a decode group of "
                 f"{decode.parallel.world_size} ranks (one per rank, in rank order)"
             )
+        prefill_side, decode_side = handoff_side(self.layout), handoff_side(decode)
+        check_mappable(self._model, prefill_side, decode_side)  # before any rank is involved
         rows = HandoffRequestRows(
             num_tokens, held.block_ids, held.slot, reservation.block_ids, reservation.slot
         )
-        sends = plan_handoff(self._model, handoff_side(self.layout), handoff_side(decode), rows)
-        command = HandoffCommand(held.request_id, sends, endpoints, timeout_s)
+        command = HandoffCommand(held.request_id, prefill_side, decode_side, rows, endpoints, timeout_s)
         start = time.monotonic()
         own = lambda: self._transfer.send(0, command)  # noqa: E731
         reports = tuple(self._ranks.ask(command, own) if self._ranks is not None else [own()])
@@ -129,3 +133,11 @@ class GroupHandoff:
         remaining = max(1.0, timeout_s - (time.monotonic() - start))
         backend.write(peer, {}, message=held.request_id, timeout_s=remaining)
         return reports
+
+
+def _endpoint_or_error(backend: TransferBackend) -> TransferEndpoint | str:
+    """Rank 0's answer to its own ``TransferSetup``: raising here would leave the followers waiting."""
+    try:
+        return backend.endpoint()
+    except TransferError as error:
+        return f"rank 0: {error}"

@@ -7,15 +7,17 @@ every follower to rank 0 (``gather_object``)::
     rank 0 (engine loop thread)                      follower k
     TransferSetup(backend, agent name)   ─────────►  own backend "<agent>-rank<k>": blocks, state, staging
                                          ◄─────────  its TransferEndpoint
-    HandoffCommand(request id, plan, decode endpoints)
-      own part: gather -> staging -> write_bytes     gather its runs into staging, write_bytes to each
+    HandoffCommand(request rows, both sides, decode endpoints)
+      own part: plan -> gather -> write_bytes        plan its part, gather into staging, write_bytes
                                          ◄─────────  RankSent(bytes, seconds, error)
 
-The plan (``handoff_plan.plan_handoff``) says which byte runs of a rank's pools go to which decode rank;
-a rank copies its runs, in order, into its registered staging buffer (one gather per region) and writes
-runs of it into each decode rank's pools with ``TransferBackend.write_bytes`` (one write per decode
-rank). A rank's failed write is reported, not raised: the group stays in step, and rank 0 fails the
-handoff (``TransferError``) naming the ranks.
+Each rank plans its own part (``handoff_plan.plan_handoff(..., senders=[rank])``: which byte runs of
+its pools go to which decode rank; the plan is a pure function of the command, so the ranks agree
+without sending it), copies its runs, in order, into its registered staging buffer (one indexed copy
+per region) and writes runs of it into each decode rank's pools with ``TransferBackend.write_bytes``
+(one write per decode rank). A rank's failure is reported, not raised: the group stays in step (the
+followers are back at the control group for the next step), and rank 0 fails the handoff
+(``TransferError``) naming the ranks.
 """
 
 import time
@@ -25,10 +27,12 @@ import torch
 
 from common.errors import TransferError
 from services.engine.cache_manager import CacheManager
+from services.engine.model.config import ModelConfig
 from services.transfer import BLOCKS, STATE, TransferBackend, TransferEndpoint, make_backend
 from services.transfer.byte_plan import ByteSpan
 
-from .handoff_plan import RankSend
+from .handoff_plan import HandoffRequestRows, HandoffSide, plan_handoff
+from .handoff_send import RankSend
 
 STAGING = "staging"  # a sending rank's staging buffer: its gathered runs, in plan order
 
@@ -54,13 +58,16 @@ class HandoffCommand:
 
     Attributes:
         request_id: the request (for errors; the notification is rank 0's to send).
-        sends: prefill rank -> its ``RankSend`` (every rank of the group has one).
+        prefill, decode: the two groups' sides (``prefill`` is this group).
+        rows: where the request is on both sides.
         endpoints: the decode group's endpoints, in its rank order.
         timeout_s: each rank's writes must complete within this.
     """
 
     request_id: str
-    sends: dict[int, RankSend]
+    prefill: HandoffSide
+    decode: HandoffSide
+    rows: HandoffRequestRows
     endpoints: tuple[TransferEndpoint, ...]
     timeout_s: float
 
@@ -87,12 +94,14 @@ class RankTransfer:
 
     Args:
         backend: the rank's backend (rank 0: the worker's; a follower: its own, ``open_follower``).
+        model: the model's config (what the plan lays the pools out from).
         cache: the rank's pools.
         staging_bytes: the staging buffer to register (0: none).
     """
 
-    def __init__(self, backend: TransferBackend, cache: CacheManager, staging_bytes: int):
+    def __init__(self, backend: TransferBackend, model: ModelConfig, cache: CacheManager, staging_bytes: int):
         self.backend = backend
+        self._model = model
         self._storages = {BLOCKS: cache.blocks.storage, STATE: cache.slots.storage}
         for region, storage in self._storages.items():
             backend.register(region, storage)
@@ -103,22 +112,28 @@ class RankTransfer:
             backend.register(STAGING, self.staging)
 
     @classmethod
-    def open_follower(cls, setup: TransferSetup, rank: int, cache: CacheManager) -> "RankTransfer":
+    def open_follower(
+        cls, setup: TransferSetup, rank: int, model: ModelConfig, cache: CacheManager
+    ) -> "RankTransfer":
         """A follower's own agent, named after rank 0's."""
-        return cls(make_backend(setup.backend, f"{setup.agent_name}-rank{rank}"), cache, setup.staging_bytes)
+        backend = make_backend(setup.backend, f"{setup.agent_name}-rank{rank}")
+        return cls(backend, model, cache, setup.staging_bytes)
 
     def send(self, rank: int, command: HandoffCommand) -> RankSent:
-        """Gather this rank's runs into staging and write them to their decode ranks; errors are
-        reported in the ``RankSent``, never raised (the group must stay in step)."""
+        """Plan this rank's part, gather it into staging and write it to its decode ranks. Any error
+        is reported in the ``RankSent``, never raised: a rank that raised here would leave the others
+        waiting for its answer, out of step with rank 0's next message."""
         start = time.perf_counter()
-        plan = command.sends[rank]
         try:
+            plan = plan_handoff(self._model, command.prefill, command.decode, command.rows, senders=[rank])[
+                rank
+            ]
             self._gather(plan)
             nbytes = 0
             for decode_rank, spans in _spans_by_rank(plan).items():
                 peer = self.backend.connect(command.endpoints[decode_rank])
                 nbytes += self.backend.write_bytes(peer, spans, timeout_s=command.timeout_s).nbytes
-        except (TransferError, IndexError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 (any failure: reported, see the docstring)
             return RankSent(rank, 0, time.perf_counter() - start, f"{type(error).__name__}: {error}")
         return RankSent(rank, nbytes, time.perf_counter() - start)
 

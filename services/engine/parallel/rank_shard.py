@@ -5,7 +5,6 @@ import dataclasses
 
 import torch
 
-from common.errors import TransferError
 from services.engine.cache_manager import CacheManager
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import load_engine_model
@@ -44,10 +43,10 @@ class RankShard:
         (a ``RankSent``)."""
         if isinstance(message, TransferSetup):
             try:
-                self.transfer = RankTransfer.open_follower(message, rank, self.cache)
+                self.transfer = RankTransfer.open_follower(message, rank, self.model.config, self.cache)
                 return self.transfer.backend.endpoint()
-            except TransferError as error:
-                return f"rank {rank}: {error}"
+            except Exception as error:  # noqa: BLE001 (answered: rank 0 raises it, the group stays in step)
+                return f"rank {rank}: {type(error).__name__}: {error}"
         if self.transfer is None:
             return RankSent(rank, 0, 0.0, "TransferError: this rank has no transfer agent")
         return self.transfer.send(rank, message)
