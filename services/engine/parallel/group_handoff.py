@@ -77,7 +77,7 @@ class GroupHandoff:
             TransferError: a rank could not open its agent (naming the rank).
         """
         staging = staging_bytes_for(cache, max_model_len) if sends else 0
-        transfer = RankTransfer(backend, model, cache, staging)
+        transfer = RankTransfer(backend, model, cache.blocks.storage, cache.slots.storage, staging)
         setup = TransferSetup(backend.name, backend.agent_name, staging)
         if ranks is None:
             answers = [backend.endpoint()]

@@ -95,20 +95,27 @@ class RankTransfer:
     Args:
         backend: the rank's backend (rank 0: the worker's; a follower: its own, ``open_follower``).
         model: the model's config (what the plan lays the pools out from).
-        cache: the rank's pools.
-        staging_bytes: the staging buffer to register (0: none).
+        blocks, state: the rank's block and slot pool storages (``BlockPool.storage``,
+            ``StateSlotPool.storage``), registered as ``BLOCKS`` and ``STATE``.
+        staging_bytes: the staging buffer to register (0: none), on the pools' device.
     """
 
-    def __init__(self, backend: TransferBackend, model: ModelConfig, cache: CacheManager, staging_bytes: int):
+    def __init__(
+        self,
+        backend: TransferBackend,
+        model: ModelConfig,
+        blocks: torch.Tensor,
+        state: torch.Tensor,
+        staging_bytes: int,
+    ):
         self.backend = backend
         self._model = model
-        self._storages = {BLOCKS: cache.blocks.storage, STATE: cache.slots.storage}
+        self._storages = {BLOCKS: blocks, STATE: state}
         for region, storage in self._storages.items():
             backend.register(region, storage)
         self.staging = None
         if staging_bytes:
-            device = cache.blocks.storage.device
-            self.staging = torch.zeros(1, staging_bytes, dtype=torch.uint8, device=device)
+            self.staging = torch.zeros(1, staging_bytes, dtype=torch.uint8, device=blocks.device)
             backend.register(STAGING, self.staging)
 
     @classmethod
@@ -117,7 +124,7 @@ class RankTransfer:
     ) -> "RankTransfer":
         """A follower's own agent, named after rank 0's."""
         backend = make_backend(setup.backend, f"{setup.agent_name}-rank{rank}")
-        return cls(backend, model, cache, setup.staging_bytes)
+        return cls(backend, model, cache.blocks.storage, cache.slots.storage, setup.staging_bytes)
 
     def send(self, rank: int, command: HandoffCommand) -> RankSent:
         """Plan this rank's part, gather it into staging and write it to its decode ranks. Any error
