@@ -21,11 +21,14 @@ A region is a 2-D contiguous uint8 tensor ``[num_rows, row_bytes]`` (one row = o
 one state slot). This base class owns the checks (regions, peers, row ranges) so every backend fails
 the same way *before* moving a byte; backends implement only the ``_hooks``.
 
-A backend object's setup (``register``, ``endpoint``, ``connect``, ``close``) and its notification
-polling are for one thread at a time; ``write`` may run on several threads at once once its peer is
-connected (``inbox.SharedTransfer`` arranges both, and says why each backend allows it).
+A backend object's setup (``register``, ``endpoint``, ``close``) and its notification polling are for
+one thread at a time; ``connect`` / ``disconnect`` hold a lock of their own (a parallel prefill
+worker's engine thread connects to decode ranks while its handler threads connect for single-rank
+handoffs); ``write`` may run on several threads at once once its peer is connected
+(``inbox.SharedTransfer`` arranges the rest, and says why each backend allows it).
 """
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -74,6 +77,7 @@ class TransferBackend(ABC):
         self._regions: dict[str, RegionInfo] = {}
         self._storages: dict[str, torch.Tensor] = {}  # keeps registered memory alive
         self._peers: dict[str, TransferEndpoint] = {}
+        self._peers_lock = threading.RLock()  # connect / disconnect from several threads
         self._pending: list[Notification] = []  # polled but not yet claimed by wait_notification
         self._closed = False
 
@@ -108,18 +112,20 @@ class TransferBackend(ABC):
             raise TransferError(
                 f"endpoint of {endpoint.agent_name!r} is for backend {endpoint.backend!r}, not {self.name!r}"
             )
-        if endpoint.agent_name in self._peers:
-            if self._peers[endpoint.agent_name] == endpoint:
-                return endpoint.agent_name
-            self.disconnect(endpoint.agent_name)
-        self._call(f"connect to peer {endpoint.agent_name!r}", self._add_peer, endpoint)
-        self._peers[endpoint.agent_name] = endpoint
-        return endpoint.agent_name
+        with self._peers_lock:
+            if endpoint.agent_name in self._peers:
+                if self._peers[endpoint.agent_name] == endpoint:
+                    return endpoint.agent_name
+                self.disconnect(endpoint.agent_name)
+            self._call(f"connect to peer {endpoint.agent_name!r}", self._add_peer, endpoint)
+            self._peers[endpoint.agent_name] = endpoint
+            return endpoint.agent_name
 
     def disconnect(self, peer: str) -> None:
         """Forget ``peer`` (no error if unknown)."""
-        if self._peers.pop(peer, None) is not None:
-            self._call(f"disconnect peer {peer!r}", self._remove_peer, peer)
+        with self._peers_lock:
+            if self._peers.pop(peer, None) is not None:
+                self._call(f"disconnect peer {peer!r}", self._remove_peer, peer)
 
     def write(
         self,

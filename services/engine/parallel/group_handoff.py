@@ -44,7 +44,8 @@ class GroupHandoff:
     thread: they use the control group, as steps do).
 
     Attributes:
-        endpoints: every rank's ``TransferEndpoint``, in rank order (rank 0's is ``backend``'s).
+        endpoints: every rank's ``TransferEndpoint``, in rank order (rank 0's is ``backend``'s); empty
+            on a single-rank engine.
     """
 
     def __init__(
@@ -79,10 +80,8 @@ class GroupHandoff:
         staging = staging_bytes_for(cache, max_model_len) if sends else 0
         transfer = RankTransfer(backend, model, cache.blocks.storage, cache.slots.storage, staging)
         setup = TransferSetup(backend.name, backend.agent_name, staging)
-        if ranks is None:
-            answers = [backend.endpoint()]
-        else:
-            answers = ranks.ask(setup, lambda: _endpoint_or_error(backend))
+        # One rank: no follower to open, and its own endpoint is the worker's (``endpoints`` stays empty).
+        answers = [] if ranks is None else ranks.ask(setup, lambda: _endpoint_or_error(backend))
         errors = [answer for answer in answers if isinstance(answer, str)]
         if errors:
             raise TransferError("opening the ranks' transfer agents failed: " + "; ".join(errors))
