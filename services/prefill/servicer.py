@@ -68,6 +68,11 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                 raise ValueError(
                     f"{field}.backend: {given.backend!r}, but this worker uses {self.transfer.name!r}"
                 )
+        if reservation.layout is not None and len(rank_endpoints) != reservation.layout.parallel.world_size:
+            raise ValueError(
+                f"rank_endpoints: {len(rank_endpoints)} endpoints for a decode worker of "
+                f"{reservation.layout.parallel.world_size} ranks (pass the ReserveResponse's on unchanged)"
+            )
         params = sampling_from_pb(request.sampling)
         prompt, request_id = list(request.prompt_ids), reservation.request_id
         self.faults.pause("prefill")

@@ -21,6 +21,7 @@ from services.engine.parallel.group_handoff import handoff_side
 from services.engine.parallel.handoff_plan import HandoffRequestRows, plan_handoff
 from services.engine.parallel.layout import ParallelLayout
 from services.rpc.convert import reservation_from_pb
+from tests.services.routers import router_factory
 from tests.services.workers import WorkerProcess
 
 PROMPT = [(5 * i + 2) % 97 for i in range(40)]  # > 32 tokens: pcp 2 splits it into real chunks
@@ -189,12 +190,23 @@ def test_pcp2_prefill_into_dcp2_decode_rank_by_rank(model, groups):
         assert sent == plan_bytes(model, reserved, ParallelLayout(pcp=2), 8)
         assert all(nbytes > 0 for nbytes in sent), sent  # both PCP ranks send a share
         assert sum(sent) == first.transfer_bytes <= decode_room(reserved)
+        # Through the router: it passes every decode rank's endpoint on (else the handoff would fail
+        # and the decode worker prefill the prompt itself, with no bytes moved).
+        with router_factory(model, disaggregation="always") as make:
+            router = make([groups["pcp2"]], [groups["dcp2"]])
+            request = generation_pb2.GenerateRequest(
+                token_ids=generation_pb2.TokenIds(ids=PROMPT), sampling=SAMPLING
+            )
+            routed = list(router.stub.Generate(request, timeout=120))
+        assert routed[-1].route.prefill_worker == groups["pcp2"].address
+        assert routed[-1].route.transfer_bytes == first.transfer_bytes
         assert workers.nothing_held()
     finally:
         workers.close()
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     with LLM(str(model), dtype="float32", max_model_len=64) as llm:
-        assert tokens == llm.generate([PROMPT], params)[0].token_ids
+        want = llm.generate([PROMPT], params)[0].token_ids
+    assert tokens == want and [t for m in routed for t in m.token_ids] == want
 
 
 def test_tp2_prefill_into_one_rank_bitwise(model, groups):
