@@ -1,8 +1,9 @@
 """Every prefill rank's ``RankTransfer`` over real NIXL agents (UCX, host memory) in one process: each
 rank plans its own part, gathers it into its registered staging buffer and writes it into the decode
 ranks' agents with ``write_bytes``; the decode pools end bitwise as the plan's CPU reference
-(``apply_plan_reference``) leaves them, and every other byte is untouched. A rank that cannot write
-reports the error instead of raising (its group must stay in step)."""
+(``apply_plan_reference``) leaves them, and every other byte is untouched, whether a rank's part fits
+its staging buffer or goes in many windows of it. A rank that cannot send reports the error instead of
+raising (its group must stay in step)."""
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ from services.transfer import make_backend
 
 CONFIG = load_model_config(with_layers(preset_config("k3", "tiny"), 8))  # one MLA layer per PP stage
 DTYPE = torch.bfloat16
-NUM_BLOCKS, NUM_SLOTS, STAGING_BYTES = 12, 2, 1 << 20
+NUM_BLOCKS, NUM_SLOTS = 12, 2
+STAGING = {"one-window": 1 << 20, "windows-of-3001-bytes": 3001}
 
 CASES = {
     "tp1-to-tp2": (ParallelLayout(), 8, ParallelLayout(tp=2), 4, 13),
@@ -38,8 +40,9 @@ def random_pools(
     return pools
 
 
+@pytest.mark.parametrize("staging_bytes", STAGING.values(), ids=STAGING.keys())
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_every_rank_writes_its_share_bitwise_as_the_reference(case):
+def test_every_rank_writes_its_share_bitwise_as_the_reference(case, staging_bytes):
     prefill_layout, prefill_block, decode_layout, decode_block, num_tokens = case
     prefill = HandoffSide(prefill_layout, prefill_block, DTYPE)
     decode = HandoffSide(decode_layout, decode_block, DTYPE)
@@ -50,7 +53,10 @@ def test_every_rank_writes_its_share_bitwise_as_the_reference(case):
     prefill_ids = tuple(range(NUM_BLOCKS - 1, NUM_BLOCKS - 1 - -(-num_tokens // prefill_block), -1))
     decode_ids = tuple(range(1, 1 + 2 * -(-num_tokens // decode.tokens_per_block), 2))
     rows = HandoffRequestRows(num_tokens, prefill_ids, 1, decode_ids, 0)
-    apply_plan_reference(plan_handoff(CONFIG, prefill, decode, rows), prefill_pools, expected)
+    plan = plan_handoff(CONFIG, prefill, decode, rows)
+    apply_plan_reference(plan, prefill_pools, expected)
+    windows = [-(-send.staging_nbytes // staging_bytes) for send in plan.values()]  # per rank
+    assert min(windows) > 1 if staging_bytes < STAGING["one-window"] else set(windows) == {1}, windows
 
     receivers = [make_backend("nixl", f"decode-rank{rank}") for rank in decode_pools]
     senders: list[RankTransfer] = []
@@ -63,7 +69,7 @@ def test_every_rank_writes_its_share_bitwise_as_the_reference(case):
         for rank, (blocks, state) in prefill_pools.items():
             senders.append(
                 RankTransfer(
-                    make_backend("nixl", f"prefill-rank{rank}"), CONFIG, blocks, state, STAGING_BYTES
+                    make_backend("nixl", f"prefill-rank{rank}"), CONFIG, blocks, state, staging_bytes
                 )
             )
             reports.append(senders[-1].send(rank, command))
@@ -85,8 +91,7 @@ def test_a_rank_that_cannot_write_reports_it():
     rows = HandoffRequestRows(9, (0, 1), 0, (0, 1), 0)
     sender = RankTransfer(make_backend("nixl", "prefill-alone"), CONFIG, *pools[0], 16)
     try:
-        command = HandoffCommand("req", prefill, decode, rows, (), 5.0)  # too small a staging buffer
-        report = sender.send(0, command)
+        report = sender.send(0, HandoffCommand("req", prefill, decode, rows, (), 5.0))
     finally:
         sender.close()
-    assert report.nbytes == 0 and "this rank has 16 B of staging" in report.error
+    assert report.nbytes == 0 and report.error == "ValueError: 0 decode endpoints for 2 ranks"

@@ -11,14 +11,13 @@ every follower to rank 0 (``gather_object``)::
       own part: plan -> gather -> write_bytes        plan its part, gather into staging, write_bytes
                                          ◄─────────  RankSent(bytes, seconds, error)
 
-Each rank plans its own part (``handoff_plan.plan_handoff(..., senders=[rank])``: which byte runs of
-its pools go to which decode rank; the plan is a pure function of the command, so the ranks agree
-without sending it), copies its runs, in order, into its registered staging buffer (one indexed copy
-per region) and writes runs of it into each decode rank's pools with ``TransferBackend.write_bytes``
-(one write per decode rank). A rank's failure is reported, not raised: the group stays in step (the
-followers are back at the control group for the next step), and rank 0 fails the handoff
-(``TransferError``) naming the ranks.
-"""
+Each rank plans its own part (``handoff_plan.plan_handoff(..., senders=[rank])``: which byte runs of its
+pools go to which decode rank; the plan is a pure function of the command, so the ranks agree without
+sending it), copies its runs, in order, into its registered staging buffer (one indexed copy per region,
+a window of the buffer's size at a time) and writes runs of it into each decode rank's pools with
+``TransferBackend.write_bytes`` (one write per decode rank). A rank's failure is reported, not raised:
+the group stays in step (the followers are back at the control group for the next step), and rank 0
+fails the handoff (``TransferError``) naming the ranks."""
 
 import time
 from dataclasses import dataclass
@@ -82,11 +81,15 @@ class RankSent:
     error: str = ""
 
 
+STAGING_MAX_BYTES = 64 << 20  # a rank's staging buffer at most (a longer part is sent in windows)
+
+
 def staging_bytes_for(cache: CacheManager, max_model_len: int) -> int:
-    """Room for the most one request can send from one rank: every block of a longest context and one
-    state slot (a rank never sends more than it holds)."""
+    """A rank's staging buffer: what it holds of a longest request (every block of a longest context
+    and one state slot), at most ``STAGING_MAX_BYTES``; a part larger than the buffer (the same bytes
+    staged for several decode ranks, or a long context) goes in several windows (``RankTransfer``)."""
     blocks = -(-max_model_len // cache.block_tokens)
-    return blocks * cache.blocks.storage.shape[1] + cache.slots.storage.shape[1]
+    return min(STAGING_MAX_BYTES, blocks * cache.blocks.storage.shape[1] + cache.slots.storage.shape[1])
 
 
 class RankTransfer:
@@ -132,14 +135,12 @@ class RankTransfer:
         waiting for its answer, out of step with rank 0's next message."""
         start = time.perf_counter()
         try:
-            plan = plan_handoff(self._model, command.prefill, command.decode, command.rows, senders=[rank])[
-                rank
-            ]
-            self._gather(plan)
-            nbytes = 0
-            for decode_rank, spans in _spans_by_rank(plan).items():
-                peer = self.backend.connect(command.endpoints[decode_rank])
-                nbytes += self.backend.write_bytes(peer, spans, timeout_s=command.timeout_s).nbytes
+            if len(command.endpoints) != command.decode.parallel.world_size:
+                ranks = command.decode.parallel.world_size
+                raise ValueError(f"{len(command.endpoints)} decode endpoints for {ranks} ranks")
+            sides = command.prefill, command.decode
+            plan = plan_handoff(self._model, *sides, command.rows, senders=[rank])[rank]
+            nbytes = self._send(plan, command)
         except Exception as error:  # noqa: BLE001 (any failure: reported, see the docstring)
             return RankSent(rank, 0, time.perf_counter() - start, f"{type(error).__name__}: {error}")
         return RankSent(rank, nbytes, time.perf_counter() - start)
@@ -147,34 +148,66 @@ class RankTransfer:
     def close(self) -> None:
         self.backend.close()
 
-    def _gather(self, plan: RankSend) -> None:
-        """Copy the plan's runs, in order, into the staging buffer (one indexed copy per region)."""
+    def _send(self, plan: RankSend, command: HandoffCommand) -> int:
+        """Run ``plan`` one staging window at a time: the plan's staging offsets may pass the buffer's
+        size (a byte every decode TP rank needs is staged once per rank), so window ``k`` gathers the
+        runs' bytes that fall in ``[k W, (k+1) W)`` and writes them before the next window's gather.
+        Returns the bytes written."""
         if plan.staging_nbytes == 0:
-            return
-        if self.staging is None or plan.staging_nbytes > self.staging.shape[1]:
-            room = 0 if self.staging is None else self.staging.shape[1]
-            raise TransferError(f"the plan stages {plan.staging_nbytes} B, this rank has {room} B of staging")
-        staging, position = self.staging.view(-1), 0
+            return 0
+        if self.staging is None:
+            raise TransferError("this rank has no staging buffer (its pools were registered to receive only)")
+        staging, window = self.staging.view(-1), self.staging.shape[1]
+        gathers, position = [], 0
         for runs in plan.gather:
             lengths = runs.nbytes.to(torch.int64)
-            total = int(lengths.sum())
-            if total == 0:
-                continue
-            starts = runs.offsets.to(torch.int64) - (torch.cumsum(lengths, 0) - lengths)
-            index = torch.repeat_interleave(starts, lengths) + torch.arange(total)
-            source = self._storages[runs.region].view(-1)
-            staging[position : position + total] = source[index.to(source.device)]
-            position += total
+            gathers.append((runs.region, runs.offsets.to(torch.int64), position + _starts(lengths), lengths))
+            position += int(lengths.sum())
+        nbytes = 0
+        for low in range(0, plan.staging_nbytes, window):
+            high = min(low + window, plan.staging_nbytes)
+            for region, offsets, at, lengths in gathers:
+                offsets, at, lengths = _clip(offsets, at, lengths, low, high)
+                if len(lengths):
+                    total = int(lengths.sum())
+                    source = self._storages[region].view(-1)
+                    index = torch.repeat_interleave(offsets - _starts(lengths), lengths) + torch.arange(total)
+                    staging[int(at[0]) - low : int(at[0]) - low + total] = source[index.to(source.device)]
+            for decode_rank, spans in _window_spans(plan, low, high).items():
+                peer = self.backend.connect(command.endpoints[decode_rank])
+                nbytes += self.backend.write_bytes(peer, spans, timeout_s=command.timeout_s).nbytes
+        return nbytes
 
 
-def _spans_by_rank(plan: RankSend) -> dict[int, list[ByteSpan]]:
-    """The plan's writes as byte spans from staging, grouped by decode rank."""
+def _starts(lengths: torch.Tensor) -> torch.Tensor:
+    """Where each of consecutive runs of ``lengths`` starts, from 0."""
+    return torch.cumsum(lengths, 0) - lengths
+
+
+def _clip(
+    offsets: torch.Tensor, at: torch.Tensor, lengths: torch.Tensor, low: int, high: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The parts of runs (``offsets`` in their source, ``at`` in staging, ``lengths``) whose staging
+    bytes fall in ``[low, high)``: ``(offsets, at, lengths)`` of the non-empty parts."""
+    begin, end = at.clamp(min=low), (at + lengths).clamp(max=high)
+    keep = begin < end
+    return (offsets + begin - at)[keep], begin[keep], (end - begin)[keep]
+
+
+def _window_spans(plan: RankSend, low: int, high: int) -> dict[int, list[ByteSpan]]:
+    """The plan's writes of staging bytes ``[low, high)`` as byte spans from the staging buffer,
+    grouped by decode rank."""
     spans: dict[int, list[ByteSpan]] = {}
     for write in plan.writes:
-        runs = zip(
-            write.staging_offsets.tolist(), write.remote_offsets.tolist(), write.nbytes.tolist(), strict=True
+        remote, at, lengths = _clip(
+            write.remote_offsets.to(torch.int64),
+            write.staging_offsets.to(torch.int64),
+            write.nbytes.to(torch.int64),
+            low,
+            high,
         )
+        runs = zip((at - low).tolist(), remote.tolist(), lengths.tolist(), strict=True)
         spans.setdefault(write.decode_rank, []).extend(
-            ByteSpan(STAGING, local, write.region, remote, nbytes) for local, remote, nbytes in runs
+            ByteSpan(STAGING, local, write.region, offset, size) for local, offset, size in runs
         )
-    return spans
+    return {rank: rank_spans for rank, rank_spans in spans.items() if rank_spans}
