@@ -219,15 +219,18 @@ class EngineService:
         tenant: str = "",
         resumed_tokens: int = 0,
         adapter: str = "",
+        decode_endpoints: int = 1,
     ) -> DeltaStream:
         """Compute a prompt and its first token for ``reservation`` and keep its cache for the handoff
         (``held_prefill``, then ``send_rank_handoff`` or ``send_state``, then ``discard``). The
         reservation's layout is checked first: equal to this engine's for a row-for-row handoff, else
         mappable rank to rank (``GroupHandoff.check``).
 
+        ``decode_endpoints``: how many decode ranks' endpoints came with the reservation (one per rank).
+
         Raises:
             ValueError: the reservation's layout differs from this engine's or cannot be mapped onto its
-                ranks (naming the field), or a bad request.
+                ranks (naming the field), endpoints that are not one per decode rank, or a bad request.
         """
         check_layout(reservation.layout, self.layout)
         if not row_for_row(reservation.layout, self.layout):
@@ -237,6 +240,12 @@ class EngineService:
                     "were registered for row-for-row handoffs only)"
                 )
             self._group.check(reservation.layout)
+        decode_ranks = reservation.layout.parallel.world_size
+        if decode_endpoints != decode_ranks:
+            raise ValueError(
+                f"rank_endpoints: {decode_endpoints} endpoints for a decode worker of {decode_ranks} ranks "
+                "(pass the ReserveResponse's on unchanged)"
+            )
         request_id = reservation.request_id
         return self.loop.call(
             lambda engine: self.loop.watch(

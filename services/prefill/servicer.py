@@ -68,11 +68,6 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                 raise ValueError(
                     f"{field}.backend: {given.backend!r}, but this worker uses {self.transfer.name!r}"
                 )
-        if reservation.layout is not None and len(rank_endpoints) != reservation.layout.parallel.world_size:
-            raise ValueError(
-                f"rank_endpoints: {len(rank_endpoints)} endpoints for a decode worker of "
-                f"{reservation.layout.parallel.world_size} ranks (pass the ReserveResponse's on unchanged)"
-            )
         params = sampling_from_pb(request.sampling)
         prompt, request_id = list(request.prompt_ids), reservation.request_id
         self.faults.pause("prefill")
@@ -86,6 +81,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                 request.tenant,
                 resumed_tokens=request.resumed_tokens,
                 adapter=request.adapter,
+                decode_endpoints=len(rank_endpoints),
             )
         try:
             # The caller left: stop computing (queued, not awaited: this runs on gRPC's event thread).
