@@ -37,7 +37,7 @@ from .handoff import (
     reservation_of,
     row_for_row,
 )
-from .parallel.group_handoff import GroupHandoff
+from .parallel.group_handoff import GroupHandoff, not_a_target
 from .parallel.rank_handoff import RankSent
 from .scheduler import SampledToken
 
@@ -77,6 +77,8 @@ class EngineService:
         self.world_size = engine.config.world_size
         self._group: GroupHandoff | None = None  # every rank's transfer agent (register_pools)
         self.rank_endpoints: tuple[TransferEndpoint, ...] = ()  # a parallel engine's, in rank order
+        # Why no prefill group can write into this engine (decode --pcp / --pp), whatever the sender.
+        self._not_a_target = not_a_target(engine.model.config, self.layout)
         self.cached_at_start = frozenset(engine.cache.blocks.record_events())
         self._reservation_ttl_s = reservation_ttl_s
         self._observers: list[Callable[[EnginePass], None]] = []
@@ -135,14 +137,20 @@ class EngineService:
         """Hold room for a prompt's handoff, or decline when ``local_prefill_max_tokens`` is given and
         the prompt is cheaper to prefill here (``prefill_here``). One loop call: the prefix lookup and
         the reservation see the same cache. The reservation's layout carries this engine's parallel
-        degrees: a parallel engine's ranks each receive their share (``rank_endpoints``).
+        degrees: a parallel engine's ranks each receive their share (``rank_endpoints``). An engine no
+        prefill group can write into (``--pcp`` or ``--pp`` above 1: ``check_mappable``) declines.
 
         Raises:
-            ValueError: a bad request (naming the field).
+            ValueError: a bad request (naming the field), or a reservation that such an engine must
+                take (``local_prefill_max_tokens`` None), naming the flag.
             NoCapacity: nothing free right now.
         """
 
         def reserve_or_decline(engine: EngineCore) -> ReserveResult:
+            if self._not_a_target is not None:  # no prefill group can write here: prefill here instead
+                if local_prefill_max_tokens is None:
+                    raise ValueError(self._not_a_target)
+                return ReserveResult(None, engine.cached_prefix_tokens(prompt_ids, tenant, adapter))
             if local_prefill_max_tokens is not None:
                 cached = engine.cached_prefix_tokens(prompt_ids, tenant, adapter)
                 block_size = engine.cache.block_tokens  # a DCP group's virtual block

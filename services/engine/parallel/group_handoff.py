@@ -39,6 +39,18 @@ def handoff_side(layout: HandoffLayout) -> HandoffSide:
     )
 
 
+def not_a_target(model: ModelConfig, layout: HandoffLayout) -> str | None:
+    """Why no prefill group can write into an engine of ``layout`` (``check_mappable``'s refusals that
+    depend on the decode side alone, e.g. ``decode --pcp 2``), or None: a decode worker says so at
+    Reserve, before a prefill worker is involved."""
+    side = handoff_side(layout)
+    try:
+        check_mappable(model, side, side)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 class GroupHandoff:
     """Every rank's transfer agent, opened from rank 0 (call ``open`` and ``send`` on the engine loop
     thread: they use the control group, as steps do).
