@@ -1,5 +1,9 @@
 """The in-process host tier: budgets, leases, LRU per kind, the hybrid rule, checksums, tenant salts."""
 
+import random
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -209,3 +213,47 @@ def test_leases_a_dead_worker_left_expire_and_free_their_pages():
     assert tier.match(hashes, has_state=False).kv_depth == 2
     tier.abort_put(late.lease_id)
     tier.check_integrity()
+
+
+def test_threads_putting_and_getting_never_see_a_page_change_under_a_lease():
+    """Checksums run outside the tier's lock: four threads put and get overlapping chains through a
+    tier that evicts all the time; every leased page must hold its own hash's bytes throughout."""
+    tier = make_tier(kv_pages=6, kda_pages=1)
+    chains = [chain(list(range(100 * c, 100 * c + 12))) for c in range(5)]  # 3 blocks each
+    failures: list[str] = []
+
+    def content(block_hash: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(block_hash * (KV_PAGE // len(block_hash))), dtype=torch.uint8)
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            hashes = rng.choice(chains)
+            if rng.random() < 0.5:
+                lease = tier.reserve_put(KV, hashes)
+                for block_hash, page in zip(hashes, lease.pages, strict=True):
+                    if page is not None:
+                        tier.kv.storage[page] = content(block_hash)
+                tier.commit_put(lease.lease_id)
+            else:
+                lease = tier.begin_get(KV, hashes)
+                for block_hash, page in zip(hashes, lease.pages, strict=False):
+                    if not torch.equal(tier.kv.storage[page], content(block_hash)):
+                        failures.append(f"page {page} does not hold its hash's bytes")
+                tier.end_get(lease.lease_id)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: inside the tier's calls too
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
+    stats = tier.stats()[KV]
+    assert stats.evictions > 0 and stats.bytes_out > 0 and stats.checksum_failures == 0
+    tier.check_integrity()
+    assert tier.open_leases() == 0
