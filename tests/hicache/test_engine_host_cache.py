@@ -7,8 +7,18 @@ pool by a filler request's pressure (k3) or, cheaper, by taking every free block
 
 import numpy as np
 import pytest
+import torch
 
 from services.engine import LLM, SamplingParams
+from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.layout import block_layout, slot_layout
+from services.engine.cache.snapshot_policy import SnapshotPolicy
+from services.engine.cache.state_pool import StateSlotPool
+from services.engine.checkpoint.presets import preset_config
+from services.engine.engine_config import EngineConfig
+from services.engine.host_cache_connector import HostCacheConnector
+from services.engine.model.config_loader import load_model_config
+from services.engine.request import Request
 from services.hicache.host_tier import KV
 from tests.conftest import TEST_DEVICE
 
@@ -147,3 +157,60 @@ def _page_of(tier, block_hash):
     tier.end_get(lease.lease_id)
     (page,) = lease.pages
     return page
+
+
+def _pools():
+    config = load_model_config(preset_config("k3", "tiny"))
+    blocks = BlockPool(block_layout(config, 4, torch.float32), 4, num_blocks=3, device="cpu")
+    slots = StateSlotPool(slot_layout(config, torch.float32), 1, device="cpu")
+    return blocks, slots
+
+
+def test_device_eviction_offloads_a_block_the_tier_lacks_once():
+    blocks, slots = _pools()
+    connector = HostCacheConnector.in_process(blocks, slots, gib=0.01, kda_fraction=0.5)
+    blocks.on_evict = connector.offload
+    ids = blocks.allocate(3)
+    for block, name in zip(ids, (b"a", b"b", b"c"), strict=True):
+        blocks.storage[block] = block + 1
+        blocks.register(block, name)
+    connector.save_blocks([b"a"], [ids[0]])  # written through already: not offloaded again
+    blocks.free(ids)
+    blocks.allocate(3)  # evicts a, b, c
+    assert connector.offloaded_blocks == 2
+    assert connector.match([b"a"]).kv_depth == 1
+    lease = connector.tier.begin_get(KV, [b"b", b"c"])
+    assert [int(connector.tier.kv.storage[p][0]) for p in lease.pages] == [ids[1] + 1, ids[2] + 1]
+    connector.tier.end_get(lease.lease_id)
+    connector.check_integrity()
+
+
+def test_host_cache_flags_are_checked_naming_the_flag():
+    with pytest.raises(ValueError, match=r"host_cache_gib: .*parallel engine"):
+        EngineConfig(model="m", host_cache_gib=1, tp=2)
+    with pytest.raises(ValueError, match=r"host_cache_gib: .*--prefix-caching"):
+        EngineConfig(model="m", host_cache_gib=1, enable_prefix_caching=False)
+    with pytest.raises(ValueError, match=r"host_cache_address: .*give one of them"):
+        EngineConfig(model="m", host_cache_gib=1, host_cache_address="h:1")
+    with pytest.raises(ValueError, match=r"host_cache_kda_fraction: must be in \(0, 1\)"):
+        EngineConfig(model="m", host_cache_kda_fraction=1.0)
+    with pytest.raises(ValueError, match=r"host_cache_gib: must be a finite number >= 0"):
+        EngineConfig(model="m", host_cache_gib=-1)
+    blocks, slots = _pools()
+    with pytest.raises(ValueError, match=r"host_cache_gib: 1e-09 GiB .* holds no page"):
+        HostCacheConnector.in_process(blocks, slots, gib=1e-9, kda_fraction=0.25)
+
+
+def test_snapshot_points():
+    policy = SnapshotPolicy(block_tokens=4, stride=4)
+    request = Request("r", list(range(30)), SamplingParams(), frozenset(), branch_tokens=8)
+    assert [(p, policy.reason(request, p)) for p in (4, 8, 16, 28, 30)] == [
+        (4, None),
+        (8, "branch"),
+        (16, "stride"),
+        (28, "prompt_end"),
+        (30, None),
+    ]
+    request.output_ids = [1, 2, 3, 4, 5, 6]
+    assert policy.reason(request, 36) == "decode"
+    assert [policy.next_point(request, s, 8) for s in (0, 8, 16, 28)] == [8, 16, 28, 32]
