@@ -21,7 +21,8 @@ cache manager falls back to the device pool's own hit and the request recomputes
 """
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -135,8 +136,11 @@ class HostCacheConnector:
 
     def copy_in(self, leases: HostLeases, block_ids: Sequence[int], slot: int) -> None:
         """Copy the leased pages into ``block_ids`` (one each) and the snapshot into ``slot``."""
-        for page, block in zip(leases.kv_pages, block_ids, strict=True):
-            self.blocks.storage[block].copy_(self.tier.kv.storage[page])
+        if len(leases.kv_pages) != len(block_ids):
+            raise ValueError(f"block_ids: {len(block_ids)} given for {len(leases.kv_pages)} leased pages")
+        if block_ids:  # one gather and one scatter, not a copy per block
+            rows = self.tier.kv.storage[list(leases.kv_pages)]
+            self.blocks.storage[list(block_ids)] = rows.to(self.blocks.storage.device)
         if leases.kda_page is not None:
             self.slots.storage[slot].copy_(self.tier.kda.storage[leases.kda_page])
             self.snapshots_restored[self._snapshot_reason.get(leases.snapshot_hash, "unknown")] += 1
@@ -153,10 +157,11 @@ class HostCacheConnector:
         if not hashes:
             return
         lease = self.tier.reserve_put(KV, list(hashes))
-        for page, block in zip(lease.pages, block_ids, strict=True):
-            if page is not None:
-                self.tier.kv.storage[page].copy_(self.blocks.storage[block])
-        self.tier.commit_put(lease.lease_id)
+        kept = [(page, block) for page, block in zip(lease.pages, block_ids, strict=True) if page is not None]
+        with self._putting(lease.lease_id):
+            if kept:
+                pages, blocks = zip(*kept, strict=True)
+                self.tier.kv.storage[list(pages)] = self.blocks.storage[list(blocks)].cpu()
 
     def save_state(self, block_hash: bytes, state_row: torch.Tensor, reason: str) -> None:
         """Write-through of a KDA snapshot: ``state_row`` (a slot's bytes) is the state after the block
@@ -166,23 +171,35 @@ class HostCacheConnector:
             return
         lease = self.tier.reserve_put(KDA, [block_hash])
         (page,) = lease.pages
-        if page is not None:
+        if page is None:
+            self.tier.commit_put(lease.lease_id)
+            return
+        with self._putting(lease.lease_id):
             self.tier.kda.storage[page].copy_(state_row)
             self._snapshot_reason[block_hash] = reason
             self._snapshot_reason.move_to_end(block_hash)
             if len(self._snapshot_reason) > self.tier.kda.num_pages:
                 self._snapshot_reason.popitem(last=False)
             self.snapshots_saved[reason] += 1
-        self.tier.commit_put(lease.lease_id)
 
     def offload(self, block: int, block_hash: bytes) -> None:
         """A cached device block is about to be reused: keep its bytes in the tier unless it holds them."""
         lease = self.tier.reserve_put(KV, [block_hash])
         (page,) = lease.pages
-        if page is not None:
-            self.tier.kv.storage[page].copy_(self.blocks.storage[block])
-            self.offloaded_blocks += 1
-        self.tier.commit_put(lease.lease_id)
+        with self._putting(lease.lease_id):
+            if page is not None:
+                self.tier.kv.storage[page].copy_(self.blocks.storage[block])
+                self.offloaded_blocks += 1
+
+    @contextmanager
+    def _putting(self, lease_id: int) -> Iterator[None]:
+        """Write a put's pages inside: committed after, aborted if the writing raised."""
+        try:
+            yield
+        except BaseException:
+            self.tier.abort_put(lease_id)
+            raise
+        self.tier.commit_put(lease_id)
 
     def check_integrity(self) -> None:
         """The tier's arenas are consistent and no lease is left open."""
