@@ -135,6 +135,16 @@ class Metrics:
         self.router_inflight_limit = Gauge(
             "baton_router_inflight_requests_limit", "Admission seats (max_running)", registry=r
         )
+        self.hicache_redis_up = Gauge(
+            "baton_hicache_redis_up",
+            "1 while Redis (HiCache's cluster index and L3) answers, 0 while it does not",
+            ["role"],
+            registry=r,
+        )
+
+    def redis_health(self, up: bool) -> None:
+        """``baton_hicache_redis_up`` for this process's role (a ``RedisLink``'s ``on_health``)."""
+        self.hicache_redis_up.labels(self.role).set(int(up))
 
     def record_engine(self, info) -> None:
         """Set ``baton_engine_info`` from an engine's resolved configuration (an ``EngineInfo``, once,
