@@ -60,6 +60,8 @@ class WorkerConfig:
     release_grace_s: float = 5.0  # decode: a released reservation waits this long for an in-flight write
     fault_delays: tuple[str, ...] = ()  # fault injection: PHASE=SECONDS pauses (services/fault_delays.py)
     grace_period_s: float = 30.0  # drain(): how long running work may take to finish after SIGTERM
+    node: str = ""  # the node whose HiCache tier it uses, as the cluster index names it; "": the host name
+    redis_url: str = ""  # HiCache's cluster index and L3 (redis://HOST:PORT); "": none
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -2,7 +2,6 @@
 Redis killed mid-run (soft failure, the up gauge) then restarted (reconnect and republish)."""
 
 import hashlib
-import itertools
 import time
 
 import pytest
@@ -10,24 +9,6 @@ import pytest
 from common.cluster_index import EVICTED, INSERTED, KDA, KV, ClusterIndex, IndexMatch, usable_depth
 from common.metrics import Metrics
 from deploy.local.redis_server import RedisServer
-
-_prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    try:
-        server = RedisServer().start()
-    except FileNotFoundError as error:
-        pytest.skip(f"{error}")
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def prefix():
-    """A fresh key prefix per test: tests share one server and never see each other's nodes."""
-    return f"test{next(_prefixes)}:"
 
 
 def chain(count: int, seed: str = "a") -> list[bytes]:
