@@ -21,13 +21,12 @@ call: a publish is one MULTI/EXEC pipeline, a lookup one Lua script that walks e
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .redis_link import RedisLink
 
-KV = "kv"
+KV = "kv"  # the kinds of HiCache pages (services/hicache/host_tier.py's names)
 KDA = "kda"
-INSERTED = "inserted"
-EVICTED = "evicted"
 KINDS = (KV, KDA)
 _CHUNK = 1000  # hashes per SADD when a node's sets are rewritten whole
 
@@ -56,6 +55,26 @@ for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
 end
 return out
 """
+
+
+@dataclass(frozen=True)
+class IndexEvent:
+    """One change of a node tier's holdings: ``block_hash`` of ``kind`` became readable (``inserted``)
+    or stopped being. HiCache's ``TierEvent`` has these fields; either is published as is."""
+
+    kind: str
+    block_hash: bytes
+    inserted: bool
+
+
+class EventSource(Protocol):
+    """What a tier offers the index (``HostTier``): its holdings once, then the changes since."""
+
+    def record_events(self) -> set[tuple[str, bytes]]:
+        """Start recording changes; returns every ``(kind, hash)`` held now."""
+
+    def take_events(self) -> list[IndexEvent]:
+        """The changes since the last call, oldest first."""
 
 
 @dataclass(frozen=True)
@@ -124,12 +143,11 @@ class ClusterIndex:
     def _key(self, node: str, kind: str) -> str:
         return f"{self._node_prefix}{node}:{kind}"
 
-    def publish(self, events: Iterable[tuple[str, bytes, str]] = ()) -> bool:
+    def publish(self, events: Iterable[IndexEvent] = ()) -> bool:
         """Apply a tier's events and refresh this node's TTL; True once Redis has them.
 
         Args:
-            events: ``(kind, block_hash, change)`` in the order they happened: ``kind`` ``KV`` or
-                ``KDA``, ``change`` ``INSERTED`` or ``EVICTED`` (``HostTier.take_events()``).
+            events: ``IndexEvent`` s (or HiCache ``TierEvent`` s) in the order they happened.
 
         Events are applied to the node's own copy even when Redis is down; the next call that
         reaches Redis after a failure (or after Redis lost the sets) rewrites them whole.
@@ -141,12 +159,12 @@ class ClusterIndex:
             raise ValueError("node: a reader (node None) cannot publish; give the tier's node name")
         with self._publish_lock:
             touched = {kind: set() for kind in KINDS}
-            for kind, block_hash, change in events:
-                if kind not in KINDS or change not in (INSERTED, EVICTED):
-                    raise ValueError(f"event: ({kind!r}, {change!r}) is not (kv|kda, inserted|evicted)")
-                hexed = block_hash.hex()
-                (self._held[kind].add if change == INSERTED else self._held[kind].discard)(hexed)
-                touched[kind].add(hexed)
+            for event in events:
+                if event.kind not in KINDS:
+                    raise ValueError(f"event: kind {event.kind!r} is not one of {', '.join(KINDS)}")
+                hexed = event.block_hash.hex()
+                (self._held[event.kind].add if event.inserted else self._held[event.kind].discard)(hexed)
+                touched[event.kind].add(hexed)
             whole = self._published_epoch != self.link.epoch or not self.link.up
             present = self.link.call(lambda client: self._write(client, touched, whole))
             if present is None:
@@ -207,20 +225,21 @@ class ClusterIndex:
             matches[node] = IndexMatch(kv_depth, snapshots, usable_depth(kv_depth, snapshots, has_state))
         return matches
 
-    def start(self, take_events: Callable[[], Iterable[tuple[str, bytes, str]]], interval_s: float) -> None:
-        """Publish ``take_events()`` every ``interval_s`` on a thread until ``close`` (a tier's loop).
+    def start(self, tier: EventSource, interval_s: float) -> None:
+        """Publish ``tier``'s holdings, then its ``take_events()`` every ``interval_s`` on a thread
+        until ``close`` (each publish also refreshes the TTL, so a live node never expires).
 
         Raises:
-            ValueError: ``interval_s`` is not below a third of ``ttl_s`` (entries would expire
+            ValueError: ``interval_s`` is not at most a third of ``ttl_s`` (entries would expire
                 between publishes of a live node).
         """
         if not 0 < interval_s <= self.ttl_s / 3:
             raise ValueError(f"interval_s: must be in (0, ttl_s / 3 = {self.ttl_s / 3:g}], got {interval_s}")
-        self.publish(take_events())
+        self.publish(IndexEvent(kind, block_hash, True) for kind, block_hash in tier.record_events())
 
         def loop() -> None:
             while not self._stop.wait(interval_s):
-                self.publish(take_events())
+                self.publish(tier.take_events())
 
         self._thread = threading.Thread(target=loop, name=f"cluster-index-{self.node}", daemon=True)
         self._thread.start()

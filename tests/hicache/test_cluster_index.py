@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from common.cluster_index import EVICTED, INSERTED, KDA, KV, ClusterIndex, IndexMatch, usable_depth
+from common.cluster_index import KDA, KV, ClusterIndex, IndexEvent, IndexMatch, usable_depth
 from common.metrics import Metrics
 from deploy.local.redis_server import RedisServer
 
@@ -15,8 +15,23 @@ def chain(count: int, seed: str = "a") -> list[bytes]:
     return [hashlib.sha256(f"{seed}{i}".encode()).digest() for i in range(count)]
 
 
-def inserted(kind: str, hashes) -> list[tuple[str, bytes, str]]:
-    return [(kind, h, INSERTED) for h in hashes]
+def inserted(kind: str, hashes) -> list[IndexEvent]:
+    return [IndexEvent(kind, h, True) for h in hashes]
+
+
+class FakeTier:
+    """A tier's event source (``HostTier.record_events`` / ``take_events``) holding ``held`` at start."""
+
+    def __init__(self, held: set[tuple[str, bytes]]):
+        self.held = held
+        self.events: list[IndexEvent] = []
+
+    def record_events(self) -> set[tuple[str, bytes]]:
+        return set(self.held)
+
+    def take_events(self) -> list[IndexEvent]:
+        events, self.events = self.events, []
+        return events
 
 
 def test_usable_depth_is_the_deepest_snapshot_within_the_kv_run():
@@ -34,7 +49,12 @@ def test_publish_then_lookup_gives_kv_depth_and_snapshots(redis_server, prefix):
     # KV run 4 (block 4 missing); the snapshot under block 5 lies beyond it and does not count.
     assert router.lookup(blocks, has_state=True) == {"node-a": IndexMatch(4, (2, 4), 4)}
     assert router.lookup(blocks, has_state=False) == {"node-a": IndexMatch(4, (2, 4), 4)}
-    assert tier.publish([(KV, blocks[3], EVICTED), (KV, blocks[2], EVICTED), (KV, blocks[2], INSERTED)])
+    changes = [
+        IndexEvent(KV, blocks[3], False),
+        IndexEvent(KV, blocks[2], False),
+        IndexEvent(KV, blocks[2], True),
+    ]
+    assert tier.publish(changes)
     assert router.lookup(blocks, has_state=True) == {"node-a": IndexMatch(3, (2,), 2)}
     assert router.lookup(blocks, has_state=False)["node-a"].usable_depth == 3
     assert router.lookup(chain(3, seed="other"), has_state=False) == {}  # another prompt: no hit
@@ -62,13 +82,15 @@ def test_a_silent_node_expires_and_leaves_the_registry(redis_server, prefix):
     dead = ClusterIndex(redis_server.url, "dead", ttl_s=1, prefix=prefix)
     router = ClusterIndex(redis_server.url, prefix=prefix)
     blocks = chain(2)
-    live.start(lambda: inserted(KV, blocks), interval_s=0.2)  # keeps refreshing its TTL
+    source = FakeTier({(KV, blocks[0])})
+    live.start(source, interval_s=0.2)  # publishes what it holds, then keeps refreshing its TTL
+    source.events = inserted(KV, blocks[1:])
     assert dead.publish(inserted(KV, blocks))
     assert set(router.lookup(blocks, has_state=False)) == {"live", "dead"}
     deadline = time.monotonic() + 5
     while "dead" in router.lookup(blocks, has_state=False) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert set(router.lookup(blocks, has_state=False)) == {"live"}
+    assert router.lookup(blocks, has_state=False) == {"live": IndexMatch(2, (), 2)}  # its later events too
     assert router.link.client.smembers(f"{prefix}nodes") == {b"live"}
     live.close()
 
@@ -133,7 +155,7 @@ def test_bad_events_and_a_reader_publishing_are_refused():
     with pytest.raises(ValueError, match="node: a reader"):
         reader.publish([])
     tier = ClusterIndex("redis://127.0.0.1:1", "node-a")
-    with pytest.raises(ValueError, match="event: "):
-        tier.publish([("ssd", b"x", INSERTED)])
+    with pytest.raises(ValueError, match="event: kind 'ssd' is not one of kv, kda"):
+        tier.publish([IndexEvent("ssd", b"x", True)])
     with pytest.raises(ValueError, match="interval_s: must be in"):
-        tier.start(lambda: [], interval_s=20)
+        tier.start(FakeTier(set()), interval_s=20)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from common.cluster_index import INSERTED, KDA, KV, ClusterIndex, IndexMatch, usable_depth
+from common.cluster_index import KDA, KV, ClusterIndex, IndexEvent, IndexMatch, usable_depth
 from deploy.local.redis_server import RedisServer
 from proto.baton.v1 import workers_pb2
 from router.prefix_index import ChainSalt, PromptHashes
@@ -90,7 +90,7 @@ def test_scoring_through_a_real_index_and_redis_going_away(prefix):
     reader = ClusterIndex(server.url, prefix=prefix)
     reader.link.retry_s = 60.0  # once down, stays off for this test: no retry on the request path
     try:
-        events = [(KV, h, INSERTED) for h in HASHES] + [(KDA, HASHES[3], INSERTED)]
+        events = [IndexEvent(KV, h, True) for h in HASHES] + [IndexEvent(KDA, HASHES[3], True)]
         assert tier.publish(events)
         pool = pool_of(reader, device={"d": 1})
         assert order(pool) == ["t", "d", "n"]  # t: 4 tier blocks at half weight = 32 tokens > d's 16
