@@ -1,0 +1,1 @@
+"""HiCache: the node's host tier of KV blocks and KDA snapshots (``docs/hicache.md``)."""
