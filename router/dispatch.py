@@ -261,6 +261,7 @@ class Dispatcher:
         prefill_request = workers_pb2.PrefillRequest(
             reservation=reserved.reservation,
             endpoint=reserved.endpoint,
+            rank_endpoints=reserved.rank_endpoints,
             prompt_ids=prompt_ids,
             sampling=request.sampling,
             tenant=request.tenant,

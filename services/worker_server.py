@@ -49,7 +49,7 @@ class WorkerServer:
             self.stats, info.model_fingerprint, info.prefix_caching, self.engine.cached_at_start
         )
         backend = make_backend(config.transfer_backend)
-        self.engine.register_pools(backend)
+        self.engine.register_pools(backend, sends=config.role == "prefill")
         self.transfer = SharedTransfer(backend)
         self.drain_state = Drain(self.name)
         # A decode stream, a reservation's lease or a prefill call holds a handler thread while its

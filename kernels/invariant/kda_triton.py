@@ -21,7 +21,10 @@ call) with the same float32 bits. So a token's output and the state it leaves de
 inputs, its slot and its position in the chunk: not on how the tokens were split into calls (prefill =
 chunked prefill = decode) or which other sequences share the launch. ``BK``, ``BV`` and the warp count
 depend only on ``K`` and ``V``; the token count and offsets are read from ``cu_seqlens`` in the kernel,
-so no launch argument that changes with the split can change the compiled code.
+so no launch argument that changes with the split can change the compiled code. Every token runs the one
+copy of the row code (a plain while loop: no pipelined first iterations compiled apart), and the kernel
+is compiled without FMA contraction (``enable_fp_fusion=False``), so the rounding of each product and
+sum is the one written, whatever the compiler schedules around it.
 
 Float32 references (same signatures): ``kernels.kda.fixed_chunk.kda_fixed_chunk`` for
 ``kda_fixed_chunk_triton`` and ``kda_fixed_chunk_varlen_reference`` for ``kda_fixed_chunk_varlen_triton``.
@@ -87,7 +90,6 @@ def _kda_fixed_chunk_kernel(
     H, stride_s0_slot, stride_s0_h, stride_s0_k, stride_ok_slot, stride_ok_c, stride_ok_h, stride_og_slot,
     stride_og_c, stride_og_h, stride_od_slot, stride_od_c, stride_od_h, stride_count,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    LOOP_WHILE: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     h = tl.program_id(1)
@@ -123,21 +125,15 @@ def _kda_fixed_chunk_kernel(
         rows_delta = tl.load(p_od, mask=m_rows_v & has, other=0.0)
         g_last = tl.load(p_last, mask=m_k & (n_start > 0), other=0.0)
         n = n_start
-        # the interpreter cannot run a for loop over a loaded bound; the same rows, in the same order
-        if LOOP_WHILE:
-            t = bos
-            while t < eos:
-                n, g_last, state, rows_k, rows_g, rows_delta = _token_row(
-                    t, n, g_last, state, rows_k, rows_g, rows_delta, q, k, v, g, beta, out, h, scale, o_k,
-                    m_k, o_v, m_v, H, K, V, BK, BV, C,
-                )  # fmt: skip
-                t += 1
-        else:
-            for t in tl.range(bos, eos):
-                n, g_last, state, rows_k, rows_g, rows_delta = _token_row(
-                    t, n, g_last, state, rows_k, rows_g, rows_delta, q, k, v, g, beta, out, h, scale, o_k,
-                    m_k, o_v, m_v, H, K, V, BK, BV, C,
-                )  # fmt: skip
+        # A while loop, not tl.range: the interpreter cannot run a for loop over a loaded bound, and on the
+        # GPU a pipelined tl.range peels its first iterations into separately compiled copies of the body.
+        t = bos
+        while t < eos:
+            n, g_last, state, rows_k, rows_g, rows_delta = _token_row(
+                t, n, g_last, state, rows_k, rows_g, rows_delta, q, k, v, g, beta, out, h, scale, o_k, m_k,
+                o_v, m_v, H, K, V, BK, BV, C,
+            )  # fmt: skip
+            t += 1
         tl.store(p_s0, state, mask=m_s0)
         tl.store(p_od, rows_delta, mask=m_rows_v & changed)
     tl.store(p_ok, rows_k, mask=m_rows_k & changed)
@@ -224,7 +220,7 @@ def kda_fixed_chunk_varlen_triton(
         s0.stride(0), s0.stride(1), s0.stride(2), open_k.stride(0), open_k.stride(1), open_k.stride(2),
         open_g.stride(0), open_g.stride(1), open_g.stride(2), open_delta.stride(0), open_delta.stride(1),
         open_delta.stride(2), open_count.stride(0),
-        K=k_dim, V=v_dim, BK=block_k, BV=block_v, C=CHUNK, LOOP_WHILE=q.device.type == "cpu", num_warps=4,
+        K=k_dim, V=v_dim, BK=block_k, BV=block_v, C=CHUNK, num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
     # The count is shared by the sequence's head programs, so it moves after they have all read it.
     index = slots.long()

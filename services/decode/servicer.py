@@ -99,6 +99,7 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         yield workers_pb2.ReserveResponse(
             reservation=reservation_to_pb(reserved.reservation),
             endpoint=endpoint_to_pb(self.transfer.endpoint()),
+            rank_endpoints=[endpoint_to_pb(endpoint) for endpoint in self.engine.rank_endpoints],
         )
         lease.wait()  # the stream stays open while the reservation waits for its state
 

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from common.sampling_params import SamplingParams
-from services.transfer import TransferBackend
+from services.transfer import TransferBackend, TransferEndpoint
 
 from .adapters.lora_adapter import LoraAdapter
 from .engine_core import EngineCore
@@ -35,7 +35,10 @@ from .handoff import (
     layout_of,
     register_pools,
     reservation_of,
+    row_for_row,
 )
+from .parallel.group_handoff import GroupHandoff, not_a_target
+from .parallel.rank_handoff import RankSent
 from .scheduler import SampledToken
 
 DeltaStream = queue.Queue  # of RequestDelta: a request's new tokens, the last one with its finish reason
@@ -72,6 +75,10 @@ class EngineService:
         self.info: EngineInfo = info_of(engine)
         self._cache = engine.cache  # for register_pools only: the pools' storages never move
         self.world_size = engine.config.world_size
+        self._group: GroupHandoff | None = None  # every rank's transfer agent (register_pools)
+        self.rank_endpoints: tuple[TransferEndpoint, ...] = ()  # a parallel engine's, in rank order
+        # Why no prefill group can write into this engine (decode --pcp / --pp), whatever the sender.
+        self._not_a_target = not_a_target(engine.model.config, self.layout)
         self.cached_at_start = frozenset(engine.cache.blocks.record_events())
         self._reservation_ttl_s = reservation_ttl_s
         self._observers: list[Callable[[EnginePass], None]] = []
@@ -87,9 +94,33 @@ class EngineService:
         """Run one pass now (observers see the current load, e.g. a draining flag set meanwhile)."""
         self.loop.call(lambda engine: None)
 
-    def register_pools(self, backend: TransferBackend) -> None:
-        """Register the block and slot pools with a transfer backend (at start)."""
-        register_pools(backend, self._cache)
+    def register_pools(self, backend: TransferBackend, sends: bool = False) -> None:
+        """Register the block and slot pools with a transfer backend (at start). A parallel engine's
+        followers each open their own agent over their pools (``rank_endpoints``: every rank's, in rank
+        order); an engine that ``sends`` handoffs (a prefill worker) also registers a staging buffer on
+        every rank, so it can write into a decode group of another layout.
+
+        Raises:
+            TransferError: a rank could not open its agent.
+        """
+        if self.world_size == 1 and not sends:
+            register_pools(backend, self._cache)
+            return
+
+        def open_group(engine: EngineCore) -> GroupHandoff:
+            return GroupHandoff.open(
+                engine.model.config,
+                self.layout,
+                engine.ranks,
+                engine.cache,
+                backend,
+                engine.config.max_model_len,
+                sends,
+            )
+
+        self._group = self.loop.call(open_group)
+        if self.world_size > 1:
+            self.rank_endpoints = self._group.endpoints
 
     # ---- decode side ------------------------------------------------------------------------------
 
@@ -105,23 +136,24 @@ class EngineService:
     ) -> ReserveResult:
         """Hold room for a prompt's handoff, or decline when ``local_prefill_max_tokens`` is given and
         the prompt is cheaper to prefill here (``prefill_here``). One loop call: the prefix lookup and
-        the reservation see the same cache. A parallel engine (``world_size > 1``) always declines: it
-        cannot receive a handoff yet (``docs/parallel.md``).
+        the reservation see the same cache. The reservation's layout carries this engine's parallel
+        degrees: a parallel engine's ranks each receive their share (``rank_endpoints``). An engine no
+        prefill group can write into (``--pcp`` or ``--pp`` above 1: ``check_mappable``) declines.
 
         Raises:
-            ValueError: a bad request (naming the field), or a reservation a parallel engine must take
-                (``local_prefill_max_tokens`` None).
+            ValueError: a bad request (naming the field), or a reservation that such an engine must
+                take (``local_prefill_max_tokens`` None), naming the flag.
             NoCapacity: nothing free right now.
         """
 
         def reserve_or_decline(engine: EngineCore) -> ReserveResult:
-            if self.world_size > 1:  # no handoff into a parallel engine yet: prefill here instead
+            if self._not_a_target is not None:  # no prefill group can write here: prefill here instead
                 if local_prefill_max_tokens is None:
-                    raise ValueError(_NO_PARALLEL_HANDOFF.format(self.world_size, "target"))
+                    raise ValueError(self._not_a_target)
                 return ReserveResult(None, engine.cached_prefix_tokens(prompt_ids, tenant, adapter))
             if local_prefill_max_tokens is not None:
                 cached = engine.cached_prefix_tokens(prompt_ids, tenant, adapter)
-                block_size = engine.cache.blocks.block_size
+                block_size = engine.cache.block_tokens  # a DCP group's virtual block
                 if prefill_here(len(prompt_ids), cached, local_prefill_max_tokens, block_size):
                     return ReserveResult(None, cached)
             reserved = engine.reserve(
@@ -195,17 +227,33 @@ class EngineService:
         tenant: str = "",
         resumed_tokens: int = 0,
         adapter: str = "",
+        decode_endpoints: int = 1,
     ) -> DeltaStream:
         """Compute a prompt and its first token for ``reservation`` and keep its cache for the handoff
-        (``held_prefill``, then ``discard``). The reservation's layout is checked first.
+        (``held_prefill``, then ``send_rank_handoff`` or ``send_state``, then ``discard``). The
+        reservation's layout is checked first: equal to this engine's for a row-for-row handoff, else
+        mappable rank to rank (``GroupHandoff.check``).
+
+        ``decode_endpoints``: how many decode ranks' endpoints came with the reservation (one per rank).
 
         Raises:
-            ValueError: the reservation's layout differs from this engine's (naming the field and
-                both values), or a bad request.
+            ValueError: the reservation's layout differs from this engine's or cannot be mapped onto its
+                ranks (naming the field), endpoints that are not one per decode rank, or a bad request.
         """
-        if self.world_size > 1:
-            raise ValueError(_NO_PARALLEL_HANDOFF.format(self.world_size, "source"))
         check_layout(reservation.layout, self.layout)
+        if not row_for_row(reservation.layout, self.layout):
+            if self._group is None:
+                raise ValueError(
+                    "reservation.layout.parallel: this engine has no per-rank transfer agents (its pools "
+                    "were registered for row-for-row handoffs only)"
+                )
+            self._group.check(reservation.layout)
+        decode_ranks = reservation.layout.parallel.world_size
+        if decode_endpoints != decode_ranks:
+            raise ValueError(
+                f"rank_endpoints: {decode_endpoints} endpoints for a decode worker of {decode_ranks} ranks "
+                "(pass the ReserveResponse's on unchanged)"
+            )
         request_id = reservation.request_id
         return self.loop.call(
             lambda engine: self.loop.watch(
@@ -213,6 +261,28 @@ class EngineService:
                     prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens, adapter=adapter
                 )
             )
+        )
+
+    def send_rank_handoff(
+        self,
+        held: HeldPrefill,
+        num_tokens: int,
+        reservation: Reservation,
+        endpoints: tuple[TransferEndpoint, ...],
+        timeout_s: float = 30.0,
+    ) -> tuple[RankSent, ...]:
+        """Write a held prefill into a reservation of another layout, every rank its share, between
+        steps (``GroupHandoff.send``); decode rank 0 is notified once every rank's writes are done.
+
+        Returns:
+            every rank's ``RankSent``, in rank order.
+
+        Raises:
+            ValueError: endpoints that are not one per decode rank.
+            TransferError: a rank's write failed (the group stays up; nothing is retried here).
+        """
+        return self.loop.call(
+            lambda engine: self._group.send(held, num_tokens, reservation, endpoints, timeout_s)
         )
 
     def held_prefill(self, request_id: str) -> HeldPrefill:
@@ -267,12 +337,6 @@ class EngineService:
         )
         for observer in self._observers:
             observer(report)
-
-
-_NO_PARALLEL_HANDOFF = (
-    "handoff: this worker's engine runs {} ranks, and a parallel engine cannot be a handoff {} yet (the "
-    "state would have to move shard by shard); serve it colocated (--colocated) or with one rank"
-)
 
 
 def prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, block_size: int) -> bool:

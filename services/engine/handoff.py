@@ -10,9 +10,12 @@
  decode as usual
 ```
 Both engines must share the block and slot layouts: the decode engine's reservation carries its
-``HandoffLayout`` (model, block size, dtype, KV format, numerics mode and the two layout
-fingerprints) and the prefill engine refuses one that differs from its own (``check_layout``)
-before computing anything.
+``HandoffLayout`` (model, block size, dtype, KV format, numerics mode, the two layout fingerprints
+and its parallel degrees) and the prefill engine refuses one that differs from its own
+(``check_layout``) before computing anything. When either engine has several ranks, the rank-local
+fields (block size, layout fingerprints) may differ: each prefill rank then sends its bytes to the
+decode ranks that own them (``parallel/rank_handoff.py``, by ``parallel/handoff_plan.py``'s plan,
+which refuses a pair it cannot map).
 """
 
 import dataclasses
@@ -22,6 +25,7 @@ from services.transfer import BLOCKS, STATE, TransferBackend, TransferStats
 
 from .cache_manager import CacheManager
 from .engine_core import EngineCore
+from .parallel.layout import ParallelLayout
 from .request import Request, RequestStatus
 from .scheduler import SampledToken
 
@@ -37,6 +41,15 @@ class HandoffLayout:
     slot_layout: str  # ``Layout.fingerprint()`` of one state slot
     numerics: str  # ``default`` or ``batch_invariant`` (CF-BI keeps open-chunk rows in the slot)
     model: str  # the engine's model fingerprint (also the prefix-cache salt)
+    parallel: ParallelLayout = ParallelLayout()  # the engine's ranks (block_size: one rank's pool's)
+
+    @property
+    def single_rank(self) -> bool:
+        return self.parallel.world_size == 1
+
+
+# Fields that describe one rank's pools: equal row for row only between two single-rank engines.
+_RANK_LOCAL = ("block_size", "block_layout", "slot_layout", "parallel")
 
 
 @dataclass(frozen=True)
@@ -67,17 +80,21 @@ def layout_of(engine: EngineCore) -> HandoffLayout:
     blocks, slots = engine.cache.blocks, engine.cache.slots
     return HandoffLayout(
         block_size=blocks.block_size,
-        dtype=str(engine.model.lm_head.weight.dtype).removeprefix("torch."),
+        dtype=str(engine.model.dtype).removeprefix("torch."),
         kv_format=engine.config.kv_format,
         block_layout=blocks.layout.fingerprint(),
         slot_layout=slots.layout.fingerprint(),
         numerics="batch_invariant" if engine.config.batch_invariant else "default",
         model=engine.model_fingerprint,
+        parallel=engine.config.layout,
     )
 
 
 def check_layout(decode: HandoffLayout | None, prefill: HandoffLayout) -> None:
-    """Refuse a handoff between engines whose rows differ (before any prefill work).
+    """Refuse a handoff between engines whose rows differ (before any prefill work). Between two
+    single-rank engines every field must match (rows are copied whole); when either has several ranks
+    only the model and its bytes' meaning must (dtype, KV format, numerics): the plan maps the ranks'
+    pools (``handoff_plan.check_mappable`` checks the rest).
 
     Raises:
         ValueError: no layout, or the first field that differs, naming both sides, e.g.
@@ -87,12 +104,21 @@ def check_layout(decode: HandoffLayout | None, prefill: HandoffLayout) -> None:
         raise ValueError(
             "reservation.layout: required (the decode worker did not say how its rows are laid out)"
         )
+    whole_rows = row_for_row(decode, prefill)
     for field in dataclasses.fields(HandoffLayout):
+        if field.name in _RANK_LOCAL and not whole_rows:
+            continue
         theirs, ours = getattr(decode, field.name), getattr(prefill, field.name)
         if theirs != ours:
             raise ValueError(
                 f"reservation.layout.{field.name}: decode worker has {theirs}, this prefill worker has {ours}"
             )
+
+
+def row_for_row(decode: HandoffLayout, prefill: HandoffLayout) -> bool:
+    """Whether a handoff copies whole rows (two single-rank engines, ``send_state``) rather than each
+    prefill rank its share (``parallel/group_handoff.py``)."""
+    return decode.single_rank and prefill.single_rank
 
 
 def reservation_of(request: Request, layout: HandoffLayout | None = None) -> Reservation:

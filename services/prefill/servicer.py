@@ -1,5 +1,7 @@
 """``PrefillWorker`` gRPC servicer: prefill (``EngineService``), then hand the state to decode over the
-transfer backend (the transfer stays outside the engine: ``send_state`` reads a ``HeldPrefill``)."""
+transfer backend: row for row between two single-rank engines (the transfer stays outside the engine:
+``send_state`` reads a ``HeldPrefill``), else every prefill rank writes its share into the decode ranks
+that own it (``EngineService.send_rank_handoff``)."""
 
 import queue
 import threading
@@ -11,8 +13,9 @@ from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
-from services.engine.handoff import HeldPrefill, send_state
+from services.engine.handoff import HeldPrefill, row_for_row, send_state
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb
+from services.transfer import TransferStats
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
@@ -59,10 +62,12 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
     def Prefill(self, request, context):
         reservation = reservation_from_pb(request.reservation)
         endpoint = endpoint_from_pb(request.endpoint)
-        if endpoint.backend != self.transfer.name:
-            raise ValueError(
-                f"endpoint.backend: {endpoint.backend!r}, but this worker uses {self.transfer.name!r}"
-            )
+        rank_endpoints = tuple(endpoint_from_pb(e) for e in request.rank_endpoints) or (endpoint,)
+        for field, given in (("endpoint", endpoint), *(("rank_endpoints", e) for e in rank_endpoints)):
+            if given.backend != self.transfer.name:
+                raise ValueError(
+                    f"{field}.backend: {given.backend!r}, but this worker uses {self.transfer.name!r}"
+                )
         params = sampling_from_pb(request.sampling)
         prompt, request_id = list(request.prompt_ids), reservation.request_id
         self.faults.pause("prefill")
@@ -76,6 +81,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                 request.tenant,
                 resumed_tokens=request.resumed_tokens,
                 adapter=request.adapter,
+                decode_endpoints=len(rank_endpoints),
             )
         try:
             # The caller left: stop computing (queued, not awaited: this runs on gRPC's event thread).
@@ -86,8 +92,14 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             self.faults.pause("handoff")
             try:
                 self._inject_failure()
-                peer = self.transfer.connect(endpoint)
-                stats = send_state(self.transfer, peer, held, reservation)
+                rank_bytes: list[int] = []
+                if row_for_row(reservation.layout, self.engine.layout):
+                    peer = self.transfer.connect(endpoint)
+                    stats = send_state(self.transfer, peer, held, reservation)
+                else:
+                    sent = self.engine.send_rank_handoff(held, len(prompt), reservation, rank_endpoints)
+                    rank_bytes = [report.nbytes for report in sent]
+                    stats = TransferStats(sum(rank_bytes), max(report.seconds for report in sent))
             except TransferError:
                 self.metrics.transfer_failures.labels(self.transfer.name).inc()
                 raise
@@ -101,6 +113,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             transfer_bytes=stats.nbytes,
             transfer_seconds=stats.seconds,
             cached_tokens=held.num_cached_tokens,
+            rank_transfer_bytes=rank_bytes,
         )
         if first.logprob is not None:
             response.first_logprob = first.logprob

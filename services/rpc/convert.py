@@ -6,6 +6,7 @@ import dataclasses
 from proto.baton.v1 import generation_pb2, workers_pb2
 from services.engine.engine_loop import RequestDelta
 from services.engine.handoff import HandoffLayout, Reservation
+from services.engine.parallel.layout import ParallelLayout
 from services.transfer import RegionInfo, TransferEndpoint
 
 _FINISH = {
@@ -87,9 +88,17 @@ def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
         raise ValueError("reservation.request_id: required")
     layout = None
     if message.HasField("layout"):
-        layout = HandoffLayout(
-            **{f.name: getattr(message.layout, f.name) for f in dataclasses.fields(HandoffLayout)}
-        )
+        fields = {f.name: getattr(message.layout, f.name) for f in dataclasses.fields(HandoffLayout)}
+        degrees = message.layout.parallel
+        fields["parallel"] = ParallelLayout()  # unset: one rank
+        if message.layout.HasField("parallel"):
+            try:
+                fields["parallel"] = ParallelLayout(
+                    tp=degrees.tp, dcp=degrees.dcp, pcp=degrees.pcp, pp=degrees.pp, ep=degrees.ep
+                )
+            except ValueError as error:
+                raise ValueError(f"reservation.layout.parallel: {error}") from None
+        layout = HandoffLayout(**fields)
     return Reservation(message.request_id, tuple(message.block_ids), message.slot, layout)
 
 

@@ -8,6 +8,8 @@ request id, which the receiver sees as a ``Notification`` once the bytes have la
   ``common.errors.TransferError``.
 - ``backend.py``: the ``TransferBackend`` interface and its checks, ``TransferStats``, ``Notification``.
 - ``row_plan.py``: validating row pairs and coalescing them into spans (one descriptor per run).
+- ``byte_plan.py``: ``ByteSpan`` and its checks, for ``write_bytes`` (any local bytes into any bytes of
+  a peer's region: a parallel handoff's staging buffer into the decode ranks' pools).
 - ``nixl_backend.py``: the NIXL (UCX) backend, host (``DRAM``) or GPU (``VRAM``) memory.
 - ``grpc_bytes_backend.py``: plain bytes over a gRPC stream: the explicit fallback and the baseline.
 - ``registry.py``: ``make_backend(name)`` (``nixl``, ``grpc_bytes``).

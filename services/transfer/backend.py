@@ -14,15 +14,21 @@ the write's message (the request id) as a ``Notification``::
                                                             "state": [(0, 5)]}, message=rid)
     b.wait_notification(rid, timeout_s)  ◄── data first, then the message
 
+``write_bytes`` moves arbitrary byte ranges instead of rows (``byte_plan.ByteSpan``: a local
+region's bytes into any region of the peer), with the same up-front checks.
+
 A region is a 2-D contiguous uint8 tensor ``[num_rows, row_bytes]`` (one row = one packed block or
 one state slot). This base class owns the checks (regions, peers, row ranges) so every backend fails
 the same way *before* moving a byte; backends implement only the ``_hooks``.
 
-A backend object's setup (``register``, ``endpoint``, ``connect``, ``close``) and its notification
-polling are for one thread at a time; ``write`` may run on several threads at once once its peer is
-connected (``inbox.SharedTransfer`` arranges both, and says why each backend allows it).
+A backend object's setup (``register``, ``endpoint``, ``close``) and its notification polling are for
+one thread at a time; ``connect`` / ``disconnect`` hold a lock of their own (a parallel prefill
+worker's engine thread connects to decode ranks while its handler threads connect for single-rank
+handoffs); ``write`` may run on several threads at once once its peer is connected
+(``inbox.SharedTransfer`` arranges the rest, and says why each backend allows it).
 """
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -32,8 +38,9 @@ import torch
 
 from common.errors import TransferError
 
+from .byte_plan import ByteSpan, check_byte_spans
 from .endpoint import RegionInfo, TransferEndpoint, region_info
-from .row_plan import RowSpan, plan_row_copies
+from .row_plan import plan_row_copies
 
 BLOCKS = "blocks"  # the packed-block pool (BlockPool.storage)
 STATE = "state"  # the KDA state-slot pool (StateSlotPool.storage)
@@ -70,6 +77,7 @@ class TransferBackend(ABC):
         self._regions: dict[str, RegionInfo] = {}
         self._storages: dict[str, torch.Tensor] = {}  # keeps registered memory alive
         self._peers: dict[str, TransferEndpoint] = {}
+        self._peers_lock = threading.RLock()  # connect / disconnect from several threads
         self._pending: list[Notification] = []  # polled but not yet claimed by wait_notification
         self._closed = False
 
@@ -104,18 +112,20 @@ class TransferBackend(ABC):
             raise TransferError(
                 f"endpoint of {endpoint.agent_name!r} is for backend {endpoint.backend!r}, not {self.name!r}"
             )
-        if endpoint.agent_name in self._peers:
-            if self._peers[endpoint.agent_name] == endpoint:
-                return endpoint.agent_name
-            self.disconnect(endpoint.agent_name)
-        self._call(f"connect to peer {endpoint.agent_name!r}", self._add_peer, endpoint)
-        self._peers[endpoint.agent_name] = endpoint
-        return endpoint.agent_name
+        with self._peers_lock:
+            if endpoint.agent_name in self._peers:
+                if self._peers[endpoint.agent_name] == endpoint:
+                    return endpoint.agent_name
+                self.disconnect(endpoint.agent_name)
+            self._call(f"connect to peer {endpoint.agent_name!r}", self._add_peer, endpoint)
+            self._peers[endpoint.agent_name] = endpoint
+            return endpoint.agent_name
 
     def disconnect(self, peer: str) -> None:
         """Forget ``peer`` (no error if unknown)."""
-        if self._peers.pop(peer, None) is not None:
-            self._call(f"disconnect peer {peer!r}", self._remove_peer, peer)
+        with self._peers_lock:
+            if self._peers.pop(peer, None) is not None:
+                self._call(f"disconnect peer {peer!r}", self._remove_peer, peer)
 
     def write(
         self,
@@ -141,12 +151,56 @@ class TransferBackend(ABC):
             TransferError: unknown peer or region, row out of range, remote row written twice,
                 mismatched row sizes (all checked before any byte moves), backend failure, timeout.
         """
+        endpoint = self._peer(peer)
+        spans = []
+        for span in plan_row_copies(self._regions, endpoint, copies):
+            row_bytes = self._regions[span.region].row_bytes
+            spans.append(
+                ByteSpan(
+                    span.region,
+                    span.local_row * row_bytes,
+                    span.region,
+                    span.remote_row * row_bytes,
+                    span.count * row_bytes,
+                )
+            )
+        return self._write_checked(peer, endpoint, spans, message, timeout_s)
+
+    def write_bytes(
+        self, peer: str, spans: Sequence[ByteSpan], message: str | None = None, timeout_s: float = 30.0
+    ) -> TransferStats:
+        """Copy byte ranges into ``peer`` and, once they have landed, deliver ``message`` to it.
+
+        Args:
+            peer: a name returned by ``connect``.
+            spans: ``ByteSpan``s (local region and offset -> remote region and offset, size).
+            message, timeout_s: as for ``write``.
+
+        Raises:
+            TransferError: unknown peer or region, a range outside either side's region, remote bytes
+                written twice (all checked before any byte moves), backend failure, timeout.
+        """
+        endpoint = self._peer(peer)
+        return self._write_checked(
+            peer, endpoint, check_byte_spans(self._regions, endpoint, spans), message, timeout_s
+        )
+
+    def _peer(self, peer: str) -> TransferEndpoint:
         self._check_open()
         endpoint = self._peers.get(peer)
         if endpoint is None:
             raise TransferError(f"unknown peer {peer!r} (connected: {sorted(self._peers)})")
-        spans = plan_row_copies(self._regions, endpoint, copies)
-        nbytes = sum(span.count * self._regions[span.region].row_bytes for span in spans)
+        return endpoint
+
+    def _write_checked(
+        self,
+        peer: str,
+        endpoint: TransferEndpoint,
+        spans: list[ByteSpan],
+        message: str | None,
+        timeout_s: float,
+    ) -> TransferStats:
+        nbytes = sum(span.nbytes for span in spans)
         start = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         self._call(f"write to peer {peer!r}", self._write_spans, endpoint, spans, message, deadline)
@@ -228,9 +282,9 @@ class TransferBackend(ABC):
 
     @abstractmethod
     def _write_spans(
-        self, endpoint: TransferEndpoint, spans: list[RowSpan], message: str | None, deadline: float
+        self, endpoint: TransferEndpoint, spans: list[ByteSpan], message: str | None, deadline: float
     ) -> None:
-        """Copy the validated ``spans``, then deliver ``message``; raise if ``time.monotonic()``
+        """Copy the validated byte ``spans``, then deliver ``message``; raise if ``time.monotonic()``
         passes ``deadline`` first. ``spans`` may be empty (then only the message is sent)."""
 
     @abstractmethod

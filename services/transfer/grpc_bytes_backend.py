@@ -6,9 +6,9 @@ an OS-chosen port, started by its first ``endpoint()``; the endpoint's metadata 
 ``"127.0.0.1:PORT"`` address. A write is one client-streaming ``WriteRows`` call::
 
     sender                                        receiver (TransferSink server thread)
-    chunk(blocks, rows 17..19, offset 0, <=4 MiB) ──► copy into storage rows 17..19
-    chunk(blocks, rows 17..19, offset 4 MiB, ...) ──► (a span larger than a chunk is split)
-    chunk(state,  row 5,       offset 0, ...)     ──► copy into state row 5
+    chunk(blocks, rows 0.., offset 17*R, <=4 MiB) ──► copy into the region's bytes from 17*R
+    chunk(blocks, rows 0.., offset 17*R + 4 MiB)  ──► (a span larger than a chunk is split)
+    chunk(state,  rows 0.., offset 5*S, ...)      ──► copy into state row 5
     done(sender, message)                         ──► queue Notification(sender, message)
                                       ack  ◄────────  bytes_written
 
@@ -30,8 +30,8 @@ from common.errors import TransferError
 from proto.baton.v1 import transfer_pb2, transfer_pb2_grpc
 
 from .backend import Notification, TransferBackend
+from .byte_plan import ByteSpan
 from .endpoint import RegionInfo, TransferEndpoint
-from .row_plan import RowSpan
 
 CHUNK_BYTES = 4 << 20  # payload per streamed message
 # Room for a full chunk plus its fields on both ends (gRPC's default limit is 4 MiB in total).
@@ -109,7 +109,7 @@ class GrpcBytesBackend(TransferBackend):
             entry[0].close()
 
     def _write_spans(
-        self, endpoint: TransferEndpoint, spans: list[RowSpan], message: str | None, deadline: float
+        self, endpoint: TransferEndpoint, spans: list[ByteSpan], message: str | None, deadline: float
     ) -> None:
         peer = endpoint.agent_name
         _, stub, address = self._channels[peer]
@@ -117,7 +117,7 @@ class GrpcBytesBackend(TransferBackend):
         if remaining <= 0:
             raise TransferError(f"grpc_bytes: the write to peer {peer!r} did not complete before its timeout")
         try:
-            reply = stub.WriteRows(self._requests(spans, message), timeout=remaining)
+            reply = stub.WriteRows(self._requests(endpoint, spans, message), timeout=remaining)
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -127,27 +127,33 @@ class GrpcBytesBackend(TransferBackend):
             raise TransferError(
                 f"grpc_bytes: the write to peer {peer!r} at {address} failed: {code.name}: {exc.details()}"
             ) from None
-        expected = sum(span.count * self._regions[span.region].row_bytes for span in spans)
+        expected = sum(span.nbytes for span in spans)
         if reply.bytes_written != expected:
             raise TransferError(
                 f"grpc_bytes: peer {peer!r} acknowledged {reply.bytes_written} bytes, sent {expected}"
             )
 
-    def _requests(self, spans: list[RowSpan], message: str | None) -> Iterator[transfer_pb2.WriteRowsRequest]:
-        """The streamed messages: every span in chunks of at most ``chunk_bytes``, then ``done``."""
+    def _requests(
+        self, endpoint: TransferEndpoint, spans: list[ByteSpan], message: str | None
+    ) -> Iterator[transfer_pb2.WriteRowsRequest]:
+        """The streamed messages: every span in chunks of at most ``chunk_bytes``, then ``done``.
+
+        A chunk addresses the remote region's bytes from row 0 (``first_row`` 0 over all its rows), so
+        a span need not start or end on a row boundary."""
         for span in spans:
-            info = self._regions[span.region]
-            rows = self._storages[span.region][span.local_row : span.local_row + span.count]
-            flat = rows.reshape(-1)
+            flat = self._storages[span.local_region].view(-1)[
+                span.local_offset : span.local_offset + span.nbytes
+            ]
             if flat.device.type != "cpu":
                 flat = flat.cpu()
             view = memoryview(flat.numpy())
-            for offset in range(0, span.count * info.row_bytes, self._chunk_bytes):
+            remote_rows = endpoint.region(span.remote_region).num_rows
+            for offset in range(0, span.nbytes, self._chunk_bytes):
                 chunk = transfer_pb2.RowChunk(
-                    region=span.region,
-                    first_row=span.remote_row,
-                    row_count=span.count,
-                    byte_offset=offset,
+                    region=span.remote_region,
+                    first_row=0,
+                    row_count=remote_rows,
+                    byte_offset=span.remote_offset + offset,
                     data=view[offset : offset + self._chunk_bytes].tobytes(),
                 )
                 yield transfer_pb2.WriteRowsRequest(chunk=chunk)

@@ -3,8 +3,8 @@
 One NIXL agent per backend object. Regions are registered with their memory type (``DRAM`` for
 host tensors, ``VRAM`` for CUDA tensors), so the same code serves the CPU tests and the GPU cluster.
 A write is one NIXL transfer request per (local, remote) memory-type pair -- in practice one --
-with one descriptor per coalesced run of rows; the request id rides on it as the NIXL notification,
-which the receiver gets only after the data has landed.
+with one descriptor per coalesced run of rows (or per byte span of ``write_bytes``); the request id
+rides on it as the NIXL notification, which the receiver gets only after the data has landed.
 """
 
 import logging
@@ -18,8 +18,8 @@ from nixl._api import nixl_agent, nixl_agent_config
 from common.errors import TransferError
 
 from .backend import Notification, TransferBackend
+from .byte_plan import ByteSpan
 from .endpoint import RegionInfo, TransferEndpoint
-from .row_plan import RowSpan
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class NixlBackend(TransferBackend):
             self._agent.remove_remote_agent(peer)
 
     def _write_spans(
-        self, endpoint: TransferEndpoint, spans: list[RowSpan], message: str | None, deadline: float
+        self, endpoint: TransferEndpoint, spans: list[ByteSpan], message: str | None, deadline: float
     ) -> None:
         peer = endpoint.agent_name
         groups = self._descriptors(endpoint, spans)
@@ -132,19 +132,16 @@ class NixlBackend(TransferBackend):
                 self._agent.send_notif(peer, message.encode())
 
     def _descriptors(
-        self, endpoint: TransferEndpoint, spans: list[RowSpan]
+        self, endpoint: TransferEndpoint, spans: list[ByteSpan]
     ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
         """``(local mem type, remote mem type) -> (local, remote)`` ``[n, 3]`` uint64 descriptor
         arrays of ``(address, bytes, device id)``, one row per span."""
         rows: dict[tuple[str, str], tuple[list, list]] = {}
         for span in spans:
-            local, remote = self._regions[span.region], endpoint.region(span.region)
-            nbytes = span.count * local.row_bytes
+            local, remote = self._regions[span.local_region], endpoint.region(span.remote_region)
             local_list, remote_list = rows.setdefault((local.mem_type, remote.mem_type), ([], []))
-            local_list.append((local.base_addr + span.local_row * local.row_bytes, nbytes, local.device_id))
-            remote_list.append(
-                (remote.base_addr + span.remote_row * remote.row_bytes, nbytes, remote.device_id)
-            )
+            local_list.append((local.base_addr + span.local_offset, span.nbytes, local.device_id))
+            remote_list.append((remote.base_addr + span.remote_offset, span.nbytes, remote.device_id))
         return {
             key: (np.array(local, dtype=np.uint64), np.array(remote, dtype=np.uint64))
             for key, (local, remote) in rows.items()

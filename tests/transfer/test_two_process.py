@@ -14,6 +14,7 @@ import torch
 from common.errors import TransferError
 from services.transfer import BLOCKS, STATE, Notification, known_backends, make_backend
 from services.transfer.bandwidth import measure_bandwidth
+from services.transfer.byte_plan import ByteSpan
 from tests.transfer.receiver_peer import (
     BLOCK_BYTES,
     NUM_BLOCKS,
@@ -25,6 +26,8 @@ from tests.transfer.receiver_peer import (
 )
 
 SENDER = "prefill-test"
+STAGING = "staging"
+STAGING_BYTES = 1000
 
 
 @pytest.fixture(scope="module", params=known_backends())
@@ -47,12 +50,14 @@ def sender(backend_name, receiver):
     generator = torch.Generator().manual_seed(0)
     for storage in (blocks.storage, slots.storage):
         storage.copy_(torch.randint(0, 256, storage.shape, dtype=torch.uint8, generator=generator))
+    staging = torch.randint(0, 256, (1, STAGING_BYTES), dtype=torch.uint8, generator=generator)
     backend = make_backend(backend_name, SENDER)
     backend.register(BLOCKS, blocks.storage)
     backend.register(STATE, slots.storage)
+    backend.register(STAGING, staging)
     backend.connect(receiver.call("endpoint"))
     try:
-        yield backend, blocks.storage.numpy(), slots.storage.numpy()
+        yield backend, blocks.storage.numpy(), slots.storage.numpy(), staging.numpy().reshape(-1)
     finally:
         backend.close()
 
@@ -80,7 +85,7 @@ def expected_after(block_pairs, slot_pairs, source_blocks, source_slots):
     ids=["scattered", "one-run", "last-block", "state-only", "message-only", "every-row-reversed"],
 )
 def test_rows_arrive_exactly_with_notification(receiver, sender, block_pairs, slot_pairs):
-    backend, source_blocks, source_slots = sender
+    backend, source_blocks, source_slots, _ = sender
     request_id = f"req-{len(block_pairs)}-{len(slot_pairs)}-{time.monotonic_ns()}"
     receiver.call("fill")
     stats = backend.write(
@@ -107,7 +112,7 @@ def test_rows_arrive_exactly_with_notification(receiver, sender, block_pairs, sl
     ids=["local-block", "remote-block", "remote-slot", "duplicate"],
 )
 def test_bad_rows_raise_before_any_byte_moves(receiver, sender, copies, error):
-    backend, source_blocks, source_slots = sender
+    backend, source_blocks, source_slots, _ = sender
     receiver.call("fill")
     with pytest.raises(TransferError, match=error):
         backend.write("decode-test", copies, message="never", timeout_s=20)
@@ -122,16 +127,67 @@ def test_bad_rows_raise_before_any_byte_moves(receiver, sender, copies, error):
 
 
 def test_unknown_peer_and_missing_notification(receiver, sender):
-    backend, _, _ = sender
+    backend, _, _, _ = sender
     with pytest.raises(TransferError, match="unknown peer 'decode-other'"):
         backend.write("decode-other", {BLOCKS: [(0, 0)]}, message="x")
     with pytest.raises(TransferError, match="no notification 'req-none' within"):
         receiver.call("wait", "req-none", 0.2)
 
 
+# Staging bytes into both pools: across row boundaries, a partial row, a block pool row from a pool row.
+BYTE_SPANS = [
+    ByteSpan(STAGING, 0, BLOCKS, 3 * BLOCK_BYTES - 10, 50),  # ends of row 2 and start of row 3
+    ByteSpan(STAGING, 50, STATE, SLOT_BYTES + 7, 300),
+    ByteSpan(STAGING, 600, BLOCKS, 11 * BLOCK_BYTES, 1),
+    ByteSpan(BLOCKS, 4 * BLOCK_BYTES, BLOCKS, 7 * BLOCK_BYTES, BLOCK_BYTES),
+]
+
+
+def test_byte_spans_arrive_exactly_with_notification(receiver, sender):
+    backend, source_blocks, _, staging = sender
+    receiver.call("fill")
+    stats = backend.write_bytes("decode-test", BYTE_SPANS, message="bytes", timeout_s=20)
+    assert stats.nbytes == sum(span.nbytes for span in BYTE_SPANS)
+    assert receiver.call("wait", "bytes", 20.0) == Notification(SENDER, "bytes")
+    got_blocks, got_slots = receiver.snapshot()
+    want_blocks, want_slots = (array.reshape(-1) for array in expected_after([], [], None, None))
+    sources = {STAGING: staging, BLOCKS: source_blocks.reshape(-1)}
+    for span in BYTE_SPANS:
+        want = want_blocks if span.remote_region == BLOCKS else want_slots
+        source = sources[span.local_region][span.local_offset : span.local_offset + span.nbytes]
+        want[span.remote_offset : span.remote_offset + span.nbytes] = source
+    assert np.array_equal(got_blocks.reshape(-1), want_blocks)
+    assert np.array_equal(got_slots.reshape(-1), want_slots)
+
+
+@pytest.mark.parametrize(
+    "spans, error",
+    [
+        ([ByteSpan(STAGING, STAGING_BYTES - 4, BLOCKS, 0, 5)], "local bytes 996..1001 pass its end"),
+        ([ByteSpan(STAGING, 0, STATE, NUM_SLOTS * SLOT_BYTES - 1, 2)], "remote bytes 3263..3265 pass"),
+        ([ByteSpan(STAGING, 0, BLOCKS, 10, 20), ByteSpan(STAGING, 0, BLOCKS, 29, 4)], "written twice"),
+        ([ByteSpan("nowhere", 0, BLOCKS, 0, 1)], "no local region 'nowhere'"),
+        ([ByteSpan(STAGING, 0, "nowhere", 0, 1)], "has no region 'nowhere'"),
+        ([ByteSpan(STAGING, -1, BLOCKS, 0, 1)], "must be >= 0"),
+    ],
+    ids=["local-end", "remote-end", "overlap", "local-region", "remote-region", "negative"],
+)
+def test_bad_byte_spans_raise_before_any_byte_moves(receiver, sender, spans, error):
+    backend, *_ = sender
+    receiver.call("fill")
+    with pytest.raises(TransferError, match=error):
+        backend.write_bytes("decode-test", spans, message="never", timeout_s=20)
+    backend.write("decode-test", {}, message="after-bytes", timeout_s=20)
+    assert receiver.call("wait", "after-bytes", 20.0) == Notification(SENDER, "after-bytes")
+    assert receiver.call("poll") == []
+    got_blocks, got_slots = receiver.snapshot()
+    want_blocks, want_slots = expected_after([], [], None, None)
+    assert np.array_equal(got_blocks, want_blocks) and np.array_equal(got_slots, want_slots)
+
+
 @pytest.mark.parametrize("dies", ["before-connect", "after-connect"])
 def test_dead_peer_fails_within_timeout(backend_name, sender, dies):
-    backend, _, _ = sender
+    backend, _, _, _ = sender
     peer = ReceiverPeer(backend_name, agent_name=f"decode-dead-{dies}")
     try:
         endpoint = peer.call("endpoint")

@@ -5,9 +5,11 @@ same sizes as rank 0's), then runs every step rank 0 broadcasts until the stop m
 
     receive RankStep -> apply its KDA state copies -> build StepMetadata -> forward (logits unused)
 
-It never schedules or samples. A watchdog ends it (exit ``EXIT_GROUP_DOWN``) within a second of rank 0
-going away, whatever it is blocked in; an error in a step ends it too, which rank 0's watchdog then
-turns into the whole group going down.
+Between steps rank 0 may send a ``TransferSetup`` (open this rank's own transfer agent over its pools,
+answer with its endpoint) or a ``HandoffCommand`` (send this rank's part of a request's state, answer with a
+``RankSent``): ``rank_handoff.py``. It never schedules or samples. A watchdog ends it (exit
+``EXIT_GROUP_DOWN``) within a second of rank 0 going away, whatever it is blocked in; an error in a step
+ends it too, which rank 0's watchdog then turns into the whole group going down.
 """
 
 import argparse
@@ -23,7 +25,7 @@ from services.engine.engine_config import EngineConfig
 
 from .rank_group import EXIT_GROUP_DOWN, config_from_json, join_group, rank_device
 from .rank_shard import RankShard
-from .rank_step import receive_step
+from .rank_step import RankStep, answer_rank_0, receive_step
 
 PARENT_POLL_S = 0.5
 
@@ -33,9 +35,15 @@ def run_follower(config: EngineConfig, rank: int, store_port: int) -> None:
     store = dist.TCPStore("127.0.0.1", store_port, config.world_size, is_master=False)
     membership = join_group(config, rank, store)
     shard = RankShard(config, membership.context, rank_device(config, rank))
-    with torch.no_grad():
-        while (step := receive_step(membership.control)) is not None:
-            shard.run(step)
+    try:
+        with torch.no_grad():
+            while (message := receive_step(membership.control)) is not None:
+                if isinstance(message, RankStep):
+                    shard.run(message)
+                else:
+                    answer_rank_0(shard.answer(message, rank), membership.control)
+    finally:
+        shard.close()
     dist.destroy_process_group()
 
 

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
@@ -43,7 +44,7 @@ import torch.distributed as dist
 from services.engine.engine_config import EngineConfig
 
 from .context import ParallelContext, build_parallel_context
-from .rank_step import RankStep, send_step
+from .rank_step import RankStep, gather_answers, send_step
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,12 @@ class RankGroup:
     def send(self, step: RankStep) -> None:
         """Broadcast one step to the followers (they run its forward beside rank 0's)."""
         send_step(step, self.membership.control)
+
+    def ask(self, message: object, own_answer: Callable[[], object]) -> list:
+        """Broadcast a handoff message (``rank_handoff.py``), compute rank 0's answer with ``own_answer``
+        meanwhile, and return every rank's answer in rank order (a follower's comes after its part)."""
+        send_step(message, self.membership.control)
+        return gather_answers(own_answer(), self.membership.control)
 
     def close(self) -> None:
         """Stop the followers (the stop message, then a kill after ``STOP_TIMEOUT_S``) and leave the

@@ -11,7 +11,8 @@ state slot and the snapshot pool, and every rank holds its own shard of those by
     rank k:                                 receive -> copies -> metadata -> forward (logits unused)
 
 The message goes over a gloo group (host memory, also beside NCCL on GPUs) as one pickled object;
-``None`` tells the followers to stop.
+``None`` tells the followers to stop. The same group carries the handoff's messages
+(``rank_handoff.py``), which every follower answers to rank 0 (``answer_rank_0`` / ``gather_answers``).
 """
 
 from dataclasses import dataclass
@@ -54,13 +55,26 @@ class RankStep:
     logit_rows: tuple[int, ...]
 
 
-def send_step(step: RankStep | None, group: dist.ProcessGroup) -> None:
-    """Rank 0: broadcast ``step`` (None: stop) to every rank of ``group``."""
+def send_step(step: object, group: dist.ProcessGroup) -> None:
+    """Rank 0: broadcast ``step`` (a ``RankStep``, a handoff message, or None: stop) to every rank of
+    ``group``."""
     dist.broadcast_object_list([step], src=0, group=group)
 
 
-def receive_step(group: dist.ProcessGroup) -> RankStep | None:
-    """A follower: wait for rank 0's next step (None: stop)."""
+def receive_step(group: dist.ProcessGroup) -> object:
+    """A follower: wait for rank 0's next message (a ``RankStep``, a handoff message; None: stop)."""
     box = [None]
     dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
+
+
+def answer_rank_0(answer: object, group: dist.ProcessGroup) -> None:
+    """A follower: send its answer to the message just received (``gather_answers`` on rank 0)."""
+    dist.gather_object(answer, None, dst=0, group=group)
+
+
+def gather_answers(own: object, group: dist.ProcessGroup) -> list:
+    """Rank 0: every rank's answer, in rank order (``own`` is rank 0's)."""
+    answers = [None] * dist.get_world_size(group)
+    dist.gather_object(own, answers, dst=0, group=group)
+    return answers

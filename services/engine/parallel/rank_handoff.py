@@ -1,0 +1,213 @@
+"""A parallel engine's handoff, rank by rank: every rank's own transfer agent, and one request's state
+sent by each prefill rank straight to the decode ranks that own it (no gather on one rank).
+
+Two messages ride on the gloo control group beside ``RankStep`` (``rank_step.py``), each answered by
+every follower to rank 0 (``gather_object``)::
+
+    rank 0 (engine loop thread)                      follower k
+    TransferSetup(backend, agent name)   ─────────►  own backend "<agent>-rank<k>": blocks, state, staging
+                                         ◄─────────  its TransferEndpoint
+    HandoffCommand(request rows, both sides, decode endpoints)
+      own part: plan -> gather -> write_bytes        plan its part, gather into staging, write_bytes
+                                         ◄─────────  RankSent(bytes, seconds, error)
+
+Each rank plans its own part (``handoff_plan.plan_handoff(..., senders=[rank])``: which byte runs of its
+pools go to which decode rank; the plan is a pure function of the command, so the ranks agree without
+sending it), copies its runs, in order, into its registered staging buffer (one indexed copy per region,
+a window of the buffer's size at a time) and writes runs of it into each decode rank's pools with
+``TransferBackend.write_bytes`` (one write per decode rank). A rank's failure is reported, not raised:
+the group stays in step (the followers are back at the control group for the next step), and rank 0
+fails the handoff (``TransferError``) naming the ranks."""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import TransferError
+from services.engine.cache_manager import CacheManager
+from services.engine.model.config import ModelConfig
+from services.transfer import BLOCKS, STATE, TransferBackend, TransferEndpoint, make_backend
+from services.transfer.byte_plan import ByteSpan
+
+from .handoff_plan import HandoffRequestRows, HandoffSide, plan_handoff
+from .handoff_send import RankSend
+
+STAGING = "staging"  # a sending rank's staging buffer: its gathered runs, in plan order
+
+
+@dataclass(frozen=True)
+class TransferSetup:
+    """Rank 0 -> followers: open your own transfer agent over your pools.
+
+    Attributes:
+        backend: the backend name (the worker's ``--transfer-backend``).
+        agent_name: rank 0's agent; rank ``k``'s is ``"<agent_name>-rank<k>"``.
+        staging_bytes: the staging buffer each rank registers (0: none, a group that only receives).
+    """
+
+    backend: str
+    agent_name: str
+    staging_bytes: int
+
+
+@dataclass(frozen=True)
+class HandoffCommand:
+    """Rank 0 -> followers: send your part of one request's state.
+
+    Attributes:
+        request_id: the request (for errors; the notification is rank 0's to send).
+        prefill, decode: the two groups' sides (``prefill`` is this group).
+        rows: where the request is on both sides.
+        endpoints: the decode group's endpoints, in its rank order.
+        timeout_s: each rank's writes must complete within this.
+    """
+
+    request_id: str
+    prefill: HandoffSide
+    decode: HandoffSide
+    rows: HandoffRequestRows
+    endpoints: tuple[TransferEndpoint, ...]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class RankSent:
+    """One rank's report: ``nbytes`` written in ``seconds``, or ``error`` (empty when it succeeded)."""
+
+    rank: int
+    nbytes: int
+    seconds: float
+    error: str = ""
+
+
+STAGING_MAX_BYTES = 64 << 20  # a rank's staging buffer at most (a longer part is sent in windows)
+
+
+def staging_bytes_for(cache: CacheManager, max_model_len: int) -> int:
+    """A rank's staging buffer: what it holds of a longest request (every block of a longest context
+    and one state slot), at most ``STAGING_MAX_BYTES``; a part larger than the buffer (the same bytes
+    staged for several decode ranks, or a long context) goes in several windows (``RankTransfer``)."""
+    blocks = -(-max_model_len // cache.block_tokens)
+    return min(STAGING_MAX_BYTES, blocks * cache.blocks.storage.shape[1] + cache.slots.storage.shape[1])
+
+
+class RankTransfer:
+    """One rank's transfer backend over its block and slot pools (and staging buffer).
+
+    Args:
+        backend: the rank's backend (rank 0: the worker's; a follower: its own, ``open_follower``).
+        model: the model's config (what the plan lays the pools out from).
+        blocks, state: the rank's block and slot pool storages (``BlockPool.storage``,
+            ``StateSlotPool.storage``), registered as ``BLOCKS`` and ``STATE``.
+        staging_bytes: the staging buffer to register (0: none), on the pools' device.
+    """
+
+    def __init__(
+        self,
+        backend: TransferBackend,
+        model: ModelConfig,
+        blocks: torch.Tensor,
+        state: torch.Tensor,
+        staging_bytes: int,
+    ):
+        self.backend = backend
+        self._model = model
+        self._storages = {BLOCKS: blocks, STATE: state}
+        for region, storage in self._storages.items():
+            backend.register(region, storage)
+        self.staging = None
+        if staging_bytes:
+            self.staging = torch.zeros(1, staging_bytes, dtype=torch.uint8, device=blocks.device)
+            backend.register(STAGING, self.staging)
+
+    @classmethod
+    def open_follower(
+        cls, setup: TransferSetup, rank: int, model: ModelConfig, cache: CacheManager
+    ) -> "RankTransfer":
+        """A follower's own agent, named after rank 0's."""
+        backend = make_backend(setup.backend, f"{setup.agent_name}-rank{rank}")
+        return cls(backend, model, cache.blocks.storage, cache.slots.storage, setup.staging_bytes)
+
+    def send(self, rank: int, command: HandoffCommand) -> RankSent:
+        """Plan this rank's part, gather it into staging and write it to its decode ranks. Any error
+        is reported in the ``RankSent``, never raised: a rank that raised here would leave the others
+        waiting for its answer, out of step with rank 0's next message."""
+        start = time.perf_counter()
+        try:
+            if len(command.endpoints) != command.decode.parallel.world_size:
+                ranks = command.decode.parallel.world_size
+                raise ValueError(f"{len(command.endpoints)} decode endpoints for {ranks} ranks")
+            sides = command.prefill, command.decode
+            plan = plan_handoff(self._model, *sides, command.rows, senders=[rank])[rank]
+            nbytes = self._send(plan, command)
+        except Exception as error:  # noqa: BLE001 (any failure: reported, see the docstring)
+            return RankSent(rank, 0, time.perf_counter() - start, f"{type(error).__name__}: {error}")
+        return RankSent(rank, nbytes, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def _send(self, plan: RankSend, command: HandoffCommand) -> int:
+        """Run ``plan`` one staging window at a time: the plan's staging offsets may pass the buffer's
+        size (a byte every decode TP rank needs is staged once per rank), so window ``k`` gathers the
+        runs' bytes that fall in ``[k W, (k+1) W)`` and writes them before the next window's gather.
+        Returns the bytes written."""
+        if plan.staging_nbytes == 0:
+            return 0
+        if self.staging is None:
+            raise TransferError("this rank has no staging buffer (its pools were registered to receive only)")
+        staging, window = self.staging.view(-1), self.staging.shape[1]
+        gathers, position = [], 0
+        for runs in plan.gather:
+            lengths = runs.nbytes.to(torch.int64)
+            gathers.append((runs.region, runs.offsets.to(torch.int64), position + _starts(lengths), lengths))
+            position += int(lengths.sum())
+        nbytes = 0
+        for low in range(0, plan.staging_nbytes, window):
+            high = min(low + window, plan.staging_nbytes)
+            for region, offsets, at, lengths in gathers:
+                offsets, at, lengths = _clip(offsets, at, lengths, low, high)
+                if len(lengths):
+                    total = int(lengths.sum())
+                    source = self._storages[region].view(-1)
+                    index = torch.repeat_interleave(offsets - _starts(lengths), lengths) + torch.arange(total)
+                    staging[int(at[0]) - low : int(at[0]) - low + total] = source[index.to(source.device)]
+            for decode_rank, spans in _window_spans(plan, low, high).items():
+                peer = self.backend.connect(command.endpoints[decode_rank])
+                nbytes += self.backend.write_bytes(peer, spans, timeout_s=command.timeout_s).nbytes
+        return nbytes
+
+
+def _starts(lengths: torch.Tensor) -> torch.Tensor:
+    """Where each of consecutive runs of ``lengths`` starts, from 0."""
+    return torch.cumsum(lengths, 0) - lengths
+
+
+def _clip(
+    offsets: torch.Tensor, at: torch.Tensor, lengths: torch.Tensor, low: int, high: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The parts of runs (``offsets`` in their source, ``at`` in staging, ``lengths``) whose staging
+    bytes fall in ``[low, high)``: ``(offsets, at, lengths)`` of the non-empty parts."""
+    begin, end = at.clamp(min=low), (at + lengths).clamp(max=high)
+    keep = begin < end
+    return (offsets + begin - at)[keep], begin[keep], (end - begin)[keep]
+
+
+def _window_spans(plan: RankSend, low: int, high: int) -> dict[int, list[ByteSpan]]:
+    """The plan's writes of staging bytes ``[low, high)`` as byte spans from the staging buffer,
+    grouped by decode rank."""
+    spans: dict[int, list[ByteSpan]] = {}
+    for write in plan.writes:
+        remote, at, lengths = _clip(
+            write.remote_offsets.to(torch.int64),
+            write.staging_offsets.to(torch.int64),
+            write.nbytes.to(torch.int64),
+            low,
+            high,
+        )
+        runs = zip((at - low).tolist(), remote.tolist(), lengths.tolist(), strict=True)
+        spans.setdefault(write.decode_rank, []).extend(
+            ByteSpan(STAGING, local, write.region, offset, size) for local, offset, size in runs
+        )
+    return {rank: rank_spans for rank, rank_spans in spans.items() if rank_spans}

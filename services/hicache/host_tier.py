@@ -1,0 +1,253 @@
+"""The node's host tier: KV-block pages and KDA-snapshot pages, apart, behind put and get leases.
+
+Keys are the engine's salted block-hash chain (``common/prefix_hash.py``): a KV page holds the packed
+block named by its hash, a KDA page the state slot snapshotted at the end of that block. Two tenants
+(or adapters, or models) share a page only when their chain roots are the same salt.
+
+A write into the tier and a read from it each go through a lease, so a page is never evicted while
+its bytes move::
+
+    put:  reserve_put(kind, hashes) -> PutLease.pages   write the rows   commit_put  (or abort_put)
+    get:  match(hashes) -> TierMatch   begin_get(kind, hashes) -> GetLease.pages   read   end_get
+
+Who moves the bytes: a worker in this process copies rows of ``kv.storage`` / ``kda.storage`` with
+torch; a worker in another process reads and writes them over NIXL (``services/hicache/server.py``).
+
+Thread-safe: one lock serializes every call.
+"""
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .page_arena import PageArena
+
+KV = "kv"  # packed blocks
+KDA = "kda"  # KDA state-slot snapshots
+KINDS = (KV, KDA)
+
+
+@dataclass(frozen=True)
+class TierMatch:
+    """What the tier holds of a chain (``match``).
+
+    Attributes:
+        kv_depth: leading hashes (blocks) whose KV page is held.
+        snapshot_depths: depths ``d`` (1-based block counts) with a KDA snapshot under ``hashes[d-1]``.
+        usable_depth: the hybrid rule: the deepest snapshot depth <= ``kv_depth`` for a model with KDA
+            state (0 when none), ``kv_depth`` for one without.
+    """
+
+    kv_depth: int
+    snapshot_depths: tuple[int, ...]
+    usable_depth: int
+
+
+@dataclass(frozen=True)
+class PutLease:
+    """Pages to write, one per hash asked for; ``None``: skip it (already held, being written, or no
+    room because every page is leased)."""
+
+    lease_id: int
+    pages: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class GetLease:
+    """Pages to read: the leading hashes asked for that are held and passed their checksum."""
+
+    lease_id: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TierEvent:
+    """An index change for the cluster index: ``block_hash`` of ``kind`` became readable (``inserted``)
+    or stopped being (evicted, or dropped as corrupt)."""
+
+    kind: str
+    block_hash: bytes
+    inserted: bool
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """One kind's counters since start. ``hits`` / ``misses``: for KV, blocks found / not found by
+    ``match``; for KDA, ``match`` calls of models with state that found a usable snapshot / none.
+    ``bytes_in`` / ``bytes_out``: page bytes committed into / leased out of the tier."""
+
+    pages_used: int
+    pages_total: int
+    page_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    checksum_failures: int
+    bytes_in: int
+    bytes_out: int
+
+
+@dataclass(frozen=True)
+class _Lease:
+    kind: str
+    hashes: tuple[bytes, ...]  # put: the hashes given a page; get: the hashes acquired
+    put: bool
+
+
+class HostTier:
+    """The KV and KDA arenas, their leases and counters.
+
+    Args:
+        kv_page_bytes, kda_page_bytes: one packed block / one KDA state slot (``Layout.nbytes``);
+            ``kda_page_bytes`` 0: a model without KDA state, no KDA arena (``kda`` is ``None``).
+        kv_budget_bytes, kda_budget_bytes: each kind's host memory; each must hold one page.
+        layout_fingerprint: the block and slot layouts the pages hold (workers must match it).
+        pin: page-lock the arenas.
+
+    Raises:
+        ValueError: a page size or budget that does not fit, naming the field.
+    """
+
+    def __init__(
+        self,
+        kv_page_bytes: int,
+        kda_page_bytes: int,
+        kv_budget_bytes: int,
+        kda_budget_bytes: int,
+        layout_fingerprint: str,
+        pin: bool | None = None,
+    ):
+        pin_kw = {} if pin is None else {"pin": pin}
+        self.layout_fingerprint = layout_fingerprint
+        self.kv = PageArena(KV, kv_page_bytes, kv_budget_bytes, **pin_kw)
+        if kda_page_bytes == 0 and kda_budget_bytes != 0:
+            raise ValueError("kda_budget_bytes: must be 0 when kda_page_bytes is 0 (a model without KDA)")
+        self.kda = PageArena(KDA, kda_page_bytes, kda_budget_bytes, **pin_kw) if kda_page_bytes else None
+        self._lock = threading.Lock()
+        self._lease_ids = itertools.count(1)
+        self._leases: dict[int, _Lease] = {}
+        self._events: list[TierEvent] = []
+        self._counters = {kind: {"hits": 0, "misses": 0, "bytes_in": 0, "bytes_out": 0} for kind in KINDS}
+
+    def arena(self, kind: str) -> PageArena:
+        """The arena of ``kind`` (``KV`` or ``KDA``)."""
+        arena = {KV: self.kv, KDA: self.kda}.get(kind)
+        if arena is None:
+            raise ValueError(f"kind: {kind!r} is not a kind this tier holds (it holds {self.kinds})")
+        return arena
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds with an arena."""
+        return (KV, KDA) if self.kda is not None else (KV,)
+
+    # ---- lookup ------------------------------------------------------------------------------
+
+    def match(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
+        """How much of the chain ``hashes`` the tier holds; changes no page (counts hits and misses)."""
+        with self._lock:
+            kv_depth = self.kv.leading_depth(hashes)
+            snapshots = ()
+            if self.kda is not None:
+                snapshots = tuple(d for d in range(1, len(hashes) + 1) if self.kda.holds(hashes[d - 1]))
+            usable = max((d for d in snapshots if d <= kv_depth), default=0) if has_state else kv_depth
+            self._counters[KV]["hits"] += kv_depth
+            self._counters[KV]["misses"] += len(hashes) - kv_depth
+            if has_state and self.kda is not None and hashes:
+                self._counters[KDA]["hits" if usable else "misses"] += 1
+            return TierMatch(kv_depth, snapshots, usable)
+
+    # ---- put ---------------------------------------------------------------------------------
+
+    def reserve_put(self, kind: str, hashes: Sequence[bytes]) -> PutLease:
+        """Pages to write ``hashes`` into (see ``PutLease``); nothing is findable before ``commit_put``."""
+        with self._lock:
+            arena = self.arena(kind)
+            pages, evicted = arena.reserve(list(hashes))
+            self._events += [TierEvent(kind, h, False) for h in evicted]
+            lease_id = next(self._lease_ids)
+            given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)
+            self._leases[lease_id] = _Lease(kind, given, put=True)
+            return PutLease(lease_id, pages)
+
+    def commit_put(self, lease_id: int) -> None:
+        """The put's pages are written: checksum them and make them findable."""
+        with self._lock:
+            lease = self._pop_lease(lease_id, put=True)
+            arena = self.arena(lease.kind)
+            inserted = arena.commit(lease.hashes)
+            self._events += [TierEvent(lease.kind, h, True) for h in inserted]
+            self._counters[lease.kind]["bytes_in"] += len(inserted) * arena.page_bytes
+
+    def abort_put(self, lease_id: int) -> None:
+        """The put's pages were not (fully) written: give them back."""
+        with self._lock:
+            lease = self._pop_lease(lease_id, put=True)
+            self.arena(lease.kind).abort(lease.hashes)
+
+    # ---- get ---------------------------------------------------------------------------------
+
+    def begin_get(self, kind: str, hashes: Sequence[bytes]) -> GetLease:
+        """Lease the leading held pages of ``hashes`` for reading, checksums verified (a corrupt page is
+        dropped, counted, and the lease stops before it)."""
+        with self._lock:
+            arena = self.arena(kind)
+            pages, dropped = arena.acquire(list(hashes))
+            self._events += [TierEvent(kind, h, False) for h in dropped]
+            lease_id = next(self._lease_ids)
+            self._leases[lease_id] = _Lease(kind, tuple(hashes[: len(pages)]), put=False)
+            self._counters[kind]["bytes_out"] += len(pages) * arena.page_bytes
+            return GetLease(lease_id, tuple(pages))
+
+    def end_get(self, lease_id: int) -> None:
+        """The get's pages have been read: they may be evicted again."""
+        with self._lock:
+            lease = self._pop_lease(lease_id, put=False)
+            self.arena(lease.kind).release(lease.hashes)
+
+    # ---- reporting ---------------------------------------------------------------------------
+
+    def take_events(self) -> list[TierEvent]:
+        """Index changes since the last call, oldest first."""
+        with self._lock:
+            events, self._events = self._events, []
+            return events
+
+    def stats(self) -> dict[str, KindStats]:
+        """Each kind's ``KindStats``."""
+        with self._lock:
+            return {kind: self._kind_stats(kind) for kind in self.kinds}
+
+    def open_leases(self) -> int:
+        """Leases not yet committed, aborted or ended."""
+        with self._lock:
+            return len(self._leases)
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` unless each arena is consistent."""
+        with self._lock:
+            for kind in self.kinds:
+                self.arena(kind).check_integrity()
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _pop_lease(self, lease_id: int, put: bool) -> _Lease:
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.put != put:
+            what = "put" if put else "get"
+            raise ValueError(f"lease_id: {lease_id} is not an open {what} lease (ended, or never given)")
+        del self._leases[lease_id]
+        return lease
+
+    def _kind_stats(self, kind: str) -> KindStats:
+        arena = self.arena(kind)
+        counters = self._counters[kind]
+        return KindStats(
+            pages_used=arena.pages_used,
+            pages_total=arena.num_pages,
+            page_bytes=arena.page_bytes,
+            evictions=arena.evictions,
+            checksum_failures=arena.checksum_failures,
+            **counters,
+        )

@@ -1,0 +1,194 @@
+"""One kind's host pages (KV blocks or KDA snapshots): memory, the hash index, LRU eviction, checksums.
+
+Every page is in exactly one of four states::
+
+    free      no hash                       in ``_free``
+    writing   reserved by a put, no reader  in ``_writing`` (hash -> page); not findable yet
+    held      committed, no reader          in ``_lru`` (hash -> page, oldest first); evictable
+    read      committed, readers > 0        in ``_read`` (hash -> page); never evicted
+
+``reserve`` takes free pages first, then evicts the least recently used *held* page; pages being
+written or read are never evicted, so an arena full of them answers "no room" (``None``) instead of
+failing. ``commit`` records each written page's checksum and makes it findable; ``acquire`` verifies
+the checksum before a reader sees the page: a page whose bytes changed is dropped (counted in
+``checksum_failures``) and the acquired run stops before it.
+
+Within one call, deeper hashes of a chain are made *less* recent than their ancestors (pages are
+touched from the last hash to the first), so eviction takes a cached chain from its tail and the
+prefix that later requests can still match survives longest.
+
+Not thread-safe: ``HostTier`` serializes every call.
+"""
+
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+
+def page_checksum(page: torch.Tensor) -> int:
+    """CRC-32 of a page's bytes (``page``: a contiguous uint8 host row)."""
+    return zlib.crc32(page.numpy())
+
+
+class PageArena:
+    """``budget_bytes // page_bytes`` host pages of ``page_bytes`` bytes each, indexed by block hash.
+
+    Args:
+        kind: what the pages hold (``"kv"`` or ``"kda"``); names this arena in errors.
+        page_bytes: one page: a packed block or a whole KDA state slot, byte for byte.
+        budget_bytes: the arena's memory; must hold at least one page.
+        pin: page-lock the storage (faster device copies; needs CUDA).
+
+    Raises:
+        ValueError: ``page_bytes`` < 1 or a budget smaller than one page, naming the field.
+    """
+
+    def __init__(self, kind: str, page_bytes: int, budget_bytes: int, pin: bool = torch.cuda.is_available()):
+        if page_bytes < 1:
+            raise ValueError(f"{kind}_page_bytes: must be >= 1, got {page_bytes}")
+        if budget_bytes < page_bytes:
+            raise ValueError(
+                f"{kind}_budget_bytes: {budget_bytes} bytes is smaller than one {kind} page "
+                f"({page_bytes} bytes); give the {kind} tier at least one page or turn it off"
+            )
+        self.kind = kind
+        self.page_bytes = page_bytes
+        self.num_pages = budget_bytes // page_bytes
+        self.storage = torch.zeros(self.num_pages, page_bytes, dtype=torch.uint8, pin_memory=pin)
+        self._free: list[int] = list(range(self.num_pages - 1, -1, -1))  # pop() hands out page 0 first
+        self._writing: dict[bytes, int] = {}
+        self._lru: OrderedDict[bytes, int] = OrderedDict()
+        self._read: dict[bytes, int] = {}
+        self._readers = [0] * self.num_pages
+        self._checksums: list[int | None] = [None] * self.num_pages
+        self.evictions = 0
+        self.checksum_failures = 0
+
+    # ---- lookups (no side effects) -----------------------------------------------------------
+
+    def holds(self, block_hash: bytes) -> bool:
+        """True when a committed page holds ``block_hash``."""
+        return block_hash in self._lru or block_hash in self._read
+
+    def leading_depth(self, hashes: Sequence[bytes]) -> int:
+        """How many leading ``hashes`` have a committed page."""
+        depth = 0
+        while depth < len(hashes) and self.holds(hashes[depth]):
+            depth += 1
+        return depth
+
+    @property
+    def pages_used(self) -> int:
+        """Pages not free (writing, held or read)."""
+        return self.num_pages - len(self._free)
+
+    # ---- put ---------------------------------------------------------------------------------
+
+    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[bytes]]:
+        """A page to write for each hash, or ``None`` where it is already held or being written (its
+        LRU place is refreshed) or where no page can be freed.
+
+        Returns:
+            ``(pages, evicted)``: the pages in ``hashes`` order, and the hashes evicted to make room.
+        """
+        pages: list[int | None] = [None] * len(hashes)
+        evicted: list[bytes] = []
+        for index in range(len(hashes) - 1, -1, -1):  # tail first: see the module docstring
+            block_hash = hashes[index]
+            if block_hash in self._lru:
+                self._lru.move_to_end(block_hash)
+                continue
+            if block_hash in self._read or block_hash in self._writing:
+                continue
+            page = self._take_page(evicted)
+            if page is None:
+                continue
+            self._writing[block_hash] = page
+            pages[index] = page
+        return tuple(pages), evicted
+
+    def commit(self, hashes: Sequence[bytes]) -> list[bytes]:
+        """Checksum the written pages of ``hashes`` (reserved by ``reserve``) and make them findable;
+        returns the hashes now inserted."""
+        inserted = []
+        for block_hash in reversed(hashes):
+            page = self._writing.pop(block_hash)
+            self._checksums[page] = page_checksum(self.storage[page])
+            self._lru[block_hash] = page
+            inserted.append(block_hash)
+        inserted.reverse()
+        return inserted
+
+    def abort(self, hashes: Sequence[bytes]) -> None:
+        """Give back the pages reserved for ``hashes`` unwritten."""
+        for block_hash in hashes:
+            self._free.append(self._writing.pop(block_hash))
+
+    # ---- get ---------------------------------------------------------------------------------
+
+    def acquire(self, hashes: Sequence[bytes]) -> tuple[list[int], list[bytes]]:
+        """Lease the pages of the leading held ``hashes`` for reading, each checksum-verified.
+
+        Returns:
+            ``(pages, dropped)``: the leased pages (a prefix of ``hashes``: it stops at the first hash
+            not held or whose page failed its checksum), and the hashes dropped as corrupt.
+        """
+        pages: list[int] = []
+        dropped: list[bytes] = []
+        for block_hash in hashes:
+            page = self._lru.get(block_hash, self._read.get(block_hash))
+            if page is None:
+                break
+            if self._readers[page] == 0 and page_checksum(self.storage[page]) != self._checksums[page]:
+                self._drop(block_hash, page)
+                dropped.append(block_hash)
+                break
+            if self._readers[page] == 0:
+                del self._lru[block_hash]
+                self._read[block_hash] = page
+            self._readers[page] += 1
+            pages.append(page)
+        return pages, dropped
+
+    def release(self, hashes: Sequence[bytes]) -> None:
+        """End one read of each of ``hashes`` (acquired by ``acquire``); unread pages become evictable
+        again, as the most recently used (ancestors last: see the module docstring)."""
+        for block_hash in reversed(hashes):
+            page = self._read[block_hash]
+            self._readers[page] -= 1
+            if self._readers[page] == 0:
+                del self._read[block_hash]
+                self._lru[block_hash] = page
+
+    # ---- integrity ---------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` unless every page is in exactly one state and the index agrees."""
+        states = [self._free, self._writing.values(), self._lru.values(), self._read.values()]
+        pages = [page for state in states for page in state]
+        assert sorted(pages) == list(range(self.num_pages)), f"{self.kind}: pages lost or in two states"
+        hashes = [*self._writing, *self._lru, *self._read]
+        assert len(hashes) == len(set(hashes)), f"{self.kind}: a hash on two pages"
+        for page in range(self.num_pages):
+            assert (self._readers[page] > 0) == (page in self._read.values()), f"{self.kind}: page {page}"
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _take_page(self, evicted: list[bytes]) -> int | None:
+        if self._free:
+            return self._free.pop()
+        if not self._lru:
+            return None
+        block_hash, page = self._lru.popitem(last=False)
+        self._checksums[page] = None
+        self.evictions += 1
+        evicted.append(block_hash)
+        return page
+
+    def _drop(self, block_hash: bytes, page: int) -> None:
+        del self._lru[block_hash]
+        self._checksums[page] = None
+        self._free.append(page)
+        self.checksum_failures += 1

@@ -1,0 +1,48 @@
+"""``HostTierPort``: what engine code needs of a host tier, satisfied by the in-process ``HostTier``
+and by ``HostCacheClient`` (the ``baton cache`` service over gRPC).
+
+The port covers the index and the leases; moving the bytes differs by where the tier lives: with an
+in-process ``HostTier`` a worker copies rows of ``tier.kv.storage`` / ``tier.kda.storage`` with torch;
+with a ``HostCacheClient`` it reads and writes the regions ``"host_kv"`` / ``"host_kda"`` of
+``client.endpoint()`` with its own transfer backend, rows numbered by the leases' pages.
+"""
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .host_tier import GetLease, KindStats, PutLease, TierMatch
+
+
+@runtime_checkable
+class HostTierPort(Protocol):
+    """The host tier's index and leases (see ``host_tier.HostTier`` for each method's contract)."""
+
+    layout_fingerprint: str
+
+    def match(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
+        """What the tier holds of the chain; no page changes."""
+        ...
+
+    def reserve_put(self, kind: str, hashes: Sequence[bytes]) -> PutLease:
+        """Pages to write ``hashes`` into (``None``: skip that hash)."""
+        ...
+
+    def commit_put(self, lease_id: int) -> None:
+        """The put's pages are written: checksum them, make them findable."""
+        ...
+
+    def abort_put(self, lease_id: int) -> None:
+        """Give the put's pages back unwritten."""
+        ...
+
+    def begin_get(self, kind: str, hashes: Sequence[bytes]) -> GetLease:
+        """Lease the leading held, checksum-verified pages of ``hashes`` for reading."""
+        ...
+
+    def end_get(self, lease_id: int) -> None:
+        """The get's pages have been read."""
+        ...
+
+    def stats(self) -> dict[str, KindStats]:
+        """Each kind's counters."""
+        ...

@@ -1,0 +1,39 @@
+"""Rank 0's view of a handoff, without ranks: a group's ``HandoffSide`` from the layout its reservation
+carries, and the decode layouts no prefill group can write into (refused at Reserve, naming the flag)."""
+
+import pytest
+import torch
+
+from services.engine.checkpoint.presets import preset_config
+from services.engine.handoff import HandoffLayout
+from services.engine.model.config_loader import load_model_config
+from services.engine.parallel.group_handoff import handoff_side, not_a_target
+from services.engine.parallel.handoff_plan import HandoffSide
+from services.engine.parallel.layout import ParallelLayout
+
+CONFIG = load_model_config(preset_config("k3", "tiny"))
+
+
+def layout(parallel: ParallelLayout, numerics: str = "default") -> HandoffLayout:
+    return HandoffLayout(8, "bfloat16", "fp8", "blocks", "slots", numerics, "model", parallel)
+
+
+def test_a_side_is_what_the_layout_says():
+    side = handoff_side(layout(ParallelLayout(tp=2, dcp=2), "batch_invariant"))
+    assert side == HandoffSide(ParallelLayout(tp=2, dcp=2), 8, torch.bfloat16, "fp8", 16)
+    assert handoff_side(layout(ParallelLayout())).open_chunk_rows == 0
+
+
+@pytest.mark.parametrize(
+    "parallel, refusal",
+    [
+        (ParallelLayout(), None),
+        (ParallelLayout(tp=2, dcp=2), None),
+        (ParallelLayout(pcp=2), "decode --pcp 2: a handoff target is a tp x dcp group"),
+        (ParallelLayout(pp=2, tp=2), "decode --pp 2: a handoff target is a tp x dcp group"),
+    ],
+    ids=["one-rank", "tp2-dcp2", "pcp2", "pp2"],
+)
+def test_decode_layouts_no_prefill_group_can_write_into(parallel, refusal):
+    said = not_a_target(CONFIG, layout(parallel))
+    assert said == refusal if refusal is None else said.startswith(refusal), said

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device-machine call: the GPU tests, then the engine and kernel benchmarks, logs under $OUT.
+#
+#   tools/gpu_report.sh [STEP ...]     steps: tests tests-engine engine engine-k3 invariant kernels
+#                                    (default: tests engine engine-k3 invariant kernels)
+#
+# Carried wheels in .whl/ (README of the device tool) are installed first; Triton compiles for the GPU
+# (TRITON_INTERPRET unset). Everything goes to $OUT/report.log; benchmark rows also to $OUT/*.json.
+set -u
+OUT=${OUT:-/tmp/baton-gpu-report}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+baton=(python3 -c 'import sys; from cli.main import main; sys.exit(main())')
+log="$OUT/report.log"
+
+run_step() {  # name, seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    echo "=== $name (limit ${limit}s)" | tee -a "$log"
+    timeout -s INT -k 20 "$limit" "$@" >>"$log" 2>&1
+    echo "=== $name: exit $? after $((SECONDS - start)) s" | tee -a "$log"
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests engine engine-k3 invariant kernels)
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee -a "$log"
+for step in "${steps[@]}"; do
+    case $step in
+        tests) run_step tests 240 python3 -m pytest -v -rfE --tb=short -p no:benchmark -n 8 --timeout 100 tests/gpu ;;
+        tests-engine) run_step tests-engine 170 python3 -m pytest -q -rfE --tb=long -p no:benchmark -n 6 --timeout 150 \
+            "tests/gpu/test_engine_kernels_gpu.py::test_graph_replay_equals_eager_bitwise[k3-exact-4]" \
+            "tests/gpu/test_engine_kernels_gpu.py::test_triton_matches_the_reference_per_layer[k3-bf16]" \
+            "tests/gpu/test_engine_kernels_gpu.py::test_triton_matches_the_reference_per_layer[kimi_linear-bf16]" \
+            "tests/gpu/test_invariant_kda_gpu.py::test_bits_do_not_depend_on_how_tokens_are_split[ragged]" \
+            tests/gpu/test_cluster_on_gpu.py ;;
+        engine) run_step engine 140 "${baton[@]}" bench engine --device cuda --family kimi_linear --preset small \
+            --batches 1,32 --contexts 2048 --kernels reference,triton --no-peer --json "$OUT/engine.json" ;;
+        engine-k3) run_step engine-k3 140 "${baton[@]}" bench engine --device cuda --family k3 --preset small \
+            --batches 1,32 --contexts 2048 --kernels triton --modes default --no-peer \
+            --json "$OUT/engine_k3.json" ;;
+        invariant) run_step invariant 120 "${baton[@]}" bench kernels --ops invariant --json "$OUT/invariant.json" ;;
+        kernels) run_step kernels 200 "${baton[@]}" bench kernels --ops copy,matmul,kda,moe,sampling --json "$OUT/kernels.json" ;;
+        *) echo "unknown step $step (see the header)" >&2; exit 2 ;;
+    esac
+done
+grep -E "passed|failed|error" "$log" | tail -5
