@@ -29,6 +29,19 @@ T = TypeVar("T")
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_redis_url(field: str, url: str) -> None:
+    """A configured Redis URL, checked at start: "" (none) or one of ``REDIS_SCHEMES``.
+
+    Raises:
+        ValueError: naming ``field`` and what to give instead.
+    """
+    if url and not url.startswith(REDIS_SCHEMES):
+        raise ValueError(f"{field}: {url!r} is not a Redis URL (give redis://HOST:PORT, or leave it empty)")
+
+
 class RedisLink:
     """A soft-failing Redis client.
 

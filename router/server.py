@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection
 from common.cluster_index import ClusterIndex
 from common.metrics import Metrics
 from common.model_info import STATEFUL_FAMILIES, read_model_info
+from common.redis_link import check_redis_url
 from common.rpc.errors import ErrorInterceptor
 from common.tokenizer import Tokenizer, TokenizerNotFoundError
 from proto.baton.v1 import generation_pb2_grpc
@@ -59,6 +60,7 @@ class RouterConfig:
         for name in ("slo_ttft_s", "slo_tpot_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        check_redis_url("redis_url", self.redis_url)
 
 
 class RouterServer:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from common.redis_link import check_redis_url
 from services.engine.engine_config import EngineConfig
 
 from .fault_delays import FaultDelays
@@ -84,6 +85,7 @@ class WorkerConfig:
             raise ValueError(f"metrics_port: must be in [0, 65535], got {self.metrics_port}")
         if self.max_workers is not None and self.max_workers < 1:
             raise ValueError(f"max_workers: must be >= 1, got {self.max_workers}")
+        check_redis_url("redis_url", self.redis_url)
 
     def to_dict(self) -> dict:
         """The config as plain data in the file's shape (``engine`` nested), which ``from_dict`` reads."""

@@ -9,6 +9,8 @@ import pytest
 from common.cluster_index import KDA, KV, ClusterIndex, IndexEvent, IndexMatch, usable_depth
 from common.metrics import Metrics
 from deploy.local.redis_server import RedisServer
+from router.server import RouterConfig
+from services.worker_config import load_worker_config
 
 
 def chain(count: int, seed: str = "a") -> list[bytes]:
@@ -159,3 +161,11 @@ def test_bad_events_and_a_reader_publishing_are_refused():
         tier.publish([IndexEvent("ssd", b"x", True)])
     with pytest.raises(ValueError, match="interval_s: must be in"):
         tier.start(FakeTier(set()), interval_s=20)
+
+
+def test_a_configured_url_that_is_not_redis_names_the_field():
+    with pytest.raises(ValueError, match="redis_url: 'cache:6379' is not a Redis URL"):
+        load_worker_config(flags={"role": "decode", "model": "/m", "redis_url": "cache:6379"})
+    with pytest.raises(ValueError, match="redis_url: 'http://cache' is not a Redis URL"):
+        RouterConfig(model="/m", redis_url="http://cache")
+    assert load_worker_config(flags={"role": "decode", "model": "/m", "redis_url": "redis://c:1"}).redis_url
