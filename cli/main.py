@@ -7,6 +7,7 @@ import sys
 from . import (
     adapters_command,
     bench_command,
+    cache_command,
     capacity_command,
     checkpoint_command,
     client_command,
@@ -31,6 +32,7 @@ SUBCOMMANDS = (
     worker_command,
     router_command,
     serve_command,
+    cache_command,
     client_command,
     adapters_command,
     loadtest_command,

@@ -16,7 +16,7 @@ class Metrics:
     """Every ``baton_*`` metric; each process updates the ones its role owns.
 
     Args:
-        role: ``router``, ``prefill`` or ``decode`` (the ``role`` label of the worker gauges).
+        role: ``router``, ``prefill``, ``decode`` or ``cache`` (the ``role`` label of the worker gauges).
     """
 
     def __init__(self, role: str):
@@ -141,6 +141,63 @@ class Metrics:
             ["role"],
             registry=r,
         )
+        self._init_host_tier_metrics()
+
+    def _init_host_tier_metrics(self) -> None:
+        """The ``baton_hicache_*`` metrics of the node's host tier (``baton cache``), by ``kind``."""
+        r = self.registry
+        self.hicache_pages_used = Gauge(
+            "baton_hicache_pages_used", "Host tier pages in use", ["kind"], registry=r
+        )
+        self.hicache_pages_capacity = Gauge(
+            "baton_hicache_pages_capacity", "Host tier pages", ["kind"], registry=r
+        )
+        self.hicache_hits = Counter(
+            "baton_hicache_hits_total",
+            "Host tier hits: KV blocks found by match; KDA matches with a usable snapshot",
+            ["kind"],
+            registry=r,
+        )
+        self.hicache_misses = Counter(
+            "baton_hicache_misses_total",
+            "Host tier misses: KV blocks not found by match; KDA matches without a usable snapshot",
+            ["kind"],
+            registry=r,
+        )
+        self.hicache_evictions = Counter(
+            "baton_hicache_evictions_total", "Host tier pages evicted for room", ["kind"], registry=r
+        )
+        self.hicache_checksum_failures = Counter(
+            "baton_hicache_checksum_failures_total",
+            "Host tier pages dropped because their checksum failed on read",
+            ["kind"],
+            registry=r,
+        )
+        self.hicache_bytes = Counter(
+            "baton_hicache_bytes_total",
+            "Page bytes committed into (in) and leased out of (out) the host tier",
+            ["kind", "direction"],
+            registry=r,
+        )
+        self._hicache_seen: dict[tuple[str, str], int] = {}  # (kind, field) -> the total last observed
+
+    def observe_host_tier(self, stats: dict) -> None:
+        """Refresh the ``baton_hicache_*`` metrics from ``HostTier.stats()`` (kind -> ``KindStats``,
+        whose counters only grow)."""
+        for kind, kind_stats in stats.items():
+            self.hicache_pages_used.labels(kind).set(kind_stats.pages_used)
+            self.hicache_pages_capacity.labels(kind).set(kind_stats.pages_total)
+            for field, counter, labels in (
+                ("hits", self.hicache_hits, (kind,)),
+                ("misses", self.hicache_misses, (kind,)),
+                ("evictions", self.hicache_evictions, (kind,)),
+                ("checksum_failures", self.hicache_checksum_failures, (kind,)),
+                ("bytes_in", self.hicache_bytes, (kind, "in")),
+                ("bytes_out", self.hicache_bytes, (kind, "out")),
+            ):
+                total = getattr(kind_stats, field)
+                counter.labels(*labels).inc(total - self._hicache_seen.get((kind, field), 0))
+                self._hicache_seen[(kind, field)] = total
 
     def redis_health(self, up: bool) -> None:
         """``baton_hicache_redis_up`` for this process's role (a ``RedisLink``'s ``on_health``)."""

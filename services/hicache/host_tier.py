@@ -13,15 +13,20 @@ its bytes move::
 Who moves the bytes: a worker in this process copies rows of ``kv.storage`` / ``kda.storage`` with
 torch; a worker in another process reads and writes them over NIXL (``services/hicache/server.py``).
 
-Thread-safe: one lock serializes every call.
+Thread-safe: one lock serializes every index change; the pages' checksums are computed outside it,
+while their lease keeps them in place.
 """
 
 import itertools
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .page_arena import PageArena
+from .page_arena import PageArena, page_checksum
+
+log = logging.getLogger(__name__)
 
 KV = "kv"  # packed blocks
 KDA = "kda"  # KDA state-slot snapshots
@@ -93,6 +98,7 @@ class _Lease:
     kind: str
     hashes: tuple[bytes, ...]  # put: the hashes given a page; get: the hashes acquired
     put: bool
+    expires_at: float
 
 
 class HostTier:
@@ -104,6 +110,11 @@ class HostTier:
         kv_budget_bytes, kda_budget_bytes: each kind's host memory; each must hold one page.
         layout_fingerprint: the block and slot layouts the pages hold (workers must match it).
         pin: page-lock the arenas.
+        lease_ttl_s: a lease not ended this long after it was given is ended by the tier (a put
+            aborted, a get released), so a worker that died holding one does not pin its pages for
+            ever; it must exceed the longest transfer. ``None``: leases never expire (a tier in the
+            worker's own process).
+        clock: the monotonic clock leases expire by (tests step it).
 
     Raises:
         ValueError: a page size or budget that does not fit, naming the field.
@@ -117,7 +128,11 @@ class HostTier:
         kda_budget_bytes: int,
         layout_fingerprint: str,
         pin: bool | None = None,
+        lease_ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        if lease_ttl_s is not None and not lease_ttl_s > 0:
+            raise ValueError(f"lease_ttl_s: must be > 0 (or None: never), got {lease_ttl_s}")
         pin_kw = {} if pin is None else {"pin": pin}
         self.layout_fingerprint = layout_fingerprint
         self.kv = PageArena(KV, kv_page_bytes, kv_budget_bytes, **pin_kw)
@@ -126,8 +141,10 @@ class HostTier:
         self.kda = PageArena(KDA, kda_page_bytes, kda_budget_bytes, **pin_kw) if kda_page_bytes else None
         self._lock = threading.Lock()
         self._lease_ids = itertools.count(1)
-        self._leases: dict[int, _Lease] = {}
-        self._events: list[TierEvent] = []
+        self._leases: dict[int, _Lease] = {}  # in the order given, so also by expiry
+        self._lease_ttl_s = lease_ttl_s
+        self._clock = clock
+        self._events: list[TierEvent] | None = None  # None: nobody records them
         self._counters = {kind: {"hits": 0, "misses": 0, "bytes_in": 0, "bytes_out": 0} for kind in KINDS}
 
     def arena(self, kind: str) -> PageArena:
@@ -163,21 +180,23 @@ class HostTier:
     def reserve_put(self, kind: str, hashes: Sequence[bytes]) -> PutLease:
         """Pages to write ``hashes`` into (see ``PutLease``); nothing is findable before ``commit_put``."""
         with self._lock:
+            self._expire_leases()
             arena = self.arena(kind)
             pages, evicted = arena.reserve(list(hashes))
-            self._events += [TierEvent(kind, h, False) for h in evicted]
-            lease_id = next(self._lease_ids)
+            self._record(kind, evicted, inserted=False)
             given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)
-            self._leases[lease_id] = _Lease(kind, given, put=True)
-            return PutLease(lease_id, pages)
+            return PutLease(self._give(_Lease(kind, given, True, self._expiry())), pages)
 
     def commit_put(self, lease_id: int) -> None:
         """The put's pages are written: checksum them and make them findable."""
         with self._lock:
             lease = self._pop_lease(lease_id, put=True)
             arena = self.arena(lease.kind)
-            inserted = arena.commit(lease.hashes)
-            self._events += [TierEvent(lease.kind, h, True) for h in inserted]
+            pages = arena.writing_pages(lease.hashes)
+        checksums = [page_checksum(arena.storage[page]) for page in pages]  # still reserved: stay put
+        with self._lock:
+            inserted = arena.commit(lease.hashes, checksums)
+            self._record(lease.kind, inserted, inserted=True)
             self._counters[lease.kind]["bytes_in"] += len(inserted) * arena.page_bytes
 
     def abort_put(self, lease_id: int) -> None:
@@ -192,12 +211,21 @@ class HostTier:
         """Lease the leading held pages of ``hashes`` for reading, checksums verified (a corrupt page is
         dropped, counted, and the lease stops before it)."""
         with self._lock:
+            self._expire_leases()
             arena = self.arena(kind)
-            pages, dropped = arena.acquire(list(hashes))
-            self._events += [TierEvent(kind, h, False) for h in dropped]
-            lease_id = next(self._lease_ids)
-            self._leases[lease_id] = _Lease(kind, tuple(hashes[: len(pages)]), put=False)
+            pages, expected = arena.acquire(list(hashes))
+        # Leased: no put or eviction touches them while they are checked.
+        good = next(
+            (i for i, page in enumerate(pages) if page_checksum(arena.storage[page]) != expected[i]),
+            len(pages),
+        )
+        with self._lock:
+            if good < len(pages):
+                if arena.reject(hashes[good : len(pages)], expected[good]):
+                    self._record(kind, [hashes[good]], inserted=False)
+                pages = pages[:good]
             self._counters[kind]["bytes_out"] += len(pages) * arena.page_bytes
+            lease_id = self._give(_Lease(kind, tuple(hashes[: len(pages)]), False, self._expiry()))
             return GetLease(lease_id, tuple(pages))
 
     def end_get(self, lease_id: int) -> None:
@@ -208,9 +236,18 @@ class HostTier:
 
     # ---- reporting ---------------------------------------------------------------------------
 
-    def take_events(self) -> list[TierEvent]:
-        """Index changes since the last call, oldest first."""
+    def record_events(self) -> set[tuple[str, bytes]]:
+        """Start recording index changes (for the cluster index); returns every ``(kind, hash)`` held
+        now, the state the events that follow change."""
         with self._lock:
+            self._events = []
+            return {(kind, h) for kind in self.kinds for h in self.arena(kind).held_hashes()}
+
+    def take_events(self) -> list[TierEvent]:
+        """Index changes since the last call, oldest first (empty until ``record_events``)."""
+        with self._lock:
+            if not self._events:
+                return []
             events, self._events = self._events, []
             return events
 
@@ -232,11 +269,47 @@ class HostTier:
 
     # ---- internals ---------------------------------------------------------------------------
 
+    def _record(self, kind: str, hashes: list[bytes], inserted: bool) -> None:
+        if self._events is not None:
+            self._events += [TierEvent(kind, h, inserted) for h in hashes]
+
+    def _expiry(self) -> float:
+        return self._clock() + self._lease_ttl_s if self._lease_ttl_s is not None else float("inf")
+
+    def _give(self, lease: _Lease) -> int:
+        lease_id = next(self._lease_ids)
+        self._leases[lease_id] = lease
+        return lease_id
+
+    def _expire_leases(self) -> None:
+        """End the leases past their expiry (the oldest first; they are in the order given)."""
+        now = self._clock()
+        while self._leases:
+            lease_id, lease = next(iter(self._leases.items()))
+            if lease.expires_at > now:
+                return
+            del self._leases[lease_id]
+            arena = self.arena(lease.kind)
+            if lease.put:
+                arena.abort(lease.hashes)
+            else:
+                arena.release(lease.hashes)
+            what = "put" if lease.put else "get"
+            log.warning(
+                "host tier: %s lease %d of %d %s pages expired unended",
+                what,
+                lease_id,
+                len(lease.hashes),
+                lease.kind,
+            )
+
     def _pop_lease(self, lease_id: int, put: bool) -> _Lease:
         lease = self._leases.get(lease_id)
         if lease is None or lease.put != put:
             what = "put" if put else "get"
-            raise ValueError(f"lease_id: {lease_id} is not an open {what} lease (ended, or never given)")
+            raise ValueError(
+                f"lease_id: {lease_id} is not an open {what} lease (ended, expired, or never given)"
+            )
         del self._leases[lease_id]
         return lease
 

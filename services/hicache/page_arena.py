@@ -9,9 +9,11 @@ Every page is in exactly one of four states::
 
 ``reserve`` takes free pages first, then evicts the least recently used *held* page; pages being
 written or read are never evicted, so an arena full of them answers "no room" (``None``) instead of
-failing. ``commit`` records each written page's checksum and makes it findable; ``acquire`` verifies
-the checksum before a reader sees the page: a page whose bytes changed is dropped (counted in
-``checksum_failures``) and the acquired run stops before it.
+failing. ``commit`` records each written page's checksum and makes it findable; ``acquire`` hands a
+reader the pages with the checksums they must have, and ``reject`` takes back the run from the first
+page whose bytes do not match: that page is dropped (counted in ``checksum_failures``). The caller
+computes the checksums (``page_checksum``) between the calls, while the pages are leased, so a slow
+checksum never holds the caller's lock.
 
 Within one call, deeper hashes of a chain are made *less* recent than their ancestors (pages are
 touched from the last hash to the first), so eviction takes a cached chain from its tail and the
@@ -56,7 +58,9 @@ class PageArena:
         self.kind = kind
         self.page_bytes = page_bytes
         self.num_pages = budget_bytes // page_bytes
-        self.storage = torch.zeros(self.num_pages, page_bytes, dtype=torch.uint8, pin_memory=pin)
+        # Never zero-filled (a page is unreadable until written and committed): a large pinned
+        # budget is ready at once.
+        self.storage = torch.empty(self.num_pages, page_bytes, dtype=torch.uint8, pin_memory=pin)
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))  # pop() hands out page 0 first
         self._writing: dict[bytes, int] = {}
         self._lru: OrderedDict[bytes, int] = OrderedDict()
@@ -78,6 +82,10 @@ class PageArena:
         while depth < len(hashes) and self.holds(hashes[depth]):
             depth += 1
         return depth
+
+    def held_hashes(self) -> list[bytes]:
+        """Every hash with a committed page."""
+        return [*self._lru, *self._read]
 
     @property
     def pages_used(self) -> int:
@@ -109,13 +117,17 @@ class PageArena:
             pages[index] = page
         return tuple(pages), evicted
 
-    def commit(self, hashes: Sequence[bytes]) -> list[bytes]:
-        """Checksum the written pages of ``hashes`` (reserved by ``reserve``) and make them findable;
-        returns the hashes now inserted."""
+    def writing_pages(self, hashes: Sequence[bytes]) -> list[int]:
+        """The pages ``reserve`` gave ``hashes`` (still being written)."""
+        return [self._writing[block_hash] for block_hash in hashes]
+
+    def commit(self, hashes: Sequence[bytes], checksums: Sequence[int]) -> list[bytes]:
+        """Make the written pages of ``hashes`` (reserved by ``reserve``) findable, with ``checksums``
+        (``page_checksum`` of each, in ``hashes`` order); returns the hashes now inserted."""
         inserted = []
-        for block_hash in reversed(hashes):
+        for block_hash, checksum in zip(reversed(hashes), reversed(checksums), strict=True):
             page = self._writing.pop(block_hash)
-            self._checksums[page] = page_checksum(self.storage[page])
+            self._checksums[page] = checksum
             self._lru[block_hash] = page
             inserted.append(block_hash)
         inserted.reverse()
@@ -128,29 +140,37 @@ class PageArena:
 
     # ---- get ---------------------------------------------------------------------------------
 
-    def acquire(self, hashes: Sequence[bytes]) -> tuple[list[int], list[bytes]]:
-        """Lease the pages of the leading held ``hashes`` for reading, each checksum-verified.
+    def acquire(self, hashes: Sequence[bytes]) -> tuple[list[int], list[int]]:
+        """Lease the pages of the leading held ``hashes`` for reading.
 
         Returns:
-            ``(pages, dropped)``: the leased pages (a prefix of ``hashes``: it stops at the first hash
-            not held or whose page failed its checksum), and the hashes dropped as corrupt.
+            ``(pages, checksums)``: the leased pages (a prefix of ``hashes``, up to the first hash not
+            held) and the checksum each must have; verify them, then ``reject`` a run that fails.
         """
         pages: list[int] = []
-        dropped: list[bytes] = []
         for block_hash in hashes:
             page = self._lru.get(block_hash, self._read.get(block_hash))
             if page is None:
-                break
-            if self._readers[page] == 0 and page_checksum(self.storage[page]) != self._checksums[page]:
-                self._drop(block_hash, page)
-                dropped.append(block_hash)
                 break
             if self._readers[page] == 0:
                 del self._lru[block_hash]
                 self._read[block_hash] = page
             self._readers[page] += 1
             pages.append(page)
-        return pages, dropped
+        return pages, [self._checksums[page] for page in pages]
+
+    def reject(self, hashes: Sequence[bytes], checksum: int) -> bool:
+        """Take back acquired ``hashes`` whose first page failed its checksum (expected ``checksum``):
+        release them all, count the failure and drop that page unless another reader holds it (then
+        a later ``acquire`` and its check find it). Returns whether the page was dropped."""
+        self.checksum_failures += 1
+        self.release(hashes)
+        corrupt = hashes[0]
+        page = self._lru.get(corrupt)
+        if page is None or self._checksums[page] != checksum:
+            return False
+        self._drop(corrupt, page)
+        return True
 
     def release(self, hashes: Sequence[bytes]) -> None:
         """End one read of each of ``hashes`` (acquired by ``acquire``); unread pages become evictable
@@ -191,4 +211,3 @@ class PageArena:
         del self._lru[block_hash]
         self._checksums[page] = None
         self._free.append(page)
-        self.checksum_failures += 1

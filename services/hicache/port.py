@@ -3,8 +3,9 @@ and by ``HostCacheClient`` (the ``baton cache`` service over gRPC).
 
 The port covers the index and the leases; moving the bytes differs by where the tier lives: with an
 in-process ``HostTier`` a worker copies rows of ``tier.kv.storage`` / ``tier.kda.storage`` with torch;
-with a ``HostCacheClient`` it reads and writes the regions ``"host_kv"`` / ``"host_kda"`` of
-``client.endpoint()`` with its own transfer backend, rows numbered by the leases' pages.
+with a ``HostCacheClient`` it reads and writes the regions ``"blocks"`` (KV pages) / ``"state"``
+(KDA pages) of ``client.endpoint()`` with its own transfer backend (the same names as its pools'),
+rows numbered by the leases' pages.
 """
 
 from collections.abc import Sequence

@@ -40,7 +40,7 @@ from common.errors import TransferError
 
 from .byte_plan import ByteSpan, check_byte_spans
 from .endpoint import RegionInfo, TransferEndpoint, region_info
-from .row_plan import plan_row_copies
+from .row_plan import RowSpan, plan_row_copies
 
 BLOCKS = "blocks"  # the packed-block pool (BlockPool.storage)
 STATE = "state"  # the KDA state-slot pool (StateSlotPool.storage)
@@ -48,7 +48,7 @@ STATE = "state"  # the KDA state-slot pool (StateSlotPool.storage)
 
 @dataclass(frozen=True)
 class TransferStats:
-    """What one ``write`` moved: ``nbytes`` payload bytes in ``seconds`` of wall time."""
+    """What one ``write`` or ``read`` moved: ``nbytes`` payload bytes in ``seconds`` of wall time."""
 
     nbytes: int
     seconds: float
@@ -152,18 +152,7 @@ class TransferBackend(ABC):
                 mismatched row sizes (all checked before any byte moves), backend failure, timeout.
         """
         endpoint = self._peer(peer)
-        spans = []
-        for span in plan_row_copies(self._regions, endpoint, copies):
-            row_bytes = self._regions[span.region].row_bytes
-            spans.append(
-                ByteSpan(
-                    span.region,
-                    span.local_row * row_bytes,
-                    span.region,
-                    span.remote_row * row_bytes,
-                    span.count * row_bytes,
-                )
-            )
+        spans = self._row_bytes(plan_row_copies(self._regions, endpoint, copies))
         return self._write_checked(peer, endpoint, spans, message, timeout_s)
 
     def write_bytes(
@@ -185,6 +174,19 @@ class TransferBackend(ABC):
             peer, endpoint, check_byte_spans(self._regions, endpoint, spans), message, timeout_s
         )
 
+    def _row_bytes(self, spans: list[RowSpan]) -> list[ByteSpan]:
+        """Row spans of same-named regions as the byte spans the backends move."""
+        byte_spans = []
+        for span in spans:
+            row_bytes = self._regions[span.region].row_bytes
+            local, remote, nbytes = (
+                span.local_row * row_bytes,
+                span.remote_row * row_bytes,
+                span.count * row_bytes,
+            )
+            byte_spans.append(ByteSpan(span.region, local, span.region, remote, nbytes))
+        return byte_spans
+
     def _peer(self, peer: str) -> TransferEndpoint:
         self._check_open()
         endpoint = self._peers.get(peer)
@@ -204,6 +206,33 @@ class TransferBackend(ABC):
         start = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         self._call(f"write to peer {peer!r}", self._write_spans, endpoint, spans, message, deadline)
+        return TransferStats(nbytes, time.perf_counter() - start)
+
+    def read(
+        self, peer: str, copies: Mapping[str, Sequence[tuple[int, int]]], timeout_s: float = 30.0
+    ) -> TransferStats:
+        """Copy rows of ``peer``'s regions into local rows (a one-sided read; the peer sees nothing).
+
+        Args:
+            peer: a name returned by ``connect``.
+            copies: region name -> ``(local_row, remote_row)`` pairs: the remote row is read into the
+                local row of the same-named local region.
+            timeout_s: the whole read must complete within this many seconds.
+
+        Returns:
+            ``TransferStats`` with the payload bytes and wall time.
+
+        Raises:
+            TransferError: unknown peer or region, row out of range, local row read into twice,
+                mismatched row sizes (all checked before any byte moves), a backend that cannot read,
+                backend failure, timeout.
+        """
+        endpoint = self._peer(peer)
+        spans = self._row_bytes(plan_row_copies(self._regions, endpoint, copies, reading=True))
+        nbytes = sum(span.nbytes for span in spans)
+        start = time.perf_counter()
+        deadline = time.monotonic() + timeout_s
+        self._call(f"read from peer {peer!r}", self._read_spans, endpoint, spans, deadline)
         return TransferStats(nbytes, time.perf_counter() - start)
 
     # ---- receiver ----------------------------------------------------------------------------
@@ -286,6 +315,11 @@ class TransferBackend(ABC):
     ) -> None:
         """Copy the validated byte ``spans``, then deliver ``message``; raise if ``time.monotonic()``
         passes ``deadline`` first. ``spans`` may be empty (then only the message is sent)."""
+
+    @abstractmethod
+    def _read_spans(self, endpoint: TransferEndpoint, spans: list[ByteSpan], deadline: float) -> None:
+        """Copy the validated byte ``spans`` from the peer's regions into the local ones; raise if
+        ``time.monotonic()`` passes ``deadline`` first, or ``TransferError`` if this backend cannot read."""
 
     @abstractmethod
     def _poll(self) -> list[Notification]:

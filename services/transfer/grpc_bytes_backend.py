@@ -133,6 +133,9 @@ class GrpcBytesBackend(TransferBackend):
                 f"grpc_bytes: peer {peer!r} acknowledged {reply.bytes_written} bytes, sent {expected}"
             )
 
+    def _read_spans(self, endpoint: TransferEndpoint, spans: list[ByteSpan], deadline: float) -> None:
+        raise TransferError("read is not supported by grpc_bytes; use nixl")
+
     def _requests(
         self, endpoint: TransferEndpoint, spans: list[ByteSpan], message: str | None
     ) -> Iterator[transfer_pb2.WriteRowsRequest]:

@@ -2,9 +2,10 @@
 
 One NIXL agent per backend object. Regions are registered with their memory type (``DRAM`` for
 host tensors, ``VRAM`` for CUDA tensors), so the same code serves the CPU tests and the GPU cluster.
-A write is one NIXL transfer request per (local, remote) memory-type pair -- in practice one --
-with one descriptor per coalesced run of rows (or per byte span of ``write_bytes``); the request id
-rides on it as the NIXL notification, which the receiver gets only after the data has landed.
+A write (or a read) is one NIXL transfer request per (local, remote) memory-type pair -- in practice
+one -- with one descriptor per coalesced run of rows (or per byte span of ``write_bytes``); a write's
+request id rides on it as the NIXL notification, which the receiver gets only after the data has
+landed.
 """
 
 import logging
@@ -131,6 +132,32 @@ class NixlBackend(TransferBackend):
             with self._agent_lock:
                 self._agent.send_notif(peer, message.encode())
 
+    def _read_spans(self, endpoint: TransferEndpoint, spans: list[ByteSpan], deadline: float) -> None:
+        peer = endpoint.agent_name
+        handles = []
+        try:
+            for (local_mem, remote_mem), (local, remote) in self._descriptors(endpoint, spans).items():
+                with self._agent_lock:
+                    handle = self._agent.initialize_xfer(
+                        "READ",
+                        self._agent.get_xfer_descs(local, local_mem),
+                        self._agent.get_xfer_descs(remote, remote_mem),
+                        peer,
+                        b"",
+                    )
+                    handles.append(handle)
+                    posted = self._agent.transfer(handle)
+                if posted == "ERR":
+                    raise TransferError(f"nixl: posting the read from peer {peer!r} failed")
+            self._wait(handles, peer, deadline, "read from")
+        finally:
+            for handle in handles:
+                try:
+                    with self._agent_lock:
+                        self._agent.release_xfer_handle(handle)
+                except Exception as exc:  # an aborted in-flight request; NIXL keeps it for later
+                    log.warning("nixl: releasing a read from %r failed: %s", peer, exc)
+
     def _descriptors(
         self, endpoint: TransferEndpoint, spans: list[ByteSpan]
     ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
@@ -147,7 +174,7 @@ class NixlBackend(TransferBackend):
             for key, (local, remote) in rows.items()
         }
 
-    def _wait(self, handles: list, peer: str, deadline: float) -> None:
+    def _wait(self, handles: list, peer: str, deadline: float, operation: str = "write to") -> None:
         """Poll the posted ``handles`` until all are done; the agent lock only around each check."""
         pending, polls = list(handles), 0
         while pending:
@@ -156,14 +183,16 @@ class NixlBackend(TransferBackend):
                 with self._agent_lock:
                     state = self._agent.check_xfer_state(handle)
                 if state == "ERR":
-                    raise TransferError(f"nixl: the write to peer {peer!r} failed (transfer state ERR)")
+                    raise TransferError(f"nixl: the {operation} peer {peer!r} failed (transfer state ERR)")
                 if state != "DONE":
                     still.append(handle)
             pending = still
             if not pending:
                 return
             if time.monotonic() >= deadline:
-                raise TransferError(f"nixl: the write to peer {peer!r} did not complete before its timeout")
+                raise TransferError(
+                    f"nixl: the {operation} peer {peer!r} did not complete before its timeout"
+                )
             polls += 1
             if polls > _SPIN_POLLS:
                 time.sleep(_POLL_SLEEP_S)

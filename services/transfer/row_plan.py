@@ -31,15 +31,19 @@ def plan_row_copies(
     local_regions: Mapping[str, RegionInfo],
     remote: TransferEndpoint,
     copies: Mapping[str, Sequence[tuple[int, int]]],
+    reading: bool = False,
 ) -> list[RowSpan]:
     """Validate ``copies`` (region -> ``(local_row, remote_row)`` pairs) and coalesce them.
+
+    ``reading``: the rows move from the peer into local rows (``TransferBackend.read``), so a local
+    row may be named only once and a remote row any number of times; writing, the other way round.
 
     Returns:
         spans grouped by region in ``copies`` order, each region's spans sorted by remote row.
 
     Raises:
         TransferError: a region unknown on either side, row sizes that differ, a row that is not an
-            integer or is out of range on either side, or a remote row named twice.
+            integer or is out of range on either side, or a destination row named twice.
     """
     spans: list[RowSpan] = []
     for region, pairs in copies.items():
@@ -53,7 +57,7 @@ def plan_row_copies(
                 f"{remote.agent_name!r} rows are {target.row_bytes} B"
             )
         checked: list[tuple[int, int]] = []
-        seen_remote: set[int] = set()
+        seen_destinations: set[int] = set()
         for pair in pairs:
             try:
                 src, dst = (operator.index(row) for row in pair)
@@ -66,16 +70,17 @@ def plan_row_copies(
                     f"region {region!r}: remote row {dst} out of range [0, {target.num_rows}) "
                     f"on peer {remote.agent_name!r}"
                 )
-            if dst in seen_remote:
-                raise TransferError(f"region {region!r}: remote row {dst} is written twice")
-            seen_remote.add(dst)
+            destination, side = (src, "local") if reading else (dst, "remote")
+            if destination in seen_destinations:
+                raise TransferError(f"region {region!r}: {side} row {destination} is written twice")
+            seen_destinations.add(destination)
             checked.append((src, dst))
         spans.extend(_coalesce(region, checked))
     return spans
 
 
 def _coalesce(region: str, pairs: list[tuple[int, int]]) -> list[RowSpan]:
-    """Merge pairs consecutive on both sides into spans (input: unique remote rows)."""
+    """Merge pairs consecutive on both sides into spans (input: unique rows on the written side)."""
     runs: list[list[int]] = []  # [local_row, remote_row, count]
     for src, dst in sorted(pairs, key=lambda pair: pair[1]):
         if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:

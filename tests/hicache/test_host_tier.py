@@ -1,5 +1,9 @@
 """The in-process host tier: budgets, leases, LRU per kind, the hybrid rule, checksums, tenant salts."""
 
+import random
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -41,6 +45,7 @@ def put(tier: HostTier, kind: str, hashes: list[bytes], seed: int = 0) -> dict[b
 @pytest.fixture
 def tier():
     tier = make_tier()
+    assert tier.record_events() == set()
     yield tier
     tier.check_integrity()
     assert tier.open_leases() == 0
@@ -136,6 +141,21 @@ def test_corrupt_page_is_dropped_counted_and_the_get_stops_before_it(tier):
     assert tier.stats()[KV].pages_used == 3
 
 
+def test_a_corrupt_page_another_reader_holds_is_dropped_once_it_is_free(tier):
+    hashes = chain(list(range(8)))
+    put(tier, KV, hashes)
+    first = tier.begin_get(KV, hashes)
+    tier.kv.storage[first.pages[1], 0] ^= 0x01
+    second = tier.begin_get(KV, hashes)
+    assert len(second.pages) == 1 and tier.match(hashes, has_state=False).kv_depth == 2  # still held
+    tier.end_get(first.lease_id)
+    tier.end_get(second.lease_id)
+    third = tier.begin_get(KV, hashes)
+    assert third.pages == first.pages[:1] and tier.match(hashes, has_state=False).kv_depth == 1
+    tier.end_get(third.lease_id)
+    assert tier.stats()[KV].checksum_failures == 2
+
+
 @pytest.mark.parametrize(
     "snapshot_blocks, has_state, usable",
     [((2,), True, 2), ((1, 3), True, 3), ((4,), True, 0), ((), True, 0), ((1,), False, 3)],
@@ -171,3 +191,69 @@ def test_a_model_without_kda_has_no_kda_arena():
     with pytest.raises(ValueError, match="kind"):
         tier.reserve_put(KDA, chain(list(range(4))))
     tier.check_integrity()
+
+
+def test_leases_a_dead_worker_left_expire_and_free_their_pages():
+    now = [0.0]
+    tier = HostTier(
+        KV_PAGE, KDA_PAGE, 4 * KV_PAGE, KDA_PAGE, "fp", pin=False, lease_ttl_s=10, clock=lambda: now[0]
+    )
+    hashes = chain(list(range(16)))
+    put(tier, KV, hashes[:2])
+    reading = tier.begin_get(KV, hashes[:2])
+    writing = tier.reserve_put(KV, hashes[2:])
+    assert tier.reserve_put(KV, chain(list(range(50, 54)))).pages == (None,)  # all leased: no room
+    now[0] = 10.5  # the worker died: its leases pass their life
+    late = tier.reserve_put(KV, chain(list(range(60, 64))))
+    assert late.pages != (None,) and tier.open_leases() == 1
+    with pytest.raises(ValueError, match="lease_id: .* expired"):
+        tier.commit_put(writing.lease_id)
+    with pytest.raises(ValueError, match="lease_id"):
+        tier.end_get(reading.lease_id)
+    assert tier.match(hashes, has_state=False).kv_depth == 2
+    tier.abort_put(late.lease_id)
+    tier.check_integrity()
+
+
+def test_threads_putting_and_getting_never_see_a_page_change_under_a_lease():
+    """Checksums run outside the tier's lock: four threads put and get overlapping chains through a
+    tier that evicts all the time; every leased page must hold its own hash's bytes throughout."""
+    tier = make_tier(kv_pages=6, kda_pages=1)
+    chains = [chain(list(range(100 * c, 100 * c + 12))) for c in range(5)]  # 3 blocks each
+    failures: list[str] = []
+
+    def content(block_hash: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(block_hash * (KV_PAGE // len(block_hash))), dtype=torch.uint8)
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            hashes = rng.choice(chains)
+            if rng.random() < 0.5:
+                lease = tier.reserve_put(KV, hashes)
+                for block_hash, page in zip(hashes, lease.pages, strict=True):
+                    if page is not None:
+                        tier.kv.storage[page] = content(block_hash)
+                tier.commit_put(lease.lease_id)
+            else:
+                lease = tier.begin_get(KV, hashes)
+                for block_hash, page in zip(hashes, lease.pages, strict=False):
+                    if not torch.equal(tier.kv.storage[page], content(block_hash)):
+                        failures.append(f"page {page} does not hold its hash's bytes")
+                tier.end_get(lease.lease_id)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: inside the tier's calls too
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
+    stats = tier.stats()[KV]
+    assert stats.evictions > 0 and stats.bytes_out > 0 and stats.checksum_failures == 0
+    tier.check_integrity()
+    assert tier.open_leases() == 0

@@ -10,7 +10,7 @@ from common.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus"
-ROLES = ("router", "prefill", "decode")
+ROLES = ("router", "prefill", "decode", "cache")
 BUILTIN = {"up"}  # series Prometheus itself writes for every target
 
 

@@ -76,3 +76,10 @@ def test_rejects_region_missing_on_peer_and_size_mismatch():
     local = {BLOCKS: RegionInfo(BLOCKS, 1000, 128, 8, "DRAM", 0)}
     with pytest.raises(TransferError, match="local rows are 128 B but peer 'decode-0' rows are 64 B"):
         plan_row_copies(local, REMOTE, {BLOCKS: [(0, 0)]})
+
+
+def test_reading_names_each_local_row_once_and_remote_rows_freely():
+    got = plan_row_copies(LOCAL, REMOTE, {BLOCKS: [(0, 4), (1, 5), (2, 5)]}, reading=True)
+    assert got == [RowSpan(BLOCKS, 0, 4, 2), RowSpan(BLOCKS, 2, 5, 1)]
+    with pytest.raises(TransferError, match="local row 3 is written twice"):
+        plan_row_copies(LOCAL, REMOTE, {BLOCKS: [(3, 1), (3, 2)]}, reading=True)

@@ -1,0 +1,49 @@
+"""``baton cache``: the node's HiCache host tier (one per node; workers attach to it over gRPC)."""
+
+import argparse
+import signal
+import threading
+
+from services.hicache.server import GIB, CacheConfig, HostCacheServer
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "cache", help="run the node's host tier of KV blocks and KDA snapshots (HiCache), served over NIXL"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=50070, help="gRPC port (default 50070; 0: any free)")
+    parser.add_argument("--kv-gib", type=float, required=True, metavar="G", help="host memory for KV blocks")
+    parser.add_argument(
+        "--kda-gib", type=float, default=0.0, metavar="G", help="host memory for KDA snapshots (default 0)"
+    )
+    parser.add_argument("--metrics-port", type=int, default=0, help="/metrics port (default 0: any free)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    server = HostCacheServer(config_from(args))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"READY role=cache metrics_port={server.metrics_port} port={server.port}", flush=True)
+    stop.wait()
+    server.stop()
+    return 0
+
+
+def config_from(args: argparse.Namespace) -> CacheConfig:
+    """The service's ``CacheConfig`` from the flags; ValueError naming the flag to fix."""
+    for flag, value in (("--kv-gib", args.kv_gib), ("--kda-gib", args.kda_gib)):
+        if not value >= 0:
+            raise ValueError(f"{flag}: must be >= 0, got {value}")
+    if args.kv_gib == 0:
+        raise ValueError("--kv-gib: must be > 0 (the KV tier's host memory)")
+    return CacheConfig(
+        kv_budget_bytes=int(args.kv_gib * GIB),
+        kda_budget_bytes=int(args.kda_gib * GIB),
+        host=args.host,
+        port=args.port,
+        metrics_host=args.host,
+        metrics_port=args.metrics_port,
+    )

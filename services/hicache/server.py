@@ -1,0 +1,113 @@
+"""``baton cache``: the node's host tier as a gRPC service (``HostCache``), its arenas on a NIXL agent.
+
+Workers attach over gRPC, then read and write the pages with their own transfer backend (one-sided NIXL reads
+and writes into the regions ``"blocks"`` (KV pages) and ``"state"`` (KDA pages)); the service only keeps the
+index and the leases, so no page byte crosses gRPC.
+"""
+
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from common.metrics import Metrics
+from common.rpc.errors import ErrorInterceptor
+from proto.baton.v1 import host_cache_pb2_grpc
+from services.transfer import make_backend
+
+from .servicer import HostCacheServicer
+
+SERVICE = "baton.v1.HostCache"
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The cache service's one typed config.
+
+    Attributes:
+        kv_budget_bytes, kda_budget_bytes: host memory for KV pages and for KDA snapshots.
+        host, port: the gRPC listen address (port 0: any free port).
+        metrics_host, metrics_port: ``/metrics`` (port 0: any free port).
+        metrics_interval_s: how often the ``baton_hicache_*`` metrics are refreshed from the tier.
+        transfer_backend: the backend the arenas are registered with (workers must use the same).
+        lease_ttl_s: a put or get lease not ended this long after it was given is ended by the tier
+            (a worker died holding it); longer than any transfer (their timeout is 30 s).
+        threads: gRPC handler threads.
+    """
+
+    kv_budget_bytes: int
+    kda_budget_bytes: int
+    host: str = "127.0.0.1"
+    port: int = 50070
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    metrics_interval_s: float = 1.0
+    transfer_backend: str = "nixl"
+    lease_ttl_s: float = 120.0
+    threads: int = 16
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field that cannot work."""
+        if self.kv_budget_bytes <= 0:
+            raise ValueError(f"kv_budget_bytes: must be > 0, got {self.kv_budget_bytes} (--kv-gib)")
+        if self.kda_budget_bytes < 0:
+            raise ValueError(f"kda_budget_bytes: must be >= 0, got {self.kda_budget_bytes} (--kda-gib)")
+        if not self.lease_ttl_s > 0:
+            raise ValueError(f"lease_ttl_s: must be > 0, got {self.lease_ttl_s}")
+        if self.metrics_interval_s <= 0:
+            raise ValueError(f"metrics_interval_s: must be > 0, got {self.metrics_interval_s}")
+        if self.threads < 1:
+            raise ValueError(f"threads: must be >= 1, got {self.threads}")
+
+
+class HostCacheServer:
+    """The running service: gRPC (``HostCache``, health, reflection), metrics and the transfer agent."""
+
+    def __init__(self, config: CacheConfig):
+        config.validate()
+        self.backend = make_backend(config.transfer_backend)
+        self.servicer = HostCacheServicer(
+            self.backend, config.kv_budget_bytes, config.kda_budget_bytes, config.lease_ttl_s
+        )
+        self.metrics = Metrics("cache")
+        self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
+        self._stopping = threading.Event()
+        self._refresher = threading.Thread(
+            target=self._refresh_metrics,
+            args=(config.metrics_interval_s,),
+            name="hicache-metrics",
+            daemon=True,
+        )
+        self._refresher.start()
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.threads), interceptors=[ErrorInterceptor()]
+        )
+        host_cache_pb2_grpc.add_HostCacheServicer_to_server(self.servicer, self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        if self.port == 0:
+            raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
+        self.server.start()
+        for name in ("", SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving, then release the arenas' registration."""
+        self.server.stop(grace_s).wait()
+        self._stopping.set()
+        self._refresher.join()
+        self.backend.close()
+
+    def _refresh_metrics(self, interval_s: float) -> None:
+        while not self._stopping.wait(interval_s):
+            tier = self.servicer.tier
+            if tier is not None:
+                self.metrics.observe_host_tier(tier.stats())

@@ -1,0 +1,148 @@
+"""The ``HostCache`` gRPC servicer: thin over a ``HostTier`` whose arenas a transfer backend exposes.
+
+The tier has byte budgets from the start but no page size: the first worker's ``Attach`` gives the page sizes
+and the layout fingerprint, sizes the arenas and registers them as the regions ``"blocks"`` / ``"state"``, the
+names of a worker's own pools, so a worker's ``write`` and ``read`` map its pool rows to page rows with no
+renaming. A later worker must bring the same layouts (INVALID_ARGUMENT naming the field otherwise): a page
+holds one block or one state slot byte for byte, so every worker that reads it must lay it out the same way.
+Every call but ``Attach`` and ``Stats`` before the first ``Attach`` is FAILED_PRECONDITION.
+"""
+
+import threading
+from collections.abc import Sequence
+
+import grpc
+
+from proto.baton.v1 import host_cache_pb2, host_cache_pb2_grpc
+from services.rpc.convert import endpoint_to_pb
+from services.transfer import BLOCKS, STATE, TransferBackend
+
+from .host_tier import KDA, KV, HostTier
+
+HASH_BYTES = 32  # a SHA-256 block hash (common/prefix_hash.py)
+
+
+class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
+    """``HostCache`` over one tier (made at the first ``Attach``) and the backend that exposes it.
+
+    Args:
+        backend: the transfer backend the arenas are registered with (workers read and write them).
+        kv_budget_bytes, kda_budget_bytes: each kind's host memory.
+        pin: page-lock the arenas (``None``: when CUDA is available).
+        lease_ttl_s: a lease's life (``HostTier``): a worker that dies holding one frees it then.
+    """
+
+    def __init__(
+        self,
+        backend: TransferBackend,
+        kv_budget_bytes: int,
+        kda_budget_bytes: int,
+        lease_ttl_s: float,
+        pin: bool | None = None,
+    ):
+        self.backend = backend
+        self.kv_budget_bytes = kv_budget_bytes
+        self.kda_budget_bytes = kda_budget_bytes
+        self.lease_ttl_s = lease_ttl_s
+        self.pin = pin
+        self.tier: HostTier | None = None
+        self._attach_lock = threading.Lock()
+        self._endpoint = None
+
+    def Attach(self, request, context):  # noqa: N802 (gRPC method name)
+        if not request.layout_fingerprint:
+            raise ValueError("layout_fingerprint: empty; send the worker's block and slot layout fingerprint")
+        if request.kv_page_bytes == 0:
+            raise ValueError("kv_page_bytes: must be > 0 (one packed block's bytes)")
+        with self._attach_lock:
+            if self.tier is None:
+                self._create(request)
+            self._check_same_layout(request)
+            return host_cache_pb2.AttachResponse(endpoint=self._endpoint)
+
+    def Match(self, request, context):  # noqa: N802
+        match = self._attached(context).match(_hashes(request.hashes), request.has_state)
+        return host_cache_pb2.MatchResponse(
+            kv_depth=match.kv_depth, snapshot_depths=match.snapshot_depths, usable_depth=match.usable_depth
+        )
+
+    def ReservePut(self, request, context):  # noqa: N802
+        lease = self._attached(context).reserve_put(request.kind, _hashes(request.hashes))
+        pages = [-1 if page is None else page for page in lease.pages]
+        return host_cache_pb2.ReservePutResponse(lease_id=lease.lease_id, pages=pages)
+
+    def CommitPut(self, request, context):  # noqa: N802
+        self._attached(context).commit_put(request.lease_id)
+        return host_cache_pb2.LeaseResponse()
+
+    def AbortPut(self, request, context):  # noqa: N802
+        self._attached(context).abort_put(request.lease_id)
+        return host_cache_pb2.LeaseResponse()
+
+    def BeginGet(self, request, context):  # noqa: N802
+        lease = self._attached(context).begin_get(request.kind, _hashes(request.hashes))
+        return host_cache_pb2.BeginGetResponse(lease_id=lease.lease_id, pages=lease.pages)
+
+    def EndGet(self, request, context):  # noqa: N802
+        self._attached(context).end_get(request.lease_id)
+        return host_cache_pb2.LeaseResponse()
+
+    def Stats(self, request, context):  # noqa: N802
+        tier = self.tier
+        if tier is None:
+            return host_cache_pb2.TierStatsResponse()
+        kinds = [
+            host_cache_pb2.TierKindStats(kind=kind, **vars(stats)) for kind, stats in tier.stats().items()
+        ]
+        return host_cache_pb2.TierStatsResponse(layout_fingerprint=tier.layout_fingerprint, kinds=kinds)
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _create(self, request) -> None:
+        kda_budget = self.kda_budget_bytes if request.kda_page_bytes else 0
+        tier = HostTier(
+            request.kv_page_bytes,
+            request.kda_page_bytes,
+            self.kv_budget_bytes,
+            kda_budget,
+            request.layout_fingerprint,
+            pin=self.pin,
+            lease_ttl_s=self.lease_ttl_s,
+        )
+        self.backend.register(BLOCKS, tier.arena(KV).storage)
+        if tier.kda is not None:
+            self.backend.register(STATE, tier.arena(KDA).storage)
+        self._endpoint = endpoint_to_pb(self.backend.endpoint())
+        self.tier = tier
+
+    def _check_same_layout(self, request) -> None:
+        tier = self.tier
+        if request.layout_fingerprint != tier.layout_fingerprint:
+            raise ValueError(
+                f"layout_fingerprint: {request.layout_fingerprint!r} is not this tier's "
+                f"{tier.layout_fingerprint!r} (its first worker's); a tier serves one model layout"
+            )
+        kda_page_bytes = tier.kda.page_bytes if tier.kda is not None else 0
+        for field, asked, held in (
+            ("kv_page_bytes", request.kv_page_bytes, tier.kv.page_bytes),
+            ("kda_page_bytes", request.kda_page_bytes, kda_page_bytes),
+        ):
+            if asked != held:
+                raise ValueError(f"{field}: {asked} is not this tier's {held} (its first worker's)")
+
+    def _attached(self, context: grpc.ServicerContext) -> HostTier:
+        tier = self.tier
+        if tier is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "no worker has attached yet: call Attach first"
+            )
+        return tier
+
+
+def _hashes(hashes: Sequence[bytes]) -> list[bytes]:
+    for index, block_hash in enumerate(hashes):
+        if len(block_hash) != HASH_BYTES:
+            raise ValueError(
+                f"hashes: entry {index} is {len(block_hash)} bytes; a block hash is {HASH_BYTES} (SHA-256)"
+            )
+    return list(hashes)

@@ -1,0 +1,150 @@
+"""``baton cache`` in its own process: workers attach, write pages with their own NIXL agent, another
+worker finds and reads them back bitwise; layouts and bad fields refused; stats and metrics move."""
+
+import argparse
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from cli import cache_command
+from common.errors import TransferError
+from common.prefix_hash import chain_root, extend_chain
+from services.hicache.client import HostCacheClient
+from services.hicache.host_tier import KDA, KV
+from services.hicache.port import HostTierPort
+from services.transfer import BLOCKS, STATE, make_backend
+
+KV_PAGE, KDA_PAGE = 256, 512
+KV_PAGES, KDA_PAGES = 8, 4
+GIB = 1 << 30
+FINGERPRINT = "layout-test"
+
+
+@pytest.fixture(scope="module")
+def service():
+    command = [
+        sys.executable, "-m", "cli.main", "cache", "--port", "0", "--metrics-port", "0",
+        "--kv-gib", repr(KV_PAGES * KV_PAGE / GIB), "--kda-gib", repr(KDA_PAGES * KDA_PAGE / GIB),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        while line and not line.startswith("READY"):  # NIXL logs to stdout first
+            line = process.stdout.readline()
+        assert line.startswith("READY role=cache"), "baton cache exited before READY"
+        fields = dict(part.split("=") for part in line.split()[1:])
+        yield f"127.0.0.1:{fields['port']}", int(fields["metrics_port"])
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
+def scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+
+
+class Worker:
+    """A worker's side: fake "device" pools in host memory, its own NIXL agent, a client."""
+
+    def __init__(self, name: str, address: str, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.blocks = torch.randint(0, 256, (6, KV_PAGE), dtype=torch.uint8, generator=generator)
+        self.state = torch.randint(0, 256, (2, KDA_PAGE), dtype=torch.uint8, generator=generator)
+        self.backend = make_backend("nixl", name)
+        self.backend.register(BLOCKS, self.blocks)
+        self.backend.register(STATE, self.state)
+        self.client = HostCacheClient(address)
+        self.peer = self.backend.connect(self.client.attach(FINGERPRINT, KV_PAGE, KDA_PAGE))
+
+    def close(self) -> None:
+        self.client.close()
+        self.backend.close()
+
+
+def test_pages_written_by_one_worker_are_read_back_bitwise_by_another(service):
+    address, metrics_port = service
+    hashes = extend_chain([], list(range(16)), 4, chain_root("model", tenant="t"))  # 4 blocks
+    writer, reader = Worker("hc-writer", address, seed=1), Worker("hc-reader", address, seed=2)
+    try:
+        assert isinstance(writer.client, HostTierPort)
+        kv = writer.client.reserve_put(KV, hashes)
+        snapshot = writer.client.reserve_put(KDA, hashes[-1:])
+        assert None not in kv.pages and None not in snapshot.pages
+        writer.backend.write(writer.peer, {BLOCKS: list(zip(range(4), kv.pages, strict=True))})
+        writer.backend.write(writer.peer, {STATE: [(1, snapshot.pages[0])]})
+        assert reader.client.match(hashes, has_state=True).usable_depth == 0  # not committed yet
+        writer.client.commit_put(kv.lease_id)
+        writer.client.commit_put(snapshot.lease_id)
+
+        match = reader.client.match(hashes, has_state=True)
+        assert (match.kv_depth, match.snapshot_depths, match.usable_depth) == (4, (4,), 4)
+        blocks = reader.client.begin_get(KV, hashes)
+        state = reader.client.begin_get(KDA, hashes[-1:])
+        reader.backend.read(reader.peer, {BLOCKS: [(5 - i, page) for i, page in enumerate(blocks.pages)]})
+        reader.backend.read(reader.peer, {STATE: [(0, state.pages[0])]})
+        reader.client.end_get(blocks.lease_id)
+        reader.client.end_get(state.lease_id)
+        assert torch.equal(reader.blocks[2:6].flip(0), writer.blocks[:4])
+        assert torch.equal(reader.state[0], writer.state[1])
+
+        stats = reader.client.stats()
+        assert (stats[KV].pages_used, stats[KV].bytes_in, stats[KV].bytes_out) == (
+            4,
+            4 * KV_PAGE,
+            4 * KV_PAGE,
+        )
+        assert (stats[KDA].pages_used, stats[KDA].hits, stats[KDA].misses) == (1, 1, 1)
+        wanted = ['baton_hicache_pages_used{kind="kv"} 4.0', 'baton_hicache_hits_total{kind="kda"} 1.0']
+        wanted.append(f'baton_hicache_bytes_total{{direction="out",kind="kda"}} {float(KDA_PAGE)}')
+        deadline = time.monotonic() + 10  # refreshed every second
+        while not all(line in scrape(metrics_port) for line in wanted):
+            assert time.monotonic() < deadline, scrape(metrics_port)
+            time.sleep(0.2)
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_different_layout_and_bad_fields_are_refused_naming_the_field(service):
+    address, _ = service
+    client = HostCacheClient(address)
+    try:
+        client.attach(FINGERPRINT, KV_PAGE, KDA_PAGE)
+        with pytest.raises(ValueError, match="layout_fingerprint: 'other'"):
+            client.attach("other", KV_PAGE, KDA_PAGE)
+        with pytest.raises(ValueError, match="kda_page_bytes: 64 is not this tier's 512"):
+            client.attach(FINGERPRINT, KV_PAGE, 64)
+        with pytest.raises(ValueError, match="kind: 'blocks'"):
+            client.reserve_put("blocks", [bytes(32)])
+        with pytest.raises(ValueError, match="hashes: entry 1 is 3 bytes"):
+            client.match([bytes(32), b"abc"], has_state=False)
+        with pytest.raises(ValueError, match="lease_id: 12345"):
+            client.end_get(12345)
+    finally:
+        client.close()
+
+
+def test_an_unreachable_tier_is_a_transfer_error():
+    client = HostCacheClient("127.0.0.1:1", timeout_s=1.0)
+    with pytest.raises(TransferError, match="Match failed: UNAVAILABLE"):
+        client.match([bytes(32)], has_state=False)
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--kv-gib", "0"], "--kv-gib: must be > 0"),
+        (["--kv-gib", "1", "--kda-gib", "-1"], "--kda-gib: must be >= 0"),
+    ],
+    ids=["no-kv", "negative-kda"],
+)
+def test_cache_command_flags_name_the_flag(flags, error):
+    parser = argparse.ArgumentParser()
+    cache_command.register(parser.add_subparsers())
+    with pytest.raises(ValueError, match=error):
+        cache_command.config_from(parser.parse_args(["cache", *flags]))
