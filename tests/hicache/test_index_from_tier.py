@@ -1,7 +1,7 @@
-"""The cluster index fed by a real ``HostTier``'s events says what the tier's own ``match`` says, through
-puts, LRU evictions and a corrupt page dropped on read."""
+"""The cluster index fed by a real ``HostTier`` (its holdings, then its events) says what the tier's own
+``match`` says, through puts, LRU evictions and a corrupt page dropped on read."""
 
-from common.cluster_index import ClusterIndex
+from common.cluster_index import ClusterIndex, IndexEvent
 from common.prefix_hash import chain_root, extend_chain
 from services.hicache.host_tier import KDA, KV, HostTier
 
@@ -37,6 +37,8 @@ def test_the_index_follows_the_tier(redis_server, prefix):
     second = extend_chain([], list(range(100, 100 + 3 * BLOCK)), BLOCK, chain_root("model"))
     put(tier, KV, first)
     put(tier, KDA, [first[1], first[3]])
+    # What the tier holds when the index starts, then its events from there (ClusterIndex.start's way).
+    assert index.publish(IndexEvent(kind, h, True) for kind, h in tier.record_events())
     agrees(index, tier, first)
     assert index.lookup(first, True)["node-a"].usable_depth == 4
     put(tier, KV, second[:2])  # evicts two of first's pages (the chain's tail first)
