@@ -227,7 +227,8 @@ class ClusterIndex:
 
     def start(self, tier: EventSource, interval_s: float) -> None:
         """Publish ``tier``'s holdings, then its ``take_events()`` every ``interval_s`` on a thread
-        until ``close`` (each publish also refreshes the TTL, so a live node never expires).
+        until ``close`` (each publish also refreshes the TTL, so a live node never expires). Only
+        ``record_events`` runs in the caller: no Redis call, so a tier's request path never waits.
 
         Raises:
             ValueError: ``interval_s`` is not at most a third of ``ttl_s`` (entries would expire
@@ -235,9 +236,10 @@ class ClusterIndex:
         """
         if not 0 < interval_s <= self.ttl_s / 3:
             raise ValueError(f"interval_s: must be in (0, ttl_s / 3 = {self.ttl_s / 3:g}], got {interval_s}")
-        self.publish(IndexEvent(kind, block_hash, True) for kind, block_hash in tier.record_events())
+        held = [IndexEvent(kind, block_hash, True) for kind, block_hash in tier.record_events()]
 
         def loop() -> None:
+            self.publish(held)
             while not self._stop.wait(interval_s):
                 self.publish(tier.take_events())
 
