@@ -153,7 +153,7 @@ class ClusterIndex:
         reaches Redis after a failure (or after Redis lost the sets) rewrites them whole.
 
         Raises:
-            ValueError: a reader (no ``node``) publishing, or an event of unknown kind or change.
+            ValueError: a reader (no ``node``) publishing, or an event of an unknown kind.
         """
         if self.node is None:
             raise ValueError("node: a reader (node None) cannot publish; give the tier's node name")
