@@ -1,6 +1,7 @@
 """Starts a prefill or decode worker: engine loop, transfer backend, gRPC server with health checks."""
 
 import logging
+import socket
 import threading
 import time
 from concurrent import futures
@@ -41,7 +42,8 @@ class WorkerServer:
         ttl = config.reservation_ttl_s if config.role == "decode" else None
         self.engine = EngineService(EngineCore(config.engine), reservation_ttl_s=ttl)
         self.metrics.record_engine(self.engine.info)
-        self.stats = StatsBoard(self.name)
+        self.node = config.node or socket.gethostname()
+        self.stats = StatsBoard(self.name, self.node)
         info = self.engine.info
         self.load_feed = LoadFeed(
             self.stats, info.model_fingerprint, info.prefix_caching, self.engine.cached_at_start

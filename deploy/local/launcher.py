@@ -149,6 +149,8 @@ class LocalCluster:
     flags, ``worker_args`` for every worker plus ``role_args[role]`` (e.g. ``{"decode": ["--device",
     "cuda:1"]}``) with ``model`` and ``grace_period_s``, checked here before anything starts.
 
+    ``redis_url``: the router's HiCache cluster index ("": none); the workers' is in their configs.
+
     A worker that exits is reported and restarted on its port; the router keeps serving through the
     others meanwhile. SIGTERM on a worker drains it first (its ``grace_period_s``): a rolling restart,
     one worker after the other, loses no request. ``stop()`` ends everything.
@@ -171,6 +173,7 @@ class LocalCluster:
         role_args: dict[str, list[str]] | None = None,
         grace_period_s: float = 30.0,
         configs: dict[str, WorkerConfig] | None = None,
+        redis_url: str = "",
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -205,6 +208,7 @@ class LocalCluster:
                     local_prefill_tokens=local_prefill_tokens,
                     slo_ttft_s=slo_ttft_s,
                     slo_tpot_s=slo_tpot_s,
+                    redis_url=redis_url,
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
                     decode=tuple(w.address for w in self.workers if w.role == "decode"),
                 )
