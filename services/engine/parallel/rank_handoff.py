@@ -89,8 +89,8 @@ _VECTOR = 16  # the staging buffer's size is a multiple of this
 
 def staging_bytes_for(cache: CacheManager, max_model_len: int) -> int:
     """A rank's staging buffer: what it holds of a longest request (every block of a longest context
-    and one state slot), at most ``STAGING_MAX_BYTES``; a part larger than the buffer (the same bytes
-    staged for several decode ranks, or a long context) goes in several windows (``RankTransfer``)."""
+    and one state slot: a plan stages each byte once, so no part is larger), at most
+    ``STAGING_MAX_BYTES``; a longer part goes in several windows (``RankTransfer``)."""
     blocks = -(-max_model_len // cache.block_tokens)
     held = blocks * cache.blocks.storage.shape[1] + cache.slots.storage.shape[1]
     # whole 16-byte vectors: aligned runs stay aligned in every window (the gather's word path)
@@ -155,8 +155,9 @@ class RankTransfer:
 
     def _send(self, plan: RankSend, command: HandoffCommand) -> int:
         """Run ``plan`` one staging window at a time: the plan's staging offsets may pass the buffer's
-        size (a byte every decode TP rank needs is staged once per rank), so window ``k`` gathers the
-        runs' bytes that fall in ``[k W, (k+1) W)`` and writes them before the next window's gather.
+        size (a context longer than the buffer holds), so window ``k`` gathers the runs' bytes that fall
+        in ``[k W, (k+1) W)`` and makes every write of them (several decode ranks' writes may read the
+        same staged bytes) before the next window's gather.
         Returns the bytes written."""
         if plan.staging_nbytes == 0:
             return 0
