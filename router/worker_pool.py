@@ -55,9 +55,10 @@ class Load:
 class Worker:
     """One worker: its role, address, name (from its stats) and stub; ``up`` is the router's view.
 
-    ``load``: its latest load (None until its feed first answers); ``removed``: discovery took it out
-    of the pool. Requests already holding it finish on it; its channel closes once the last of them
-    lets go of the object.
+    ``load``: its latest load (None until its feed first answers); ``layout``: its handoff layout (from
+    its feed's full pictures; None until one says it); ``removed``: discovery took it out of the pool.
+    Requests already holding it finish on it; its channel closes once the last of them lets go of the
+    object.
     """
 
     role: str
@@ -69,6 +70,7 @@ class Worker:
     down_since: float = 0.0
     removed: bool = False
     load: Load | None = None
+    layout: workers_pb2.CacheLayout | None = None
     watcher: LoadWatcher | None = field(default=None, repr=False)
 
 
@@ -335,6 +337,8 @@ class WorkerPool:
                 if update.prefix_caching and update.stats.block_size:
                     salt = ChainSalt(update.model_fingerprint, update.stats.block_size)
                 self.prefixes.reset(worker.address, salt, update.inserted)
+                if update.HasField("layout"):
+                    worker.layout = update.layout
                 if not worker.up:
                     worker.up = True
                     self._report(worker, True)

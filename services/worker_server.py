@@ -16,6 +16,7 @@ from proto.baton.v1 import workers_pb2_grpc
 from services.engine.engine_core import EngineCore
 from services.engine.engine_service import EngineService
 from services.engine.engine_views import EnginePass
+from services.rpc.convert import layout_to_pb
 from services.transfer import make_backend
 from services.transfer.inbox import SharedTransfer
 
@@ -46,7 +47,11 @@ class WorkerServer:
         self.stats = StatsBoard(self.name, self.node)
         info = self.engine.info
         self.load_feed = LoadFeed(
-            self.stats, info.model_fingerprint, info.prefix_caching, self.engine.cached_at_start
+            self.stats,
+            info.model_fingerprint,
+            info.prefix_caching,
+            self.engine.cached_at_start,
+            layout=layout_to_pb(self.engine.layout),
         )
         backend = make_backend(config.transfer_backend)
         self.engine.register_pools(backend, sends=config.role == "prefill")
