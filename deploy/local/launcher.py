@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -154,6 +155,7 @@ class LocalCluster:
     A worker that exits is reported and restarted on its port; the router keeps serving through the
     others meanwhile. SIGTERM on a worker drains it first (its ``grace_period_s``): a rolling restart,
     one worker after the other, loses no request. ``stop()`` ends everything.
+    Workers start, and stop, all at the same time.
     """
 
     def __init__(
@@ -196,8 +198,10 @@ class LocalCluster:
         self._stop = threading.Event()
         self.router = None
         try:
-            for worker in self.workers:
-                worker.start(ready_timeout_s)
+            # All at once: each worker pays its imports and model load while the others do.
+            with ThreadPoolExecutor(max_workers=len(self.workers)) as pool:
+                for started in [pool.submit(worker.start, ready_timeout_s) for worker in self.workers]:
+                    started.result()  # the first worker that failed to start, raised here
             self.router = RouterServer(
                 RouterConfig(
                     model=model,
@@ -242,8 +246,8 @@ class LocalCluster:
         self._stop.set()
         if self.router is not None:
             self.router.stop()
-        for worker in self.workers:
-            worker.stop()
+        with ThreadPoolExecutor(max_workers=len(self.workers)) as pool:
+            list(pool.map(ManagedWorker.stop, self.workers))  # each drains its grace period at once
 
 
 def role_configs(
