@@ -25,7 +25,9 @@ from mismatch import read_dump
 from services.engine import LLM, SamplingParams
 from services.engine.capacity import capacity_ledger
 from services.engine.engine_config import EngineConfig
+from services.engine.model.config import LAYER_KDA
 from services.engine.model.config_loader import load_model_config
+from tests.parallel.counted_generate import EXCHANGES_PREFIX
 from tests.parallel.test_rank_group import _started_here, baton
 
 # run -> (family, flags); deepseek_v32 also splits its routed experts over the two DCP ranks (they
@@ -58,7 +60,8 @@ def runs(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[subprocess.Popen,
         out = root / f"{name}.jsonl"
         args = ["generate", "--model", str(tiny_checkpoint(family)), "--prompts", str(prompts)]
         args += ["--out", str(out), "--ignore-eos", "--max-tokens", str(MAX_TOKENS), "--dtype", "float32"]
-        started[name] = (baton(*args, *_flags(), *degrees, wait=False), out)
+        module = "tests.parallel.counted_generate" if "--pcp" in degrees else "cli.main"
+        started[name] = (baton(*args, *_flags(), *degrees, wait=False, module=module), out)
     yield started
     for process, _ in started.values():
         process.kill()
@@ -67,12 +70,12 @@ def runs(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[subprocess.Popen,
 
 @pytest.mark.parametrize("name", DEGREES)
 def test_dcp_2_generates_the_one_rank_greedy_tokens(runs, tiny_checkpoint, name):
-    family, _ = DEGREES[name]
+    family, degrees = DEGREES[name]
     with LLM(str(tiny_checkpoint(family)), dtype="float32", **SIZES) as llm:
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
         want = llm.generate(PROMPTS, params)
     process, out = runs[name]
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=300)  # a hang guard: 8 ranks share 2 cores
     assert process.returncode == 0, stderr
     got = read_dump(out).by_id()
     assert sorted(got) == [0, 1]
@@ -81,6 +84,11 @@ def test_dcp_2_generates_the_one_rank_greedy_tokens(runs, tiny_checkpoint, name)
         assert list(got[n].token_ids) == output.token_ids, f"prompt {n}"
     assert [output.num_cached_tokens for output in want] == [0, CACHED[1]]
     assert [got[n].extra["num_cached_tokens"] for n in (0, 1)] == [0, CACHED[2]], "a hit on virtual blocks"
+    if "--pcp" in degrees:  # rank 0 ran prefill steps split over the PCP ranks (every MLA layer gathered)
+        counts = json.loads(stderr.strip().splitlines()[-1].removeprefix(EXCHANGES_PREFIX))
+        mla = sum(kind != LAYER_KDA for kind in load_model_config(tiny_checkpoint(family)).layer_types)
+        writes = counts.get("PcpMlaLayerCache.write", 0)
+        assert writes > 0 and writes % mla == 0, counts
 
 
 def test_dcp_with_batch_invariant_is_refused_before_any_rank_starts(tiny_checkpoint, capsys):

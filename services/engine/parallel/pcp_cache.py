@@ -33,15 +33,14 @@ from .zigzag import ZigzagPlan
 
 @dataclass(frozen=True)
 class RowExchange:
-    """One step's PCP row bookkeeping: the plan, this rank, its group and the undivided slot mapping;
-    under DCP this rank's DCP shard and the step's virtual block size (``dcp * B``)."""
+    """One step's PCP row bookkeeping: the plan, this rank, its group, the undivided slot mapping
+    (virtual slots under DCP) and, under DCP, this rank's DCP shard."""
 
     plan: ZigzagPlan
     rank: int
     group: dist.ProcessGroup | None
     global_slots: torch.Tensor  # [N] int64, the undivided step's slot_mapping
     shard: DcpShard | None = None
-    virtual_block_size: int = 0
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """``[n_rank, ...]`` this rank's rows -> ``[N, ...]`` every row of the step, in step order."""
@@ -62,7 +61,7 @@ class PcpMlaLayerCache(MlaLayerCache):
         keys = None if index_keys is None else gather(index_keys)
         shard, slots = self.exchange.shard, self.exchange.global_slots
         if shard is not None:  # keep this DCP rank's rows, at its local slots
-            owned, local = shard.local_slots(slots, self.exchange.virtual_block_size)
+            owned, local = shard.local_slots(slots, shard.size * self.block_size)
             rows = owned.nonzero().flatten()
             keys = None if keys is None else keys[rows]
             latent, k_rope, slots = latent[rows], k_rope[rows], local[rows]
@@ -80,6 +79,7 @@ class GatheredDcpAttention(DcpAttention):
         )
 
     def write(self, cache, meta, latent, k_rope, index_keys):
+        """Every row to ``cache.write`` (a ``PcpMlaLayerCache``: it selects this DCP rank's rows)."""
         cache.write(meta.slot_mapping, latent, k_rope, index_keys)
 
 

@@ -57,7 +57,8 @@ class LocalStep:
 @dataclass(frozen=True)
 class PcpStep:
     """This PCP rank's part of a step: its pieces' metadata (None when it holds no row), the cache
-    with gathered MLA writes, the kernel set with ``PcpKda``, and which rows' logits each rank holds."""
+    with gathered MLA writes, the kernel set with ``PcpKda`` (under DCP also ``GatheredDcpAttention``),
+    and which rows' logits each rank holds."""
 
     model: CausalLM
     plan: ZigzagPlan
@@ -132,7 +133,7 @@ def prepare_step(
     if isinstance(ops.attention, DcpAttention):  # under DCP: block_size is the virtual one
         shard = ops.attention.shard
         ops = dataclasses.replace(ops, attention=GatheredDcpAttention.of(ops.attention))
-    exchange = RowExchange(plan, rank, group, undivided.slot_mapping, shard, block_size)
+    exchange = RowExchange(plan, rank, group, undivided.slot_mapping, shard)
     meta = None
     if plan.global_rows[rank]:
         wanted = set(logit_rows)
