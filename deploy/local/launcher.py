@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -149,9 +150,12 @@ class LocalCluster:
     flags, ``worker_args`` for every worker plus ``role_args[role]`` (e.g. ``{"decode": ["--device",
     "cuda:1"]}``) with ``model`` and ``grace_period_s``, checked here before anything starts.
 
+    ``redis_url``: the router's HiCache cluster index ("": none); the workers' is in their configs.
+
     A worker that exits is reported and restarted on its port; the router keeps serving through the
     others meanwhile. SIGTERM on a worker drains it first (its ``grace_period_s``): a rolling restart,
     one worker after the other, loses no request. ``stop()`` ends everything.
+    Workers start, and stop, all at the same time.
     """
 
     def __init__(
@@ -171,6 +175,7 @@ class LocalCluster:
         role_args: dict[str, list[str]] | None = None,
         grace_period_s: float = 30.0,
         configs: dict[str, WorkerConfig] | None = None,
+        redis_url: str = "",
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -193,8 +198,10 @@ class LocalCluster:
         self._stop = threading.Event()
         self.router = None
         try:
-            for worker in self.workers:
-                worker.start(ready_timeout_s)
+            # All at once: each worker pays its imports and model load while the others do.
+            with ThreadPoolExecutor(max_workers=len(self.workers)) as pool:
+                for started in [pool.submit(worker.start, ready_timeout_s) for worker in self.workers]:
+                    started.result()  # the first worker that failed to start, raised here
             self.router = RouterServer(
                 RouterConfig(
                     model=model,
@@ -205,6 +212,7 @@ class LocalCluster:
                     local_prefill_tokens=local_prefill_tokens,
                     slo_ttft_s=slo_ttft_s,
                     slo_tpot_s=slo_tpot_s,
+                    redis_url=redis_url,
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
                     decode=tuple(w.address for w in self.workers if w.role == "decode"),
                 )
@@ -238,8 +246,8 @@ class LocalCluster:
         self._stop.set()
         if self.router is not None:
             self.router.stop()
-        for worker in self.workers:
-            worker.stop()
+        with ThreadPoolExecutor(max_workers=len(self.workers)) as pool:
+            list(pool.map(ManagedWorker.stop, self.workers))  # each drains its grace period at once
 
 
 def role_configs(

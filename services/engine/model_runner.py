@@ -46,7 +46,7 @@ class ModelRunner:
         self.graphs = graphs
         layout = model.parallel.layout
         # under PCP or PP every rank runs its part of each step
-        self.split = SplitStep(model, self.paged.block_size) if layout.pcp * layout.pp > 1 else None
+        self.split = SplitStep(model, cache.block_tokens) if layout.pcp * layout.pp > 1 else None
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, SampledToken]:

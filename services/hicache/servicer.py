@@ -9,7 +9,7 @@ Every call but ``Attach`` and ``Stats`` before the first ``Attach`` is FAILED_PR
 """
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -30,6 +30,8 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         kv_budget_bytes, kda_budget_bytes: each kind's host memory.
         pin: page-lock the arenas (``None``: when CUDA is available).
         lease_ttl_s: a lease's life (``HostTier``): a worker that dies holding one frees it then.
+        on_tier: called with the tier once the first ``Attach`` has made it (e.g. to publish it to the
+            cluster index), before that ``Attach`` answers.
     """
 
     def __init__(
@@ -39,8 +41,10 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         kda_budget_bytes: int,
         lease_ttl_s: float,
         pin: bool | None = None,
+        on_tier: Callable[[HostTier], None] | None = None,
     ):
         self.backend = backend
+        self.on_tier = on_tier or (lambda tier: None)
         self.kv_budget_bytes = kv_budget_bytes
         self.kda_budget_bytes = kda_budget_bytes
         self.lease_ttl_s = lease_ttl_s
@@ -114,6 +118,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             self.backend.register(STATE, tier.arena(KDA).storage)
         self._endpoint = endpoint_to_pb(self.backend.endpoint())
         self.tier = tier
+        self.on_tier(tier)
 
     def _check_same_layout(self, request) -> None:
         tier = self.tier

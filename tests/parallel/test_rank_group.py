@@ -235,13 +235,12 @@ def test_batch_invariant_parallel_runs_give_the_one_rank_bits(runs, model, dumps
         (("--tp", "3"), "--tp 3: does not divide 4 attention heads"),
         (("--tp", "2", "--ep", "4"), "--ep: 4 must divide tp x dcp = 2"),
         (("--pp", "5"), "--pp 5: more pipeline stages than the model's 4 layers"),
-        (("--dcp", "2", "--pp", "2"), "--dcp 2 with --pcp 1 / --pp 2: not supported yet"),
         (
             ("--tp", "2", "--device", "cuda", "--kernels", "reference"),
             "--tp x --dcp x --pcp x --pp: 2 ranks need CUDA devices 0..1",
         ),
     ],
-    ids=["tp-heads", "ep-divides", "pp-above-layers", "dcp-with-pp", "more-ranks-than-devices"],
+    ids=["tp-heads", "ep-divides", "pp-above-layers", "more-ranks-than-devices"],
 )
 def test_bad_layouts_fail_before_any_rank_starts(model, flags, message, capsys):
     if "cuda" in flags and torch.cuda.device_count() >= 2:

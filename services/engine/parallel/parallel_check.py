@@ -1,8 +1,8 @@
 """``check_parallel``: whether an engine's parallel degrees can run, from ``config.json`` alone.
 
 Runs before any rank starts or any weight is read, so a bad layout costs nothing: degrees that do not
-divide the model's heads or experts (``ParallelLayout.validate``), DCP mixed with PCP / PP, more ranks
-than CUDA devices, features that are single-rank for now. Every error names the flag.
+divide the model's heads or experts (``ParallelLayout.validate``), more ranks than CUDA devices,
+features that are single-rank for now. Every error names the flag.
 """
 
 import torch
@@ -20,12 +20,6 @@ def check_parallel(config: EngineConfig, prebuilt: bool = False) -> None:
     """
     if config.world_size == 1:
         return
-    if config.dcp > 1 and config.pcp * config.pp > 1:
-        # DCP counts virtual blocks of dcp x B tokens; the PCP / PP step split does not read them yet.
-        raise ValueError(
-            f"--dcp {config.dcp} with --pcp {config.pcp} / --pp {config.pp}: not supported yet in one "
-            "engine; use --dcp (with --tp) for long-context decode, --pcp / --pp (with --tp) for prefill"
-        )
     if prebuilt:
         raise ValueError(
             f"--tp {config.tp}: a prebuilt model is one rank's whole model; load the checkpoint folder"

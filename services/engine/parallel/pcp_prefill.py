@@ -6,7 +6,10 @@ group's latents into every rank's pool (``pcp_cache``) and attend the rank's que
 keys; KDA layers pass state across ranks (``pcp_kda``). The wanted logits are gathered to every rank.
 
 Each rank keeps a full copy of the step's cache (MLA rows and KDA slots), equal to a single rank's, so
-decode or the handoff continues from any of them. Under PP each stage's PCP ranks run the stage's
+decode or the handoff continues from any of them. Under DCP too, "full" is the DCP rank's shard of the
+MLA rows: every DCP rank of a PCP rank computes the same pieces, writes the rows its DCP rank owns,
+attends them as DCP attention (LSE merge over the DCP group) and selects DSA keys by the distributed
+top-k; KDA is not split by DCP. Under PP each stage's PCP ranks run the stage's
 layers (``PipelineStage``): PCP rank ``r`` of a stage hands its rows to PCP rank ``r`` of the next.
 """
 
@@ -21,7 +24,8 @@ from services.engine.model.layer_cache import ModelCache
 from services.engine.model.step_metadata import SequenceStep, StepMetadata, build_step_metadata
 
 from .context import ParallelContext
-from .pcp_cache import PcpModelCache, RowExchange
+from .dcp_attention import DcpAttention
+from .pcp_cache import GatheredDcpAttention, PcpModelCache, RowExchange
 from .pcp_kda import PcpKda
 from .pcp_rows import gather_rows
 from .stage_forward import embed, final_logits, run_layers
@@ -53,7 +57,8 @@ class LocalStep:
 @dataclass(frozen=True)
 class PcpStep:
     """This PCP rank's part of a step: its pieces' metadata (None when it holds no row), the cache
-    with gathered MLA writes, the kernel set with ``PcpKda``, and which rows' logits each rank holds."""
+    with gathered MLA writes, the kernel set with ``PcpKda`` (under DCP also ``GatheredDcpAttention``),
+    and which rows' logits each rank holds."""
 
     model: CausalLM
     plan: ZigzagPlan
@@ -102,7 +107,7 @@ def prepare_step(
     Args:
         model: this rank's model.
         steps: the undivided step (the same on every PCP rank).
-        block_size: tokens per block of ``cache``.
+        block_size: tokens a block id covers (under DCP the virtual ``dcp * B``, else ``cache``'s ``B``).
         cache: this rank's cache (its block tables and slots are the steps').
         parallel: this rank's context (``pcp_group``).
         logit_rows: rows of the undivided step whose logits are wanted (default: each sequence's last).
@@ -123,8 +128,12 @@ def prepare_step(
     undivided = build_step_metadata(steps, block_size, device, index_topk=model.index_topk)
     if logit_rows is None:
         logit_rows = [end - 1 for end in undivided.query_start_loc_host[1:]]
-    exchange = RowExchange(plan, rank, group, undivided.slot_mapping)
     ops = dataclasses.replace(model.kernels, kda=PcpKda(model.numerics, plan, rank, group))
+    shard = None
+    if isinstance(ops.attention, DcpAttention):  # under DCP: block_size is the virtual one
+        shard = ops.attention.shard
+        ops = dataclasses.replace(ops, attention=GatheredDcpAttention.of(ops.attention))
+    exchange = RowExchange(plan, rank, group, undivided.slot_mapping, shard)
     meta = None
     if plan.global_rows[rank]:
         wanted = set(logit_rows)

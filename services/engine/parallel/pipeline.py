@@ -143,7 +143,7 @@ class PipelineStage:
 
         Args:
             micro_batches: the steps, in the order their tokens must enter the cache.
-            block_size: tokens per block of ``cache``.
+            block_size: tokens a block id covers (under DCP the virtual ``dcp * B``).
             cache: the stage's cache (at least its layers' fields).
 
         Returns:
@@ -171,7 +171,7 @@ class PipelineStage:
 
         Args:
             steps: the step.
-            block_size: tokens per block of ``cache``.
+            block_size: tokens a block id covers (under DCP the virtual ``dcp * B``).
             cache: the stage's cache.
             logit_rows: rows of the step whose logits are wanted.
 

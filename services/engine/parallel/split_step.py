@@ -11,6 +11,9 @@ broadcast, and how the logits reach rank 0, which samples.
   when ``pcp > 1``). Rank 0 is stage 0 (``layout.py``'s rank order), so the last stage's rank of rank
   0's ``pp_group`` sends the logits back to it. One step is in flight at a time: the stages do not
   overlap across engine steps (the engine samples each step before scheduling the next).
+- DCP inside either: each PCP rank's or stage's DCP group holds its shard of the cache and runs DCP
+  attention (``pcp_cache``: gathered rows kept by DCP owner); a decode step replicated over the PCP
+  ranks is a DCP decode on each.
 """
 
 import torch
@@ -29,7 +32,8 @@ class SplitStep:
 
     Args:
         model: this rank's model (under PP: its stage's modules only).
-        block_size: tokens per block of the cache.
+        block_size: tokens a block id covers (``CacheManager.block_tokens``: under DCP the virtual
+            ``dcp * B``, so the steps' metadata is DCP's).
     """
 
     def __init__(self, model: CausalLM, block_size: int):
