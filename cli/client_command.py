@@ -93,6 +93,7 @@ def _as_json(completion: Completion) -> dict:
             "prompt": usage.prompt_tokens,
             "completion": usage.completion_tokens,
             "cached": usage.cached_tokens,
+            "cached_host": usage.cached_tokens_host,
         }
         if usage
         else None,

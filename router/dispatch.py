@@ -192,26 +192,27 @@ class Dispatcher:
         if reserved.prefill_locally:
             self.metrics.local_prefills.labels(self._local_reason(len(prompt_ids), reserved)).inc()
             decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
-            cached = reserved.reservation.cached_tokens
+            cached, cached_host = reserved.reservation.cached_tokens, 0
         else:
             handoff = self._prefill(reserved, senders, prompt_ids, request, context, resumed_tokens)
             if handoff is None:  # every attempt failed (and returned): decode prefills it itself
                 _release(decode, request_id)
                 self.metrics.handoff_fallbacks.labels("decode").inc()
                 decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
-                cached = 0
+                cached, cached_host = 0, 0
             else:
                 prefill, first = handoff
                 decode_request = _decode_request(request_id, first)
                 route.prefill_worker = prefill.address
                 route.transfer_backend = reserved.endpoint.backend
                 route.transfer_bytes = first.transfer_bytes
-                cached = first.cached_tokens
-        yield from self._decode(decode, decode_request, context, route, cached)
+                cached, cached_host = first.cached_tokens, first.cached_tokens_host
+        yield from self._decode(decode, decode_request, context, route, cached, cached_host)
 
-    def _decode(self, decode: Worker, decode_request, context, route, cached: int):
+    def _decode(self, decode: Worker, decode_request, context, route, cached: int, cached_host: int = 0):
         """The decode worker's stream for ``decode_request``; the last message gets the route and at
-        least ``cached`` cached prompt tokens (what a handoff or a reservation found)."""
+        least ``cached`` cached prompt tokens (what a handoff or a reservation found), ``cached_host``
+        of them loaded from a host tier (the prefill worker's, when it computed the prompt)."""
         call = decode.stub.Decode(decode_request, timeout=time_left(context))
         when_call_ends(context, call.cancel)  # the client left: the decode worker frees the request
         try:
@@ -221,6 +222,7 @@ class Dispatcher:
                     message.route.transfer_backend = route.transfer_backend
                     message.route.transfer_bytes = route.transfer_bytes
                     message.usage.cached_tokens = max(message.usage.cached_tokens, cached)
+                    message.usage.cached_tokens_host = max(message.usage.cached_tokens_host, cached_host)
                 yield message
         except grpc.RpcError as error:
             failure = self._failed(decode, error)

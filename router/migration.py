@@ -118,3 +118,4 @@ def _whole_usage(usage: generation_pb2.Usage, prompt_tokens: int, resumed: int) 
     usage.completion_tokens += resumed
     usage.prompt_tokens = prompt_tokens
     usage.cached_tokens = min(usage.cached_tokens, prompt_tokens)
+    usage.cached_tokens_host = min(usage.cached_tokens_host, usage.cached_tokens)

@@ -20,11 +20,13 @@ _REASONS = {
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one request; ``cached_tokens`` of the prompt came from the prefix cache."""
+    """Token counts of one request; ``cached_tokens`` of the prompt came from the prefix cache,
+    ``cached_tokens_host`` of those from a worker's host tier (HiCache) rather than its GPU pool."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    cached_tokens_host: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ def _usage_from_pb(usage: generation_pb2.Usage) -> Usage:
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         cached_tokens=usage.cached_tokens,
+        cached_tokens_host=usage.cached_tokens_host,
     )
 
 

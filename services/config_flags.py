@@ -2,7 +2,8 @@
 
 A field's flag is its name in kebab case (``kv_format`` -> ``--kv-format``); a boolean is a pair
 (``--cuda-graphs / --no-cuda-graphs``). ``FLAG_NAMES`` lists the few that keep the names they had
-before the flags were generated (``--grace-period``, ``--fault-delay``, ``--prefix-caching``).
+before the flags were generated (``--grace-period``, ``--fault-delay``, ``--prefix-caching``) or name
+the field for the operator (``num_blocks`` is ``--kv-blocks``: the device pool beside the host tier).
 
 ``baton worker`` adds every field with ``suppress=True``: a flag not given leaves no value, so the
 file and environment below it keep theirs (``services/worker_config.py``). Commands that run an engine
@@ -27,6 +28,7 @@ FLAG_NAMES = {
     "grace_period_s": ("--grace-period",),
     "fault_delays": ("--fault-delay",),
     "enable_prefix_caching": ("--prefix-caching", "--enable-prefix-caching"),
+    "num_blocks": ("--kv-blocks",),  # the device pool, beside --host-cache-gib (the host tier)
 }
 
 HELP = {
@@ -57,7 +59,7 @@ HELP = {
     "device": "cpu, cuda or cuda:N",
     "dtype": "compute dtype (default: the checkpoint's)",
     "block_size": "tokens per packed KV block",
-    "num_blocks": "blocks in the KV pool (default: max-num-seqs contexts of max-model-len tokens)",
+    "num_blocks": "blocks in the device KV pool (default: max-num-seqs contexts of max-model-len tokens)",
     "max_num_seqs": "requests running at once (also the number of KDA state slots)",
     "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
     "max_model_len": "longest prompt + generation a request may reach",
@@ -72,6 +74,10 @@ HELP = {
     "adapters": "LoRA adapters to load at start, NAME=FOLDER (a PEFT folder), comma-separated; "
     "load and unload while serving with `baton adapters`",
     "cuda_graphs": "replay CUDA graphs for pure-decode steps (a no-op on the CPU)",
+    "host_cache_gib": "GiB of host memory for this engine's own HiCache tier (KV blocks and KDA snapshots "
+    "a later request loads instead of recomputing; docs/hicache.md); 0: no tier",
+    "host_cache_address": "HOST:PORT of the node's `baton cache` tier, used instead of one in this process",
+    "host_cache_kda_fraction": "share of --host-cache-gib for KDA snapshots (the rest: KV blocks)",
     "tp": "tensor-parallel ranks (attention heads and experts split across them)",
     "dcp": "decode-context-parallel ranks (the cached tokens split across them)",
     "pp": "pipeline-parallel stages (the layers split across them)",

@@ -16,14 +16,22 @@ its own pool's block of that id (``services/engine/parallel/dcp_shard.py``). Blo
 hashes and snapshot boundaries all count ``block_tokens``, so the prefix cache works unchanged: a hit
 shares block ids, and every rank's block of that id holds its part of the same tokens. KDA state is not
 split by DCP.
+
+With a host tier (``host``, one rank only) the device hit is extended from the tier: ``find_prefix``
+asks how deep the tier can restore the chain, ``admit`` leases those pages, copies them into fresh
+blocks and the KDA snapshot into the request's slot (or, if a page went missing or failed its
+checksum, falls back to the device hit). Every block and snapshot registered is written through to the
+tier, and a cached block the pool is about to reuse is offloaded first if the tier lacks it.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from common.prefix_hash import extend_chain
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout, stage_layout
+from services.engine.cache.snapshot_policy import DECODE, TURN_END, SnapshotPolicy
 from services.engine.cache.snapshot_store import SnapshotStore
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.model.causal_lm import CausalLM
@@ -31,19 +39,28 @@ from services.engine.parallel.pipeline import stage_position
 from services.engine.parallel.rank_step import RESTORE, SAVE, StateCopy
 
 from .engine_config import EngineConfig
+from .host_cache_connector import HostCacheConnector
 from .request import Request
 
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """Cached blocks a waiting request can start from, and the snapshot that restores its KDA state."""
+    """Cached blocks a waiting request can start from, and the snapshot that restores its KDA state.
+
+    ``block_ids`` are device blocks shared from the pool. With ``from_host`` the host tier supplies the
+    rest: ``host_blocks`` more blocks after them and the snapshot under ``snapshot_hash`` (else that
+    snapshot is the device store's). ``kv_blocks``: how deep the prompt matched cached KV (device or
+    tier), where it branches off a cached prefix (a snapshot is taken there)."""
 
     block_ids: tuple[int, ...] = ()
     snapshot_hash: bytes | None = None
+    host_blocks: int = 0
+    from_host: bool = False
+    kv_blocks: int = 0
 
     @property
     def num_blocks(self) -> int:
-        return len(self.block_ids)
+        return len(self.block_ids) + self.host_blocks
 
 
 class CacheManager:
@@ -55,6 +72,7 @@ class CacheManager:
         snapshots: KDA snapshot store, or None to disable prefix caching.
         snapshot_stride: take a snapshot every this many blocks.
         dcp: the decode-context-parallel degree: a block id covers ``dcp * blocks.block_size`` tokens.
+        host: the host tier's connector, or None (no tier).
     """
 
     def __init__(
@@ -64,14 +82,19 @@ class CacheManager:
         snapshots: SnapshotStore | None = None,
         snapshot_stride: int = 1,
         dcp: int = 1,
+        host: HostCacheConnector | None = None,
     ):
         self.blocks = blocks
         self.block_tokens = dcp * blocks.block_size
         self.slots = slots
         self.snapshots = snapshots
         self.snapshot_stride = snapshot_stride
+        self.policy = SnapshotPolicy(self.block_tokens, snapshot_stride)
         self.has_state = bool(slots.layout.fields)
         self._state_copies: list[StateCopy] | None = None  # None: not recorded (one rank)
+        self.host = host
+        if host is not None:
+            blocks.on_evict = host.offload
 
     def record_state_copies(self) -> None:
         """From now on keep every snapshot save and restore for ``take_state_copies``."""
@@ -113,7 +136,17 @@ class CacheManager:
         if config.enable_prefix_caching:
             kept = config.num_snapshots or config.max_num_seqs
             snapshots = SnapshotStore(slots.layout, kept, config.device)
-        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp)
+        host = None
+        if config.host_cache_address:
+            raise ValueError(
+                f"host_cache_address: {config.host_cache_address!r}: a separate `baton cache` tier is not "
+                "wired into the engine yet; use --host-cache-gib (a tier in this process) instead"
+            )
+        if config.host_cache_gib > 0:
+            host = HostCacheConnector.in_process(
+                blocks, slots, config.host_cache_gib, config.host_cache_kda_fraction
+            )
+        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp, host)
 
     def apply_state_copies(self, copies: tuple[StateCopy, ...]) -> None:
         """A follower rank: make the KDA state copies rank 0's cache manager recorded, in order."""
@@ -124,11 +157,6 @@ class CacheManager:
     @property
     def prefix_caching(self) -> bool:
         return self.snapshots is not None
-
-    @property
-    def snapshot_tokens(self) -> int:
-        """Token spacing of snapshot boundaries."""
-        return self.block_tokens * self.snapshot_stride
 
     def blocks_needed(self, request: Request, new_tokens: int) -> int:
         """Extra blocks the request needs to cache ``new_tokens`` more tokens."""
@@ -150,62 +178,123 @@ class CacheManager:
         """
         if not self.prefix_caching or request.num_computed:
             return PrefixHit()
-        size = self.block_tokens
-        hashes = self._hashes(request)[: (request.num_tokens - 1) // size]
+        hashes = self._hashes(request)[: (request.num_tokens - 1) // self.block_tokens]
+        hit = self._device_hit(hashes)
+        if self.host is None or not hashes:
+            return hit
+        match = self.host.match(hashes)
+        depth = match.usable_depth
+        if depth <= hit.num_blocks:
+            return dataclasses.replace(hit, kv_blocks=max(hit.kv_blocks, match.kv_depth))
+        # The tier restores the chain to ``depth``: share the device's leading blocks, load the rest.
+        shared = self._device_blocks(hashes[:depth])
+        snapshot = hashes[depth - 1] if self.has_state else None
+        kv_blocks = max(hit.kv_blocks, match.kv_depth)
+        return PrefixHit(shared, snapshot, depth - len(shared), from_host=True, kv_blocks=kv_blocks)
+
+    def _device_blocks(self, hashes: list[bytes]) -> tuple[int, ...]:
         found = []
         for block_hash in hashes:
             block = self.blocks.lookup(block_hash)
             if block is None:
                 break
             found.append(block)
+        return tuple(found)
+
+    def _device_hit(self, hashes: list[bytes]) -> PrefixHit:
+        """The device pool's own hit on ``hashes`` (cut back to a snapshot with KDA state)."""
+        found = self._device_blocks(hashes)
         if not self.has_state:
-            return PrefixHit(tuple(found))
+            return PrefixHit(found, kv_blocks=len(found))
         for count in range(len(found), 0, -1):
             if self.snapshots.lookup(hashes[count - 1]) is not None:
-                return PrefixHit(tuple(found[:count]), hashes[count - 1])
-        return PrefixHit()
+                return PrefixHit(found[:count], hashes[count - 1], kv_blocks=len(found))
+        return PrefixHit(kv_blocks=len(found))
+
+    def branch_point(self, hit: PrefixHit) -> int:
+        """Where a request started from ``hit`` leaves the cached KV it matched, in tokens (0: it does
+        not go past its hit's snapshot); a snapshot is taken there."""
+        branch = hit.kv_blocks * self.block_tokens
+        return branch if branch > hit.num_blocks * self.block_tokens else 0
 
     def can_admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> bool:
         """Whether ``admit`` can start the request from ``hit`` and cache ``new_tokens`` more tokens."""
         size = self.block_tokens
-        needed = -(-(hit.num_blocks * size + new_tokens) // size) - hit.num_blocks
+        needed = -(-(hit.num_blocks * size + new_tokens) // size) - len(hit.block_ids)
         kept_cached = sum(1 for block in hit.block_ids if self.blocks.ref_counts[block] == 0)
         return self.slots.can_allocate() and self.blocks.can_allocate(needed, reserved=kept_cached)
 
     def admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> None:
-        """Start a waiting request from ``hit``: share its blocks, restore its KDA state, make room."""
+        """Start a waiting request from ``hit``: share its blocks, load the host tier's part, restore its
+        KDA state, make room."""
         self.blocks.acquire(list(hit.block_ids))
         request.block_table = list(hit.block_ids)
-        request.num_computed = request.num_cached_tokens = hit.num_blocks * self.block_tokens
-        request.num_registered = hit.num_blocks
+        request.num_registered = len(hit.block_ids)
         request.slot = self.slots.allocate()
-        if hit.snapshot_hash is not None:
+        request.num_cached_tokens_host = 0
+        if hit.from_host and not self._load_from_host(request, hit):
+            fallback = self._device_hit(self._hashes(request)[: hit.num_blocks])
+            self.blocks.free(request.block_table[len(fallback.block_ids) :])
+            del request.block_table[len(fallback.block_ids) :]
+            request.num_registered = len(fallback.block_ids)
+            hit = fallback
+        request.num_computed = request.num_cached_tokens = len(request.block_table) * self.block_tokens
+        request.branch_tokens = self.branch_point(hit)
+        if hit.snapshot_hash is not None and not hit.from_host:
             snapshot = self.snapshots.restore(hit.snapshot_hash, self.slots.storage[request.slot])
             self._copied(RESTORE, request.slot, snapshot)
         self.grow(request, new_tokens)
 
+    def _load_from_host(self, request: Request, hit: PrefixHit) -> bool:
+        """Lease the tier's pages of ``hit``, then copy them into new blocks and the slot. False (nothing
+        changed) when a page is gone or failed its checksum."""
+        hashes = self._hashes(request)[: hit.num_blocks]
+        leases = self.host.lease(hashes, len(hit.block_ids))
+        try:
+            if not self.host.complete(leases, hit.host_blocks):
+                return False
+            loaded = self.blocks.allocate(hit.host_blocks)  # may offload device blocks: pages are leased
+            self.host.copy_in(leases, loaded, request.slot)
+        finally:
+            self.host.release(leases)
+        request.block_table.extend(loaded)
+        request.num_cached_tokens_host = hit.host_blocks * self.block_tokens
+        return True
+
     def record_progress(self, request: Request) -> None:
-        """Register the request's newly completed blocks; snapshot its state on a stride boundary."""
+        """Register the request's newly completed blocks; snapshot its state where the snapshot policy
+        asks (``cache/snapshot_policy.py``); write both through to the host tier."""
         if not self.prefix_caching:
             return
         hashes = self._hashes(request)
         full = request.num_computed // self.block_tokens
         for index in range(request.num_registered, full):
             self.blocks.register(request.block_table[index], hashes[index])
+        if self.host is not None:
+            start = request.num_registered
+            self.host.save_blocks(hashes[start:full], request.block_table[start:full])
         request.num_registered = full
-        if self.has_state and full and request.num_computed % self.snapshot_tokens == 0:
-            snapshot = self.snapshots.save(hashes[full - 1], self.slots.storage[request.slot])
+        reason = self.policy.reason(request, request.num_computed) if self.has_state else None
+        if reason is not None:
+            state = self.slots.storage[request.slot]
+            snapshot = self.snapshots.save(hashes[full - 1], state)
             self._copied(SAVE, request.slot, snapshot)
+            if self.host is not None and reason != DECODE:
+                self.host.save_state(hashes[full - 1], state, reason)
 
     def record_end(self, request: Request) -> None:
-        """At the end of a request, snapshot its state if it stops exactly on a block boundary."""
+        """At the end of a request, snapshot its state if it stops exactly on a block boundary, and
+        write the snapshot at its last block boundary back to the host tier (the next turn's hit)."""
         size = self.block_tokens
         if self.prefix_caching and self.has_state and request.slot is not None and request.num_computed:
+            full = request.num_computed // size
+            last_hash = self._hashes(request)[full - 1] if full else None
             if request.num_computed % size == 0:
-                full = request.num_computed // size
-                state = self.slots.storage[request.slot]
-                snapshot = self.snapshots.save(self._hashes(request)[full - 1], state)
+                snapshot = self.snapshots.save(last_hash, self.slots.storage[request.slot])
                 self._copied(SAVE, request.slot, snapshot)
+            last = self.snapshots.lookup(last_hash) if full else None
+            if self.host is not None and last is not None:
+                self.host.save_state(last_hash, self.snapshots.pool.storage[last], TURN_END)
 
     def release(self, request: Request) -> None:
         """Return everything the request holds; registered blocks stay cached for later matches."""
@@ -226,6 +315,8 @@ class CacheManager:
         self.slots.check_integrity()
         if self.snapshots is not None:
             self.snapshots.check_integrity()
+        if self.host is not None:
+            self.host.check_integrity()
 
     def _hashes(self, request: Request) -> list[bytes]:
         request.block_hashes = extend_chain(

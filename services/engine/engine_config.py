@@ -1,5 +1,6 @@
 """``EngineConfig``: the one typed configuration of an engine, validated when built."""
 
+import math
 from dataclasses import dataclass
 
 from services.engine.model.backends import KERNEL_BACKENDS, default_kernels
@@ -35,6 +36,13 @@ class EngineConfig:
             (``reference``) or the fixed-tiling Triton kernels (``triton``, opt-in: no backward yet).
         cuda_graphs: replay CUDA graphs for pure-decode steps (CUDA only; a no-op on the CPU).
         adapters: ``NAME=FOLDER`` LoRA adapters (PEFT format, ``docs/adapters.md``) to load at start.
+        host_cache_gib: the host-memory tier (HiCache, ``docs/hicache.md``) this engine owns in its
+            process, in GiB of host memory split between KV pages and KDA snapshot pages; 0 turns the
+            tier off (unless ``host_cache_address`` names a separate one).
+        host_cache_address: ``HOST:PORT`` of a node's ``baton cache`` tier to use instead of one in
+            this process ("" for none).
+        host_cache_kda_fraction: the share of ``host_cache_gib`` given to KDA snapshots (the rest holds
+            KV blocks).
         tp, dcp, pp, pcp, ep: the parallel degrees (``services/engine/parallel/layout.py``): tensor,
             decode-context, pipeline and prefill-context parallel ranks (their product is the number
             of processes the engine runs as), and expert parallelism over ranks of one stage.
@@ -56,6 +64,9 @@ class EngineConfig:
     kernels: str | None = None
     cuda_graphs: bool = True
     adapters: tuple[str, ...] = ()
+    host_cache_gib: float = 0.0
+    host_cache_address: str = ""
+    host_cache_kda_fraction: float = 0.25
     tp: int = 1
     dcp: int = 1
     pp: int = 1
@@ -92,6 +103,36 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        self._check_host_cache()
+
+    def _check_host_cache(self) -> None:
+        gib, fraction = self.host_cache_gib, self.host_cache_kda_fraction
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib < 0:
+            raise ValueError(f"host_cache_gib: must be a finite number >= 0 (0: no tier), got {gib!r}")
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+            raise ValueError(f"host_cache_kda_fraction: must be in (0, 1), got {fraction!r}")
+        if not self.host_cache:
+            return
+        if gib > 0 and self.host_cache_address:
+            raise ValueError(
+                f"host_cache_address: {self.host_cache_address!r} names a separate tier, so --host-cache-gib "
+                "(a tier in this process) must stay 0; give one of them"
+            )
+        if not self.enable_prefix_caching:
+            raise ValueError(
+                "host_cache_gib: the host tier is keyed by the prefix cache's block hashes; turn prefix "
+                "caching on (--prefix-caching) or set --host-cache-gib 0"
+            )
+        if self.world_size > 1:
+            raise ValueError(
+                f"host_cache_gib: a host tier is not supported yet on a parallel engine ({self.world_size} "
+                "ranks); set --host-cache-gib 0 (and no --host-cache-address) or run one rank"
+            )
+
+    @property
+    def host_cache(self) -> bool:
+        """Whether the engine uses a host tier (its own, or a ``baton cache`` at ``host_cache_address``)."""
+        return self.host_cache_gib > 0 or bool(self.host_cache_address)
 
     def adapter_folders(self) -> dict[str, str]:
         """``adapters`` as ``{name: folder}``.

@@ -35,6 +35,7 @@ class RequestDelta:
     num_prompt_tokens: int
     num_generated_tokens: int  # all tokens generated so far, these included
     num_cached_tokens: int
+    num_cached_tokens_host: int  # of num_cached_tokens, loaded from the host tier
 
 
 class EngineLoop:
@@ -142,6 +143,7 @@ class EngineLoop:
                     num_prompt_tokens=len(request.prompt_ids),
                     num_generated_tokens=len(request.output_ids),
                     num_cached_tokens=request.num_cached_tokens,
+                    num_cached_tokens_host=request.num_cached_tokens_host,
                 )
             )
             self._sent[request_id] = len(request.output_ids)

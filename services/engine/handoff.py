@@ -73,6 +73,7 @@ class HeldPrefill:
     slot: int
     first: SampledToken
     num_cached_tokens: int
+    num_cached_tokens_host: int = 0  # of ``num_cached_tokens``, loaded from the host tier
 
 
 def layout_of(engine: EngineCore) -> HandoffLayout:
@@ -142,6 +143,7 @@ def held_prefill(request: Request) -> HeldPrefill:
         request.slot,
         first_token(request),
         request.num_cached_tokens,
+        request.num_cached_tokens_host,
     )
 
 

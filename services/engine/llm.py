@@ -216,6 +216,7 @@ class LLM:
             top_logprobs=list(request.top_logprobs) if wants_logprobs and request.params.logprobs else None,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             num_cached_tokens=request.num_cached_tokens,
+            num_cached_tokens_host=request.num_cached_tokens_host,
         )
 
 

@@ -193,7 +193,7 @@ class Scheduler:
             request = self.waiting[0]
             hit = self.cache.find_prefix(request)
             start = hit.num_blocks * self.cache.block_tokens
-            count = self._chunk_size(request, start, budget)
+            count = self._chunk_size(request, start, budget, self.cache.branch_point(hit))
             if not self.cache.can_admit(request, hit, count):
                 break
             self.waiting.popleft()
@@ -203,6 +203,11 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.cache.admit(request, hit, count)
+            if request.num_computed != start:  # the host tier's part failed to load: recompute it
+                recount = self._chunk_size(request, request.num_computed, budget)
+                if self.cache.can_grow(request, recount):
+                    self.cache.grow(request, recount)
+                    count = recount
             chunks.append(self._chunk(request, count))
             budget -= count
         return SchedulerOutput(tuple(chunks), tuple(preempted))
@@ -244,16 +249,17 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def _chunk_size(self, request: Request, start: int, budget: int) -> int:
-        """Tokens to run from ``start``: the budget's share, cut to end on a snapshot boundary when a
-        multi-token chunk crosses one, so the prefix cache can keep the KDA state there. (A prompt
-        whose end is not on a boundary thus runs its short tail in one more step.)"""
+    def _chunk_size(self, request: Request, start: int, budget: int, branch_tokens: int | None = None) -> int:
+        """Tokens to run from ``start``: the budget's share, cut to end on the next snapshot point when a
+        multi-token chunk crosses one (``cache/snapshot_policy.py``; ``branch_tokens``: the branch point
+        of a request being admitted, else its own), so the prefix cache can keep the KDA state there.
+        (A prompt whose end is not on a boundary thus runs its short tail in one more step.)"""
         count = min(request.num_tokens - start, budget)
         if count > 1 and self.cache.prefix_caching and self.cache.has_state:
-            spacing = self.cache.snapshot_tokens
-            boundary = (start + count) // spacing * spacing
-            if start < boundary < start + count:
-                count = boundary - start
+            branch = request.branch_tokens if branch_tokens is None else branch_tokens
+            point = self.cache.policy.next_point(request, start, branch)
+            if point < start + count:
+                count = point - start
         return count
 
     def _chunk(self, request: Request, count: int) -> ScheduledChunk:

@@ -113,6 +113,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             transfer_bytes=stats.nbytes,
             transfer_seconds=stats.seconds,
             cached_tokens=held.num_cached_tokens,
+            cached_tokens_host=held.num_cached_tokens_host,
             rank_transfer_bytes=rank_bytes,
         )
         if first.logprob is not None:

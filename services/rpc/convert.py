@@ -28,6 +28,7 @@ def delta_to_pb(delta: RequestDelta) -> generation_pb2.GenerateResponse:
         message.usage.prompt_tokens = delta.num_prompt_tokens
         message.usage.completion_tokens = delta.num_generated_tokens
         message.usage.cached_tokens = delta.num_cached_tokens
+        message.usage.cached_tokens_host = delta.num_cached_tokens_host
     return message
 
 

@@ -24,6 +24,8 @@ STRINGS = {
     "adapters": ("tuned=/adapters/tuned",),
     "redis_url": "redis://cache:6379/0",
 }
+# A valid value other than the default for numbers whose range excludes the generic one.
+NUMBERS = {"host_cache_kda_fraction": 0.5}
 
 
 def worker(argv: list[str], env: dict | None = None) -> WorkerConfig:
@@ -40,7 +42,7 @@ def _other_value(name: str, hint, default):
     if kind is bool:
         flag = flag_names(name)[0]
         return (not default), [flag if not default else "--no-" + flag[2:]]
-    value = {int: 3, float: 1.5, str: "x"}[kind]
+    value = NUMBERS.get(name, {int: 3, float: 1.5, str: "x"}[kind])
     return value, [flag_names(name)[0], str(value)]
 
 

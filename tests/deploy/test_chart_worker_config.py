@@ -19,7 +19,10 @@ ENGINE_VALUES = {
     "kvFormat": ("kv_format", "fp8"),
     "blockSize": ("block_size", 32),
     "numBlocks": ("num_blocks", 100),
-    "enablePrefixCaching": ("enable_prefix_caching", False),
+    "enablePrefixCaching": ("enable_prefix_caching", True),  # the host tier needs it
+    "hostCacheGib": ("host_cache_gib", 0.0),
+    "hostCacheKdaFraction": ("host_cache_kda_fraction", 0.5),
+    "hostCacheAddress": ("host_cache_address", "cache.local:50070"),
     "snapshotStride": ("snapshot_stride", 2),
     "numSnapshots": ("num_snapshots", 3),
     "kernels": ("kernels", "reference"),

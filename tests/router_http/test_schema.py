@@ -168,5 +168,5 @@ def test_a_finished_request_without_logprobs_is_plain():
         "prompt_tokens": 3,
         "completion_tokens": 1,
         "total_tokens": 4,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": 0, "cached_tokens_host": 0},
     }

@@ -27,11 +27,17 @@ def chunk(token_ids, text="", logprobs=(), top=(), request_id="req-1") -> pb.Gen
     )
 
 
-def final(token_ids=(), text="", logprobs=(), reason=pb.FINISH_REASON_LENGTH, prompt=3, cached=1):
-    """The last message: finish reason, usage and route (prefill ``p:1``, decode ``d:2``, nixl, 4096 B)."""
+def final(
+    token_ids=(), text="", logprobs=(), reason=pb.FINISH_REASON_LENGTH, prompt=3, cached=1, cached_host=1
+):
+    """The last message: finish reason, usage (``cached_host`` of the ``cached`` tokens from a host tier)
+    and route (prefill ``p:1``, decode ``d:2``, nixl, 4096 B)."""
     message = chunk(token_ids, text, logprobs)
     message.finish_reason = reason
-    message.usage.CopyFrom(pb.Usage(prompt_tokens=prompt, completion_tokens=5, cached_tokens=cached))
+    usage = pb.Usage(
+        prompt_tokens=prompt, completion_tokens=5, cached_tokens=cached, cached_tokens_host=cached_host
+    )
+    message.usage.CopyFrom(usage)
     message.route.CopyFrom(
         pb.Route(prefill_worker="p:1", decode_worker="d:2", transfer_backend="nixl", transfer_bytes=4096)
     )

@@ -53,7 +53,7 @@ def test_serve_engine_flags_reach_the_workers_through_their_config_files(tiny_ch
     process as its ``--config`` file; the workers run with it (their stats) and serve a request."""
     model = str(tiny_checkpoint("k3"))
     argv = ["serve", "--model", model, "--port", "0", "--dtype", "float32", "--kv-format", "fp8"]
-    argv += ["--block-size", "32", "--num-blocks", "48", "--max-num-seqs", "3", "--no-cuda-graphs"]
+    argv += ["--block-size", "32", "--kv-blocks", "48", "--max-num-seqs", "3", "--no-cuda-graphs"]
     configs = worker_configs(build_parser().parse_args(argv))
     assert {role: c.engine.kv_format for role, c in configs.items()} == {"prefill": "fp8", "decode": "fp8"}
     cluster = LocalCluster(model, 0, 1, 1, configs=configs)

@@ -13,9 +13,13 @@ serve a later prefix match), else into *free*.
 Cache events, once ``record_events`` has been called: a hash is *inserted* when ``register`` records
 it and *evicted* when ``allocate`` reuses its cached block; ``take_events`` hands them over in order
 (what a worker's load feed tells the router).
+
+``on_evict(block, hash)``, when set, is called just before a cached block is reused, its bytes still
+intact (the host tier's offload: ``services/engine/host_cache_connector.py``).
 """
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -63,6 +67,7 @@ class BlockPool:
         self.hash_of: dict[int, bytes] = {}
         self.block_of: dict[bytes, int] = {}
         self._events: list[CacheEvent] | None = None  # None: nobody records them
+        self.on_evict: Callable[[int, bytes], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -83,6 +88,8 @@ class BlockPool:
                 block = self.free_ids.popleft()
             else:
                 block, _ = self.evictable.popitem(last=False)
+                if self.on_evict is not None:
+                    self.on_evict(block, self.hash_of[block])
                 evicted = self.hash_of.pop(block)
                 del self.block_of[evicted]
                 if self._events is not None:
