@@ -2,8 +2,6 @@
 worker finds and reads them back bitwise; layouts and bad fields refused; stats and metrics move."""
 
 import argparse
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -11,9 +9,9 @@ import pytest
 import torch
 
 from cli import cache_command
-from common.errors import TransferError
 from common.prefix_hash import chain_root, extend_chain
-from services.hicache.client import HostCacheClient
+from deploy.local.launcher import ManagedCache
+from services.hicache.client import EPOCH_SHIFT, MISS, NO_LEASE, HostCacheClient
 from services.hicache.host_tier import KDA, KV
 from services.hicache.port import HostTierPort
 from services.transfer import BLOCKS, STATE, make_backend
@@ -26,21 +24,15 @@ FINGERPRINT = "layout-test"
 
 @pytest.fixture(scope="module")
 def service():
-    command = [
-        sys.executable, "-m", "cli.main", "cache", "--port", "0", "--metrics-port", "0",
-        "--kv-gib", repr(KV_PAGES * KV_PAGE / GIB), "--kda-gib", repr(KDA_PAGES * KDA_PAGE / GIB),
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    """``baton cache`` in its own process, started as ``baton serve`` starts it."""
+    cache = ManagedCache(kv_gib=KV_PAGES * KV_PAGE / GIB, kda_gib=KDA_PAGES * KDA_PAGE / GIB)
+    cache.start(ready_timeout_s=120)
     try:
-        line = process.stdout.readline()
-        while line and not line.startswith("READY"):  # NIXL logs to stdout first
-            line = process.stdout.readline()
-        assert line.startswith("READY role=cache"), "baton cache exited before READY"
-        fields = dict(part.split("=") for part in line.split()[1:])
-        yield f"127.0.0.1:{fields['port']}", int(fields["metrics_port"])
+        assert cache.ready["role"] == "cache"
+        yield cache.address, int(cache.ready["metrics_port"])
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        cache.stop()
+    assert cache.process.returncode == 0
 
 
 def scrape(port: int) -> str:
@@ -122,16 +114,20 @@ def test_a_different_layout_and_bad_fields_are_refused_naming_the_field(service)
             client.reserve_put("blocks", [bytes(32)])
         with pytest.raises(ValueError, match="hashes: entry 1 is 3 bytes"):
             client.match([bytes(32), b"abc"], has_state=False)
-        with pytest.raises(ValueError, match="lease_id: 12345"):
-            client.end_get(12345)
+        with pytest.raises(ValueError, match="lease_id: 12345"):  # a lease of this run the tier never gave
+            client.end_get(client.epoch << EPOCH_SHIFT | 12345)
     finally:
         client.close()
 
 
-def test_an_unreachable_tier_is_a_transfer_error():
+def test_an_unreachable_tier_answers_misses_and_no_room():
     client = HostCacheClient("127.0.0.1:1", timeout_s=1.0)
-    with pytest.raises(TransferError, match="Match failed: UNAVAILABLE"):
-        client.match([bytes(32)], has_state=False)
+    assert client.attach(FINGERPRINT, KV_PAGE, KDA_PAGE) is None
+    assert client.match([bytes(32)], has_state=False) == MISS
+    lease = client.reserve_put(KV, [bytes(32)])
+    assert (lease.lease_id, lease.pages) == (NO_LEASE, (None,))
+    client.commit_put(lease.lease_id)  # skipped: nothing was reserved
+    assert (client.available, client.outages, client.skipped_calls) == (False, 1, 2)
     client.close()
 
 
