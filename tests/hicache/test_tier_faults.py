@@ -63,3 +63,27 @@ def test_a_killed_tier_is_a_miss_then_restarted_on_its_port_and_attached_again(c
     finally:
         client.close()
         cache.stop(grace_s=0)
+
+
+def test_a_tier_full_of_pinned_pages_answers_no_room_not_an_error():
+    cache = HostCacheServer(CacheConfig(PAGES * KV_PAGE, 0, port=0))
+    client = HostCacheClient(f"127.0.0.1:{cache.port}", timeout_s=2.0)
+    try:
+        client.attach(FINGERPRINT, KV_PAGE, 0)
+        held = extend_chain([], list(range(4 * PAGES)), 4, chain_root("model", tenant="a"))
+        client.commit_put(client.reserve_put(KV, held).lease_id)
+        readers = client.begin_get(KV, held)  # every page leased by a reader: none can be evicted
+        assert len(readers.pages) == PAGES
+        other = extend_chain([], list(range(8)), 4, chain_root("model", tenant="b"))
+        lease = client.reserve_put(KV, other)
+        assert lease.pages == (None, None)  # no room: the worker skips the save
+        client.abort_put(lease.lease_id)
+        assert client.match(other, has_state=False).kv_depth == 0 and client.available
+        client.end_get(readers.lease_id)
+        lease = client.reserve_put(KV, other)  # unpinned: the LRU makes room again
+        assert None not in lease.pages
+        client.commit_put(lease.lease_id)
+        assert client.match(other, has_state=False).kv_depth == 2
+    finally:
+        client.close()
+        cache.stop(grace_s=0)
