@@ -4,7 +4,6 @@
 import logging
 import os
 import tempfile
-import threading
 from dataclasses import replace
 
 from router.server import RouterConfig, RouterServer
@@ -12,6 +11,7 @@ from services.config_flags import worker_config_from_flags
 from services.worker_config import ROLES, WorkerConfig
 
 from .managed_process import OUTPUT_TAIL_LINES, REPO, ManagedCache, ManagedProcess
+from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 __all__ = ["OUTPUT_TAIL_LINES", "REPO", "LocalCluster", "ManagedCache", "ManagedWorker", "role_configs"]
@@ -110,7 +110,7 @@ class LocalCluster:
             raise ValueError("worker_args, role_args: give either these or configs")
         self.host_cache = host_cache
         self.workers: list[ManagedWorker] = []
-        self._stop = threading.Event()
+        self._supervisor: Supervisor | None = None
         self.router = None
         try:
             if host_cache is not None:
@@ -142,7 +142,7 @@ class LocalCluster:
         except Exception:
             self.stop()
             raise
-        self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        self._supervisor = Supervisor(self.processes, ready_timeout_s)
         self._supervisor.start()
 
     @property
@@ -154,28 +154,10 @@ class LocalCluster:
         """What the supervisor restarts: the node's tier (when there is one), then the workers."""
         return [*filter(None, [self.host_cache]), *self.workers]
 
-    def _supervise(self) -> None:
-        while not self._stop.wait(0.5):
-            for process in self.processes:
-                if not process.alive() and not self._stop.is_set():
-                    code = process.process.poll() if process.process else None
-                    level = logging.INFO if code == 0 else logging.ERROR  # 0: drained after SIGTERM
-                    log.log(
-                        level,
-                        "%s exited (code %s); restarting it on port %d",
-                        process.name,
-                        code,
-                        process.port,
-                    )
-                    process.restarts += 1
-                    try:
-                        process.start(self.ready_timeout_s)
-                    except RuntimeError as error:
-                        log.error("%s", error)
-
     def stop(self) -> None:
         """Stop the router, the workers (each drains), then the tier."""
-        self._stop.set()
+        if self._supervisor is not None:
+            self._supervisor.stop()
         if self.router is not None:
             self.router.stop()
         for process in reversed(self.processes):

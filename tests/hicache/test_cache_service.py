@@ -1,5 +1,6 @@
 """``baton cache`` in its own process: workers attach, write pages with their own NIXL agent, another
-worker finds and reads them back bitwise; layouts and bad fields refused; stats and metrics move."""
+worker finds and reads them back bitwise; layouts and bad fields refused; stats and metrics move; killed,
+the launcher's supervisor restarts it on its port and a worker attaches again and moves pages over NIXL."""
 
 import argparse
 import time
@@ -11,6 +12,7 @@ import torch
 from cli import cache_command
 from common.prefix_hash import chain_root, extend_chain
 from deploy.local.launcher import ManagedCache
+from deploy.local.supervisor import Supervisor
 from services.hicache.client import EPOCH_SHIFT, MISS, NO_LEASE, HostCacheClient
 from services.hicache.host_tier import KDA, KV
 from services.hicache.port import HostTierPort
@@ -23,16 +25,21 @@ FINGERPRINT = "layout-test"
 
 
 @pytest.fixture(scope="module")
-def service():
+def cache_process():
     """``baton cache`` in its own process, started as ``baton serve`` starts it."""
     cache = ManagedCache(kv_gib=KV_PAGES * KV_PAGE / GIB, kda_gib=KDA_PAGES * KDA_PAGE / GIB)
     cache.start(ready_timeout_s=120)
     try:
         assert cache.ready["role"] == "cache"
-        yield cache.address, int(cache.ready["metrics_port"])
+        yield cache
     finally:
         cache.stop()
     assert cache.process.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def service(cache_process):
+    return cache_process.address, int(cache_process.ready["metrics_port"])
 
 
 def scrape(port: int) -> str:
@@ -144,3 +151,33 @@ def test_cache_command_flags_name_the_flag(flags, error):
     cache_command.register(parser.add_subparsers())
     with pytest.raises(ValueError, match=error):
         cache_command.config_from(parser.parse_args(["cache", *flags]))
+
+
+def test_a_killed_tier_is_restarted_on_its_port_and_a_worker_attaches_again(cache_process, service):
+    """Last in the file: the tier it leaves is a new run (what the fixture then stops)."""
+    address, _ = service
+    worker = Worker("hc-survivor", address, seed=3)
+    hashes = extend_chain([], list(range(8)), 4, chain_root("model", tenant="restart"))
+    supervisor = Supervisor([cache_process], ready_timeout_s=120, interval_s=0.1)
+    supervisor.start()
+    try:
+        port, first = cache_process.port, worker.client.endpoint()
+        cache_process.process.kill()  # SIGKILL: no drain, its pages and leases gone
+        deadline = time.monotonic() + 120
+        while worker.client.epoch < 2:
+            assert worker.client.match(hashes, has_state=False) == MISS  # never an error meanwhile
+            assert time.monotonic() < deadline, "the worker did not attach to the restarted tier"
+            time.sleep(0.2)
+        assert (cache_process.restarts, cache_process.port) == (1, port)
+        assert worker.client.outages == 1 and worker.client.endpoint() != first
+        worker.peer = worker.backend.connect(worker.client.endpoint())  # the new run's NIXL agent
+        put = worker.client.reserve_put(KV, hashes)
+        worker.backend.write(worker.peer, {BLOCKS: list(zip((0, 1), put.pages, strict=True))})
+        worker.client.commit_put(put.lease_id)
+        get = worker.client.begin_get(KV, hashes)
+        worker.backend.read(worker.peer, {BLOCKS: list(zip((4, 5), get.pages, strict=True))})
+        worker.client.end_get(get.lease_id)
+        assert torch.equal(worker.blocks[4:6], worker.blocks[0:2])
+    finally:
+        supervisor.stop()
+        worker.close()
