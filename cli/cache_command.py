@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 
+from common.redis_link import check_redis_url
 from services.hicache.server import GIB, CacheConfig, HostCacheServer
 
 
@@ -19,6 +20,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--kda-gib", type=float, default=0.0, metavar="G", help="host memory for KDA snapshots (default 0)"
     )
     parser.add_argument("--metrics-port", type=int, default=0, help="/metrics port (default 0: any free)")
+    parser.add_argument(
+        "--redis-url",
+        default="",
+        metavar="redis://HOST:PORT",
+        help="publish what the tier holds to HiCache's cluster index there (default: none)",
+    )
+    parser.add_argument(
+        "--node",
+        default="",
+        help="the tier's name in the cluster index: its workers' --node (default: the host name)",
+    )
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
@@ -52,6 +64,7 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
             raise ValueError(f"{flag}: must be >= 0, got {value}")
     if args.kv_gib == 0:
         raise ValueError("--kv-gib: must be > 0 (the KV tier's host memory)")
+    check_redis_url("--redis-url", args.redis_url)
     return CacheConfig(
         kv_budget_bytes=int(args.kv_gib * GIB),
         kda_budget_bytes=int(args.kda_gib * GIB),
@@ -59,4 +72,6 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
         port=args.port,
         metrics_host=args.host,
         metrics_port=args.metrics_port,
+        redis_url=args.redis_url,
+        node=args.node,
     )

@@ -39,6 +39,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--decode-selector", default="", metavar="SEL", help="kubernetes: the same for decode"
     )
     workers.add_argument("--port-name", default="grpc", help="kubernetes: the workers' gRPC port name")
+    parser.add_argument(
+        "--redis-url",
+        default="",
+        metavar="redis://HOST:PORT",
+        help="HiCache's cluster index: also score workers by the blocks their node's tier holds",
+    )
     parser.add_argument("--colocated", action="store_true", help="no prefill workers: decode prefills all")
     parser.add_argument("--always-disaggregate", action="store_true", help="hand every prompt off")
     parser.add_argument(
@@ -137,6 +143,7 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         max_running=args.max_running,
         max_queued=args.max_queued,
         max_model_len=args.max_model_len,
+        redis_url=args.redis_url,
         disaggregation="never" if args.colocated else "always" if args.always_disaggregate else "conditional",
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=args.slo_ttft_ms / 1000,

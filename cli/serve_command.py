@@ -7,14 +7,17 @@ import logging
 import math
 import signal
 import threading
+from dataclasses import replace
 
 from deploy.local.launcher import LocalCluster, ManagedCache
+from deploy.local.redis_server import RedisServer
 from services.config_flags import add_config_flags, engine_config
 from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
 from services.engine.parallel.parallel_check import check_parallel
 from services.hicache.server import GIB, CacheConfig
 from services.worker_config import ROLES, WorkerConfig
 
+log = logging.getLogger(__name__)
 # EngineConfig's per-worker tier fields (hcengine's): under `baton serve` the node's tier takes their place.
 NODE_TIER_FIELDS = ("host_cache_gib", "host_cache_address", "host_cache_kda_fraction")
 
@@ -68,6 +71,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "get S seconds before the router moves them (default 30)",
     )
     parser.add_argument("--transfer-backend", default="nixl", help="nixl or grpc_bytes (default nixl)")
+    redis = parser.add_argument_group("HiCache's cluster index and L3 (Redis)")
+    redis.add_argument(
+        "--redis-url",
+        default="",
+        metavar="redis://HOST:PORT",
+        help="a Redis to use (default: start a redis-server on a free local port; with --ray, none)",
+    )
+    redis.add_argument("--no-redis", action="store_true", help="no Redis: no cluster index, no L3")
     engine = parser.add_argument_group("every worker's engine (baton worker's engine flags)")
     # The host tier is the node's `baton cache` here (below), not one inside each worker.
     add_config_flags(engine, EngineConfig, exclude=NODE_TIER_FIELDS)
@@ -122,7 +133,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configs = worker_configs(args)
+    if args.no_redis and args.redis_url:
+        raise ValueError("--redis-url and --no-redis: choose one")
+    configs = worker_configs(args, args.redis_url)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
 
@@ -130,6 +143,32 @@ def run(args: argparse.Namespace) -> int:
     for config in configs.values():  # a layout that cannot run fails here, before any worker starts
         check_parallel(config.engine)
     logging.getLogger("deploy.local.launcher").setLevel(logging.INFO)
+    redis = None
+    if not args.no_redis and not args.redis_url:
+        redis = _start_redis()
+        if redis is not None:
+            configs = {role: replace(config, redis_url=redis.url) for role, config in configs.items()}
+    try:
+        return _serve_locally(args, configs)
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+def _start_redis() -> RedisServer | None:
+    """A redis-server on a free local port for the cluster index; None (and a warning) without the
+    binary: everything still works, node-locally."""
+    try:
+        server = RedisServer()
+    except FileNotFoundError as error:
+        log.warning("%s; serving without the cluster index", error)
+        return None
+    server.start()
+    log.info("redis-server for the cluster index on %s", server.url)
+    return server
+
+
+def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig]) -> int:
     cluster = LocalCluster(
         str(args.model),
         args.port,
@@ -142,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
         slo_ttft_s=_positive_ms(args.slo_ttft_ms, "--slo-ttft-ms") / 1000,
         slo_tpot_s=_positive_ms(args.slo_tpot_ms, "--slo-tpot-ms") / 1000,
         configs=configs,
-        host_cache=node_cache(args),
+        host_cache=node_cache(args, configs["decode"]),
+        redis_url=configs["decode"].redis_url,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -182,9 +222,10 @@ def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: st
         )
 
 
-def worker_configs(args: argparse.Namespace) -> dict[str, WorkerConfig]:
-    """``{role: WorkerConfig}``: every worker's engine from the engine flags, on its role's device; the
-    launcher hands each worker its config as a ``--config`` file, the Ray path as the object.
+def worker_configs(args: argparse.Namespace, redis_url: str = "") -> dict[str, WorkerConfig]:
+    """``{role: WorkerConfig}``: every worker's engine from the engine flags, on its role's device, and
+    ``redis_url`` (HiCache's cluster index; "": none); the launcher hands each worker its config as a
+    ``--config`` file, the Ray path as the object.
 
     Raises:
         ValueError: naming the flag (``--kv-format: ...``, ``--decode-device: ...``).
@@ -203,20 +244,27 @@ def worker_configs(args: argparse.Namespace) -> dict[str, WorkerConfig]:
                 raise ValueError(flag + str(error).removeprefix("--device")) from None
             raise
         configs[role] = WorkerConfig(
-            role, engine, transfer_backend=args.transfer_backend, grace_period_s=args.grace_period
+            role,
+            engine,
+            transfer_backend=args.transfer_backend,
+            grace_period_s=args.grace_period,
+            redis_url=redis_url,
         )
     return configs
 
 
-def node_cache(args: argparse.Namespace) -> ManagedCache | None:
-    """The node's ``baton cache`` sized by ``--host-cache-gib`` and ``--host-cache-kda-fraction``; None
-    for 0 (no tier: workers without one).
+def node_cache(args: argparse.Namespace, worker: WorkerConfig) -> ManagedCache | None:
+    """The node's ``baton cache`` sized by ``--host-cache-gib`` and ``--host-cache-kda-fraction``,
+    publishing to the workers' cluster index under their node name (``worker``'s ``redis_url``, ``node``);
+    None for 0 (no tier: workers without one).
 
     Raises:
         ValueError: naming the flag.
     """
     kv_gib, kda_gib = node_cache_split(args.node_cache_gib, args.node_cache_kda_fraction)
-    return None if kv_gib == 0 else ManagedCache(kv_gib, kda_gib)
+    if kv_gib == 0:
+        return None
+    return ManagedCache(kv_gib, kda_gib, redis_url=worker.redis_url, node=worker.node)
 
 
 def node_cache_config(args: argparse.Namespace) -> CacheConfig | None:
@@ -226,7 +274,10 @@ def node_cache_config(args: argparse.Namespace) -> CacheConfig | None:
         return None
     if not 0 < args.host_cache_port < 65536:
         raise ValueError(f"--host-cache-port: a fixed port in 1..65535, got {args.host_cache_port}")
-    return CacheConfig(int(kv_gib * GIB), int(kda_gib * GIB), port=args.host_cache_port)
+    # Each node's tier and its workers name the node by its host name (their default) in the index.
+    return CacheConfig(
+        int(kv_gib * GIB), int(kda_gib * GIB), port=args.host_cache_port, redis_url=args.redis_url or ""
+    )
 
 
 def node_cache_split(gib: float, kda_fraction: float) -> tuple[float, float]:

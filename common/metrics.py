@@ -135,6 +135,12 @@ class Metrics:
         self.router_inflight_limit = Gauge(
             "baton_router_inflight_requests_limit", "Admission seats (max_running)", registry=r
         )
+        self.hicache_redis_up = Gauge(
+            "baton_hicache_redis_up",
+            "1 while Redis (HiCache's cluster index and L3) answers, 0 while it does not",
+            ["role"],
+            registry=r,
+        )
         self._init_host_tier_metrics()
 
     def _init_host_tier_metrics(self) -> None:
@@ -192,6 +198,10 @@ class Metrics:
                 total = getattr(kind_stats, field)
                 counter.labels(*labels).inc(total - self._hicache_seen.get((kind, field), 0))
                 self._hicache_seen[(kind, field)] = total
+
+    def redis_health(self, up: bool) -> None:
+        """``baton_hicache_redis_up`` for this process's role (a ``RedisLink``'s ``on_health``)."""
+        self.hicache_redis_up.labels(self.role).set(int(up))
 
     def record_engine(self, info) -> None:
         """Set ``baton_engine_info`` from an engine's resolved configuration (an ``EngineInfo``, once,

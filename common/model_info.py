@@ -20,6 +20,7 @@ from typing import Any
 from common.config_fields import ConfigError, ConfigReader
 
 FAMILIES = ("kimi_linear", "deepseek_v32", "k3")
+STATEFUL_FAMILIES = ("kimi_linear", "k3")  # with KDA layers: a prefix hit ends at a KDA snapshot
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ Conditional disaggregation: a prompt whose uncached part is short (or a full cac
 worker) is prefilled by the decode worker itself; a prompt short enough that decode would prefill it
 anyway (and every prompt when colocated) skips the Reserve round trip and goes with the Decode call.
 A failed prefill or handoff is retried once on another prefill worker, then prefilled locally on
-decode; either way the output is unchanged.
+decode; either way the output is unchanged. Only pairs whose handoff layouts map are chosen
+(``handoff_pairs.py``): a decode worker no prefill worker can write into is skipped, the Reserve carries
+the chosen sender's layout (the decode worker refuses one it cannot take), and when no pair maps at all
+the request is prefilled on decode (``conditional``) or refused naming the field (``always``).
 
 Every worker call is tied to the client's call (``when_call_ends``: a non-blocking cancel), and the
 reservation is a lease: the Reserve stream stays open until the Decode call takes the reservation
@@ -26,6 +29,7 @@ from common.rpc.callbacks import when_call_ends
 from proto.baton.v1 import generation_pb2, workers_pb2
 
 from .admission import Admission
+from .handoff_pairs import NoMappablePair, pair_refusal
 from .prefix_index import PromptHashes
 from .worker_pool import Worker, WorkerPool
 
@@ -104,7 +108,10 @@ class Dispatcher:
             DecodeLost (a TransferError) when the decode stream broke off.
         """
         if self._prefills_on_decode(len(prompt_ids)):
-            yield from self._run_local(request_id, prompt_ids, request, context, route, resumed_tokens)
+            reason = "colocated" if self.disaggregation == "never" else "short_prompt"
+            yield from self._run_local(
+                request_id, prompt_ids, request, context, route, resumed_tokens, reason
+            )
             return
         reserve = workers_pb2.ReserveRequest(
             request_id=request_id,
@@ -118,10 +125,20 @@ class Dispatcher:
             reserve.local_prefill_max_tokens = _LOCAL_ALWAYS
         elif self.disaggregation == "conditional":
             reserve.local_prefill_max_tokens = self.local_prefill_tokens
-        decode, lease, reserved = self._reserve(reserve, request.session_id, context)
+        prompt = PromptHashes(prompt_ids, request.tenant, request.adapter)
+        prefills = self.pool.prefill_order(prompt, _FEED_WAIT_S)
+        try:
+            decode, lease, reserved, senders = self._reserve(reserve, prefills, request.session_id, context)
+        except NoMappablePair:
+            if self.disaggregation == "always":
+                raise
+            yield from self._run_local(
+                request_id, prompt_ids, request, context, route, resumed_tokens, "no_mappable_prefill"
+            )
+            return
         try:
             yield from self._run_reserved(
-                decode, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
+                decode, reserved, senders, request_id, prompt_ids, request, context, route, resumed_tokens
             )
         finally:
             # The lease ended by itself once Decode took the reservation over (or at once, for a local
@@ -136,11 +153,11 @@ class Dispatcher:
             return True
         return self.disaggregation == "conditional" and prompt_tokens <= self.local_prefill_tokens
 
-    def _run_local(self, request_id, prompt_ids, request, context, route, resumed_tokens):
-        """A request the decode worker prefills itself, sent with the Decode call alone."""
+    def _run_local(self, request_id, prompt_ids, request, context, route, resumed_tokens, reason: str):
+        """A request the decode worker prefills itself, sent with the Decode call alone (``reason``: the
+        local-prefill metric's label)."""
         decode = self._least_loaded_decode(request.session_id)
         route.decode_worker = decode.name
-        reason = "colocated" if self.disaggregation == "never" else "short_prompt"
         self.metrics.local_prefills.labels(reason).inc()
         self.pool.assigned(decode, len(prompt_ids))
         local = _local_prefill(prompt_ids, request, resumed_tokens)
@@ -159,7 +176,16 @@ class Dispatcher:
         return ordered[0]
 
     def _run_reserved(
-        self, decode: Worker, reserved, request_id, prompt_ids, request, context, route, resumed_tokens
+        self,
+        decode: Worker,
+        reserved,
+        senders: list[Worker],
+        request_id,
+        prompt_ids,
+        request,
+        context,
+        route,
+        resumed_tokens,
     ):
         route.decode_worker = decode.name
         local = _local_prefill(prompt_ids, request, resumed_tokens)
@@ -168,7 +194,7 @@ class Dispatcher:
             decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
             cached = reserved.reservation.cached_tokens
         else:
-            handoff = self._prefill(reserved, prompt_ids, request, context, resumed_tokens)
+            handoff = self._prefill(reserved, senders, prompt_ids, request, context, resumed_tokens)
             if handoff is None:  # every attempt failed (and returned): decode prefills it itself
                 _release(decode, request_id)
                 self.metrics.handoff_fallbacks.labels("decode").inc()
@@ -210,13 +236,18 @@ class Dispatcher:
         uncached = prompt_tokens - reserved.reservation.cached_tokens
         return "short_prompt" if uncached <= self.local_prefill_tokens else "cache_hit"
 
-    def _reserve(self, reserve, session_id: str, context):
-        """``(decode worker, lease call, ReserveResponse)``. While every decode worker is full, the
-        request waits in the router queue and tries again as room frees, until its deadline."""
+    def _reserve(self, reserve, prefills: list[Worker], session_id: str, context):
+        """``(decode worker, lease call, ReserveResponse, prefill workers that map into it, best first)``
+        from ``prefills`` (best first). While every decode worker is full, the request waits in the
+        router queue and tries again as room frees, until its deadline.
+
+        Raises:
+            NoMappablePair: there are prefill workers, but none maps into a decode worker that takes work.
+        """
         started = time.monotonic()
         while True:
             try:
-                return self._reserve_once(reserve, session_id, context)
+                return self._reserve_once(reserve, prefills, session_id, context)
             except NoCapacity:
                 if self.admission is None:
                     raise
@@ -224,9 +255,18 @@ class Dispatcher:
                     raise TransferError("the caller left while waiting for a decode worker") from None
                 self.admission.wait_for_capacity(time_left(context), time.monotonic() - started)
 
-    def _reserve_once(self, reserve, session_id: str, context):
-        last_error = None
+    def _reserve_once(self, reserve, prefills: list[Worker], session_id: str, context):
+        last_error, refusals, paired = None, [], False
         for decode in self.pool.decode_order(session_id, _FEED_WAIT_S):
+            senders = [prefill for prefill in prefills if pair_refusal(prefill.layout, decode.layout) is None]
+            if prefills and not senders:
+                reason = pair_refusal(prefills[0].layout, decode.layout)
+                refusals.append(f"decode worker {decode.address}: {reason}")
+                continue
+            paired = True
+            reserve.ClearField("prefill_layout")
+            if senders and senders[0].layout is not None:
+                reserve.prefill_layout.CopyFrom(senders[0].layout)  # the decode worker checks it
             # The reservation lives while this stream is open: cancelling it (the caller left, or the
             # request ended before decoding) frees it on the worker, and so does this process dying.
             lease = decode.stub.Reserve(reserve, timeout=time_left(context))
@@ -234,7 +274,7 @@ class Dispatcher:
             try:
                 reserved = next(lease)
                 self.pool.assigned(decode, len(reserve.prompt_ids))
-                return decode, lease, reserved
+                return decode, lease, reserved, senders
             except StopIteration:
                 last_error = None  # the worker ended the lease unanswered: it is stopping
                 self.pool.check(decode)
@@ -251,13 +291,19 @@ class Dispatcher:
                 last_error = error  # full or unreachable: try the next one
         if last_error is not None and last_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
             raise NoCapacity("every decode worker is full; retry later")
+        if refusals and not paired:
+            raise NoMappablePair(
+                "prefill_layout: no prefill worker can hand off into any decode worker ("
+                + "; ".join(refusals)
+                + "); serve the two roles with layouts that map (docs/parallel.md)"
+            )
         detail = last_error.details() if last_error is not None else "no decode worker is reachable"
         raise TransferError(f"decode: {detail}")
 
-    def _prefill(self, reserved, prompt_ids, request, context, resumed_tokens: int):
-        """``(prefill worker, PrefillResponse)``, or None when every attempt failed."""
-        prompt = PromptHashes(prompt_ids, request.tenant, request.adapter)
-        candidates = self.pool.prefill_order(prompt, _FEED_WAIT_S)[:_PREFILL_ATTEMPTS]
+    def _prefill(self, reserved, senders: list[Worker], prompt_ids, request, context, resumed_tokens: int):
+        """``(prefill worker, PrefillResponse)`` from the first of ``senders`` that succeeds, or None
+        when every attempt failed."""
+        candidates = senders[:_PREFILL_ATTEMPTS]
         prefill_request = workers_pb2.PrefillRequest(
             reservation=reserved.reservation,
             endpoint=reserved.endpoint,

@@ -8,8 +8,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.cluster_index import ClusterIndex
 from common.metrics import Metrics
-from common.model_info import read_model_info
+from common.model_info import STATEFUL_FAMILIES, read_model_info
+from common.redis_link import check_redis_url
 from common.rpc.errors import ErrorInterceptor
 from common.tokenizer import Tokenizer, TokenizerNotFoundError
 from proto.baton.v1 import generation_pb2_grpc
@@ -52,11 +54,13 @@ class RouterConfig:
     local_prefill_tokens: int = 16  # conditional: decode prefills a prompt with at most this many uncached
     slo_ttft_s: float = 2.0  # goodput: a request meets its SLO with TTFT <= this and TPOT <= slo_tpot_s
     slo_tpot_s: float = 0.1
+    redis_url: str = ""  # HiCache's cluster index: workers also scored by their node tier's blocks; "": none
 
     def __post_init__(self):
         for name in ("slo_ttft_s", "slo_tpot_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        check_redis_url("redis_url", self.redis_url)
 
 
 class RouterServer:
@@ -74,7 +78,16 @@ class RouterServer:
         except TokenizerNotFoundError:
             tokenizer = None
         self.metrics = Metrics("router")
-        self.pool = WorkerPool([], [], on_health=self._worker_health)
+        self.cluster_index = None
+        if config.redis_url:
+            self.cluster_index = ClusterIndex(config.redis_url, on_health=self.metrics.redis_health)
+        self.pool = WorkerPool(
+            [],
+            [],
+            on_health=self._worker_health,
+            cluster_index=self.cluster_index,
+            has_state=model_info.family in STATEFUL_FAMILIES,
+        )
         admission = Admission(config.max_running, config.max_queued, self.metrics)
         dispatcher = Dispatcher(
             self.pool, self.metrics, config.disaggregation, config.local_prefill_tokens, admission
@@ -146,6 +159,8 @@ class RouterServer:
             self.http.stop()  # first: its streams are gRPC calls into this server
         self.server.stop(grace_s).wait()
         self.pool.close()
+        if self.cluster_index is not None:
+            self.cluster_index.close()
 
 
 def _loopback(host: str, port: int) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 
+from common.cluster_index import ClusterIndex
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 
 from .load_watcher import LoadWatcher
@@ -20,6 +21,9 @@ _PROBE_TIMEOUT_S = 0.5
 # A worker's feed sends at least a keepalive a second (services/load_feed.py); one that says nothing
 # for this long is cut off and marked down. Generous: a handler thread on a loaded machine may lag.
 _SILENCE_S = 5.0
+# A prompt block the worker's node tier holds (HiCache) is loaded host -> device instead of computed,
+# which is not free: it counts this much of a block in the worker's own device pool.
+TIER_HIT_WEIGHT = 0.5
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class Load:
     block_size: int = 1
     draining: bool = False
     adapters: tuple[str, ...] = ()  # LoRA adapters loaded there
+    node: str = ""  # the node whose HiCache tier it uses (its name in the cluster index)
 
     @classmethod
     def from_pb(cls, stats: workers_pb2.WorkerStats) -> "Load":
@@ -42,6 +47,7 @@ class Load:
             block_size=max(stats.block_size, 1),
             draining=stats.draining,
             adapters=tuple(stats.adapters),
+            node=stats.node,
         )
 
 
@@ -49,9 +55,10 @@ class Load:
 class Worker:
     """One worker: its role, address, name (from its stats) and stub; ``up`` is the router's view.
 
-    ``load``: its latest load (None until its feed first answers); ``removed``: discovery took it out
-    of the pool. Requests already holding it finish on it; its channel closes once the last of them
-    lets go of the object.
+    ``load``: its latest load (None until its feed first answers); ``layout``: its handoff layout (from
+    its feed's full pictures; None until one says it); ``removed``: discovery took it out of the pool.
+    Requests already holding it finish on it; its channel closes once the last of them lets go of the
+    object.
     """
 
     role: str
@@ -63,6 +70,7 @@ class Worker:
     down_since: float = 0.0
     removed: bool = False
     load: Load | None = None
+    layout: workers_pb2.CacheLayout | None = None
     watcher: LoadWatcher | None = field(default=None, repr=False)
 
 
@@ -75,8 +83,11 @@ class WorkerPool:
     that one has room. Prefill workers are ranked by the prompt tokens whose blocks they hold in their
     prefix cache (``PrefixIndex``, kept from the feeds' cache events) minus the prompt tokens already
     queued on them, so a shared prefix goes back where it is cached unless that worker is busier than
-    the hit is worth. Between two updates, ``assigned`` adds what the router itself sent, so a burst
-    spreads.
+    the hit is worth. With a ``cluster_index`` (HiCache's, in Redis), the blocks the worker's node tier
+    holds beyond its device hit count too, at ``TIER_HIT_WEIGHT`` each and only up to the tier's usable
+    depth (its deepest KDA snapshot when ``has_state``): a prefix in the device pool beats the same
+    prefix in the node's tier, which beats none. Between two updates, ``assigned`` adds what the
+    router itself sent, so a burst spreads.
 
     A worker whose feed breaks, or that fails a call and then a ``check``, is marked down and skipped;
     its feed reconnects with backoff (at most ``probe_interval_s`` apart) and the first answer brings
@@ -93,6 +104,9 @@ class WorkerPool:
         decode: ``host:port`` of each decode worker (may start empty when discovery fills it).
         on_health: called with ``(worker, up)`` whenever a worker's state changes (metrics): ``up``
             is True or False while the worker is in the pool, None once ``update`` removed it.
+        cluster_index: HiCache's cluster index (a reader), or None: device pools only. Anything with
+            ``ClusterIndex.lookup``'s signature; its nodes are the workers' ``WorkerStats.node``.
+        has_state: the model has KDA state (the hybrid hit rule applies to tier hits).
     """
 
     def __init__(
@@ -101,12 +115,16 @@ class WorkerPool:
         decode: list[str],
         on_health=None,
         probe_interval_s: float = 1.0,
+        cluster_index: ClusterIndex | None = None,
+        has_state: bool = True,
     ):
         self.prefill: list[Worker] = []
         self.decode: list[Worker] = []
         self.on_health = on_health or (lambda worker, up: None)
         self.probe_interval_s = probe_interval_s
         self.prefixes = PrefixIndex()
+        self.cluster_index = cluster_index
+        self.has_state = has_state
         self._rotation = itertools.count()
         self._lock = threading.Lock()
         self._stop_probing = threading.Event()
@@ -206,23 +224,48 @@ class WorkerPool:
 
     def prefill_order(self, prompt: PromptHashes, timeout_s: float) -> list[Worker]:
         """Prefill workers that take new work, best first: the prompt tokens whose blocks each holds
-        minus the prompt tokens queued on it. Equal scores rotate, so a cold start spreads requests
-        round-robin. Waits (up to ``timeout_s``) only for a worker whose feed has not answered yet."""
+        (its device pool, then its node's tier at ``TIER_HIT_WEIGHT``) minus the prompt tokens queued
+        on it. Equal scores rotate, so a cold start spreads requests round-robin. Waits (up to
+        ``timeout_s``) only for a worker whose feed has not answered yet; the cluster index costs one
+        Redis round trip per distinct chain salt (none while Redis is down)."""
         prefill = self.prefill
         _await_first_answers(prefill, timeout_s)
         with self._lock:
             ranked = [worker for worker in prefill if _takes_work(worker)]
             salts = [self.prefixes.salt(worker.address) for worker in ranked]
         hashes = [prompt.under(salt) if salt is not None else [] for salt in salts]  # outside the lock
+        tier_tokens = self._tier_tokens(ranked, salts, hashes)
         start = next(self._rotation) % len(ranked) if ranked else 0
         order = list(range(start, len(ranked))) + list(range(start))
         with self._lock:
+            device_tokens = {i: self.prefixes.match_tokens(ranked[i].address, hashes[i]) for i in order}
             scores = {
-                i: self.prefixes.match_tokens(ranked[i].address, hashes[i])
+                i: device_tokens[i]
+                + TIER_HIT_WEIGHT * max(0, tier_tokens[i] - device_tokens[i])
                 - (ranked[i].load.queued_prompt_tokens if ranked[i].load else 0)
                 for i in order
             }
         return [ranked[i] for i in sorted(order, key=lambda i: -scores[i])]
+
+    def _tier_tokens(
+        self, workers: list[Worker], salts: list[ChainSalt | None], hashes: list[list[bytes]]
+    ) -> list[int]:
+        """Per worker: the leading prompt tokens its node's tier can load (the usable depth), from one
+        cluster index lookup per distinct salt; 0 without an index, a node or a salt."""
+        tokens = [0] * len(workers)
+        if self.cluster_index is None:
+            return tokens
+        by_salt: dict[ChainSalt, dict] = {}
+        for i, (worker, salt) in enumerate(zip(workers, salts, strict=True)):
+            node = worker.load.node if worker.load is not None else ""
+            if salt is None or not node or not hashes[i]:
+                continue
+            if salt not in by_salt:
+                by_salt[salt] = self.cluster_index.lookup(hashes[i], self.has_state)
+            match = by_salt[salt].get(node)
+            if match is not None:
+                tokens[i] = match.usable_depth * salt.block_size
+        return tokens
 
     def adapters(self) -> set[str]:
         """LoRA adapters some reachable worker reports loaded (its feed's latest ``WorkerStats``)."""
@@ -294,6 +337,8 @@ class WorkerPool:
                 if update.prefix_caching and update.stats.block_size:
                     salt = ChainSalt(update.model_fingerprint, update.stats.block_size)
                 self.prefixes.reset(worker.address, salt, update.inserted)
+                if update.HasField("layout"):
+                    worker.layout = update.layout
                 if not worker.up:
                     worker.up = True
                     self._report(worker, True)

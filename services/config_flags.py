@@ -49,6 +49,9 @@ HELP = {
     "grace_period_s": "on SIGTERM/SIGINT: admit nothing new (health NOT_SERVING) and give running requests "
     "and handoffs S seconds to finish; the router moves streams still running to another worker (a "
     "second signal ends the wait)",
+    "node": "the node whose HiCache tier this worker uses, as the cluster index names it (default: the "
+    "host name; in Kubernetes the node's name)",
+    "redis_url": "HiCache's cluster index and L3: redis://HOST:PORT (default: none)",
     # EngineConfig
     "model": "checkpoint folder",
     "device": "cpu, cuda or cuda:N",

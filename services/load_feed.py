@@ -51,6 +51,8 @@ class LoadFeed:
         stats: the worker's stats snapshot (``publish`` runs after its ``update``).
         model_fingerprint: the prefix hash chain's salt (``EngineCore.model_fingerprint``).
         prefix_caching: whether the engine reuses prefixes at all.
+        layout: the worker's handoff layout (``EngineService.layout`` as a ``CacheLayout``), sent on
+            every full picture: the router pairs workers by it.
         cached: the block hashes the cache held when its events started (``EngineService.cached_at_start``).
         min_interval_s: the least time between two broadcasts (changes in between are coalesced).
         keepalive_s: the longest a watcher waits for a message.
@@ -63,6 +65,7 @@ class LoadFeed:
         model_fingerprint: str,
         prefix_caching: bool,
         cached: frozenset[bytes],
+        layout: workers_pb2.CacheLayout | None = None,
         min_interval_s: float = 0.02,
         keepalive_s: float = 1.0,
         max_queued: int = 64,
@@ -70,6 +73,7 @@ class LoadFeed:
         self.stats = stats
         self.model_fingerprint = model_fingerprint
         self.prefix_caching = prefix_caching
+        self.layout = layout
         self.min_interval_s = min_interval_s
         self.keepalive_s = keepalive_s
         self.max_queued = max_queued
@@ -153,6 +157,7 @@ class LoadFeed:
             model_fingerprint=self.model_fingerprint,
             prefix_caching=self.prefix_caching,
             inserted=sorted(self._mirror),
+            layout=self.layout,
         )
 
     def _end(self, subscription: Subscription) -> None:

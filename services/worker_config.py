@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from common.redis_link import check_redis_url
 from services.engine.engine_config import EngineConfig
 
 from .fault_delays import FaultDelays
@@ -60,6 +61,8 @@ class WorkerConfig:
     release_grace_s: float = 5.0  # decode: a released reservation waits this long for an in-flight write
     fault_delays: tuple[str, ...] = ()  # fault injection: PHASE=SECONDS pauses (services/fault_delays.py)
     grace_period_s: float = 30.0  # drain(): how long running work may take to finish after SIGTERM
+    node: str = ""  # the node whose HiCache tier it uses, as the cluster index names it; "": the host name
+    redis_url: str = ""  # HiCache's cluster index and L3 (redis://HOST:PORT); "": none
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -82,6 +85,7 @@ class WorkerConfig:
             raise ValueError(f"metrics_port: must be in [0, 65535], got {self.metrics_port}")
         if self.max_workers is not None and self.max_workers < 1:
             raise ValueError(f"max_workers: must be >= 1, got {self.max_workers}")
+        check_redis_url("redis_url", self.redis_url)
 
     def to_dict(self) -> dict:
         """The config as plain data in the file's shape (``engine`` nested), which ``from_dict`` reads."""

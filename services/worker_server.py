@@ -1,6 +1,7 @@
 """Starts a prefill or decode worker: engine loop, transfer backend, gRPC server with health checks."""
 
 import logging
+import socket
 import threading
 import time
 from concurrent import futures
@@ -15,6 +16,7 @@ from proto.baton.v1 import workers_pb2_grpc
 from services.engine.engine_core import EngineCore
 from services.engine.engine_service import EngineService
 from services.engine.engine_views import EnginePass
+from services.rpc.convert import layout_to_pb
 from services.transfer import make_backend
 from services.transfer.inbox import SharedTransfer
 
@@ -41,10 +43,15 @@ class WorkerServer:
         ttl = config.reservation_ttl_s if config.role == "decode" else None
         self.engine = EngineService(EngineCore(config.engine), reservation_ttl_s=ttl)
         self.metrics.record_engine(self.engine.info)
-        self.stats = StatsBoard(self.name)
+        self.node = config.node or socket.gethostname()
+        self.stats = StatsBoard(self.name, self.node)
         info = self.engine.info
         self.load_feed = LoadFeed(
-            self.stats, info.model_fingerprint, info.prefix_caching, self.engine.cached_at_start
+            self.stats,
+            info.model_fingerprint,
+            info.prefix_caching,
+            self.engine.cached_at_start,
+            layout=layout_to_pb(self.engine.layout),
         )
         backend = make_backend(config.transfer_backend)
         self.engine.register_pools(backend, sends=config.role == "prefill")

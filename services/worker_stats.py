@@ -7,9 +7,12 @@ from proto.baton.v1 import workers_pb2
 from services.engine.engine_views import WorkerLoad
 
 
-def load_to_pb(name: str, load: WorkerLoad, draining: bool = False) -> workers_pb2.WorkerStats:
+def load_to_pb(
+    name: str, load: WorkerLoad, draining: bool = False, node: str = ""
+) -> workers_pb2.WorkerStats:
     return workers_pb2.WorkerStats(
         worker=name,
+        node=node,
         running=load.running,
         waiting=load.waiting,
         free_blocks=load.free_blocks,
@@ -25,16 +28,18 @@ def load_to_pb(name: str, load: WorkerLoad, draining: bool = False) -> workers_p
 
 class StatsBoard:
     """The latest ``WorkerStats`` of one worker: ``update`` on the loop thread, ``latest`` anywhere.
-    ``draining`` (set when the worker starts to stop) shows from the next ``update`` on."""
+    ``draining`` (set when the worker starts to stop) shows from the next ``update`` on. ``node``: the
+    node whose HiCache tier the worker uses (the router scores the tier's holdings by it)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, node: str = ""):
         self.name = name
+        self.node = node
         self.draining = False
-        self._latest = workers_pb2.WorkerStats(worker=name)  # until the engine's first pass
+        self._latest = workers_pb2.WorkerStats(worker=name, node=node)  # until the engine's first pass
 
     def update(self, load: WorkerLoad) -> None:
         # One reference swap: readers see the old snapshot or the new one.
-        self._latest = load_to_pb(self.name, load, self.draining)
+        self._latest = load_to_pb(self.name, load, self.draining, self.node)
 
     def latest(self) -> workers_pb2.WorkerStats:
         return self._latest

@@ -68,7 +68,8 @@ class LocalCluster:
     "cuda:1"]}``) with ``model`` and ``grace_period_s``, checked here before anything starts.
 
     ``host_cache``: the node's HiCache tier (``baton cache``), started first; every worker's
-    ``engine.host_cache_address`` is set to it. None: workers without a node tier.
+    ``engine.host_cache_address`` is set to it. None: workers without a node tier. ``redis_url``: the
+    router's HiCache cluster index ("": none); the workers' (and the tier's) is in their configs.
 
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
@@ -94,6 +95,7 @@ class LocalCluster:
         grace_period_s: float = 30.0,
         configs: dict[str, WorkerConfig] | None = None,
         host_cache: ManagedCache | None = None,
+        redis_url: str = "",
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -135,6 +137,7 @@ class LocalCluster:
                     local_prefill_tokens=local_prefill_tokens,
                     slo_ttft_s=slo_ttft_s,
                     slo_tpot_s=slo_tpot_s,
+                    redis_url=redis_url,
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
                     decode=tuple(w.address for w in self.workers if w.role == "decode"),
                 )

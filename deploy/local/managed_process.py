@@ -124,7 +124,8 @@ def _serving(address: str, deadline: float) -> bool:
 
 
 class ManagedCache(ManagedProcess):
-    """The node's ``baton cache`` (the HiCache host tier): ``kv_gib`` / ``kda_gib`` of host memory.
+    """The node's ``baton cache`` (the HiCache host tier): ``kv_gib`` / ``kda_gib`` of host memory,
+    publishing what it holds to the cluster index at ``redis_url`` as ``node`` ("": not / the host name).
 
     Its pages live only in its memory: a restart starts an empty tier, and the workers' clients attach to
     it again by themselves (``services/hicache/client.py``).
@@ -133,11 +134,17 @@ class ManagedCache(ManagedProcess):
     name = "cache"
     grace_period_s = 0.0
 
-    def __init__(self, kv_gib: float, kda_gib: float, port: int = 0):
+    def __init__(self, kv_gib: float, kda_gib: float, port: int = 0, redis_url: str = "", node: str = ""):
         super().__init__(port)
         self.kv_gib = kv_gib
         self.kda_gib = kda_gib
+        self.redis_url = redis_url
+        self.node = node
 
     def argv(self) -> list[str]:
         sizes = ["--kv-gib", repr(self.kv_gib), "--kda-gib", repr(self.kda_gib)]
-        return ["cache", "--port", str(self.port), *sizes, "--exit-with-parent"]
+        index = [
+            *(["--redis-url", self.redis_url] if self.redis_url else []),
+            *(["--node", self.node] if self.node else []),
+        ]
+        return ["cache", "--port", str(self.port), *sizes, *index, "--exit-with-parent"]

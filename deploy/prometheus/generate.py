@@ -175,6 +175,14 @@ def alerting_rules() -> dict:
             "The router ({{ $labels.instance }}) cannot reach it; its requests go to the other workers.",
         ),
         _alert(
+            "BatonRedisDown",
+            "baton_hicache_redis_up == 0",
+            "2m",
+            "warning",
+            "{{ $labels.job }} {{ $labels.instance }} cannot reach Redis",
+            "HiCache's cluster index and L3 are off for it: routing uses device pools, serving goes on.",
+        ),
+        _alert(
             "BatonTargetDown",
             f'up{{job=~"{BATON_JOBS}"}} == 0',
             "1m",

@@ -35,6 +35,7 @@ def cluster_config(
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=args.slo_ttft_ms / 1000,
         slo_tpot_s=args.slo_tpot_ms / 1000,
+        redis_url=args.redis_url,
     )
     return RayClusterConfig(
         router=router,

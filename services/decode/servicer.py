@@ -17,7 +17,7 @@ from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
 from services.engine.scheduler import SampledToken
-from services.rpc.convert import delta_to_pb, endpoint_to_pb, reservation_to_pb
+from services.rpc.convert import delta_to_pb, endpoint_to_pb, layout_from_pb, reservation_to_pb
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
@@ -73,6 +73,9 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         local_limit = (
             request.local_prefill_max_tokens if request.HasField("local_prefill_max_tokens") else None
         )
+        sender = None  # the router's chosen prefill worker's layout: refused here if it cannot write
+        if request.HasField("prefill_layout"):
+            sender = layout_from_pb(request.prefill_layout, "prefill_layout")
         self.faults.pause("reserve")
         with self.drain.admit("Reserve"):
             reserved = self.engine.reserve(
@@ -83,6 +86,7 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
                 resumed_tokens=request.resumed_tokens,
                 local_prefill_max_tokens=local_limit,
                 adapter=request.adapter,
+                prefill_layout=sender,
             )
         if reserved.prefill_locally:
             reservation = workers_pb2.CacheReservation(

@@ -28,16 +28,16 @@ from .engine_core import EngineCore
 from .engine_loop import EngineLoop, RequestDelta
 from .engine_views import EngineInfo, EnginePass, PoolState, info_of, load_of, pool_state_of
 from .handoff import (
+    HandoffLayout,
     HeldPrefill,
     Reservation,
-    check_layout,
     held_prefill,
     layout_of,
     register_pools,
     reservation_of,
     row_for_row,
 )
-from .parallel.group_handoff import GroupHandoff, not_a_target
+from .parallel.group_handoff import GroupHandoff, check_sender, not_a_target
 from .parallel.rank_handoff import RankSent
 from .scheduler import SampledToken
 
@@ -72,6 +72,7 @@ class EngineService:
 
     def __init__(self, engine: EngineCore, reservation_ttl_s: float | None = None):
         self.layout = layout_of(engine)
+        self._model_config = engine.model.config  # for the handoff checks (immutable)
         self.info: EngineInfo = info_of(engine)
         self._cache = engine.cache  # for register_pools only: the pools' storages never move
         self.world_size = engine.config.world_size
@@ -133,18 +134,27 @@ class EngineService:
         resumed_tokens: int = 0,
         local_prefill_max_tokens: int | None = None,
         adapter: str = "",
+        prefill_layout: HandoffLayout | None = None,
     ) -> ReserveResult:
         """Hold room for a prompt's handoff, or decline when ``local_prefill_max_tokens`` is given and
         the prompt is cheaper to prefill here (``prefill_here``). One loop call: the prefix lookup and
         the reservation see the same cache. The reservation's layout carries this engine's parallel
         degrees: a parallel engine's ranks each receive their share (``rank_endpoints``). An engine no
         prefill group can write into (``--pcp`` or ``--pp`` above 1: ``check_mappable``) declines.
+        ``prefill_layout``: the sender the router chose; one that cannot write here is refused before
+        any room is held (``check_sender``, as the prefill worker checks at Prefill).
 
         Raises:
-            ValueError: a bad request (naming the field), or a reservation that such an engine must
-                take (``local_prefill_max_tokens`` None), naming the flag.
+            ValueError: a bad request (naming the field), a ``prefill_layout`` that cannot write here
+                (``prefill_layout``: and the field that differs), or a reservation that such an engine
+                must take (``local_prefill_max_tokens`` None), naming the flag.
             NoCapacity: nothing free right now.
         """
+        if prefill_layout is not None and self._not_a_target is None:
+            try:
+                check_sender(self._model_config, prefill_layout, self.layout)
+            except ValueError as error:
+                raise ValueError(f"prefill_layout: cannot write into this decode worker: {error}") from None
 
         def reserve_or_decline(engine: EngineCore) -> ReserveResult:
             if self._not_a_target is not None:  # no prefill group can write here: prefill here instead
@@ -232,7 +242,7 @@ class EngineService:
         """Compute a prompt and its first token for ``reservation`` and keep its cache for the handoff
         (``held_prefill``, then ``send_rank_handoff`` or ``send_state``, then ``discard``). The
         reservation's layout is checked first: equal to this engine's for a row-for-row handoff, else
-        mappable rank to rank (``GroupHandoff.check``).
+        mappable rank to rank (``check_sender``).
 
         ``decode_endpoints``: how many decode ranks' endpoints came with the reservation (one per rank).
 
@@ -240,14 +250,12 @@ class EngineService:
             ValueError: the reservation's layout differs from this engine's or cannot be mapped onto its
                 ranks (naming the field), endpoints that are not one per decode rank, or a bad request.
         """
-        check_layout(reservation.layout, self.layout)
-        if not row_for_row(reservation.layout, self.layout):
-            if self._group is None:
-                raise ValueError(
-                    "reservation.layout.parallel: this engine has no per-rank transfer agents (its pools "
-                    "were registered for row-for-row handoffs only)"
-                )
-            self._group.check(reservation.layout)
+        check_sender(self._model_config, self.layout, reservation.layout)
+        if not row_for_row(reservation.layout, self.layout) and self._group is None:
+            raise ValueError(
+                "reservation.layout.parallel: this engine has no per-rank transfer agents (its pools "
+                "were registered for row-for-row handoffs only)"
+            )
         decode_ranks = reservation.layout.parallel.world_size
         if decode_endpoints != decode_ranks:
             raise ValueError(

@@ -5,6 +5,7 @@ and writes into the regions ``"blocks"`` (KV pages) and ``"state"`` (KDA pages))
 index and the leases, so no page byte crosses gRPC.
 """
 
+import socket
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -13,7 +14,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.cluster_index import ClusterIndex
 from common.metrics import Metrics
+from common.redis_link import check_redis_url
 from common.rpc.errors import ErrorInterceptor
 from proto.baton.v1 import host_cache_pb2_grpc
 from services.transfer import make_backend
@@ -37,6 +40,11 @@ class CacheConfig:
         lease_ttl_s: a put or get lease not ended this long after it was given is ended by the tier
             (a worker died holding it); longer than any transfer (their timeout is 30 s).
         threads: gRPC handler threads.
+        redis_url: HiCache's cluster index: the tier publishes its holdings there ("": not).
+        node: the tier's name in the index, which the node's workers report (``WorkerConfig.node``);
+            "": the host name, their default too.
+        index_ttl_s, index_interval_s: how long the tier's index entries outlive its last publish, and
+            how often it publishes (at most a third of the TTL).
     """
 
     kv_budget_bytes: int
@@ -49,6 +57,10 @@ class CacheConfig:
     transfer_backend: str = "nixl"
     lease_ttl_s: float = 120.0
     threads: int = 16
+    redis_url: str = ""
+    node: str = ""
+    index_ttl_s: float = 30.0
+    index_interval_s: float = 1.0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field that cannot work."""
@@ -62,6 +74,12 @@ class CacheConfig:
             raise ValueError(f"metrics_interval_s: must be > 0, got {self.metrics_interval_s}")
         if self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
+        check_redis_url("redis_url", self.redis_url)
+        if not 0 < self.index_interval_s <= self.index_ttl_s / 3:
+            raise ValueError(
+                f"index_interval_s: must be in (0, index_ttl_s / 3 = {self.index_ttl_s / 3:g}], "
+                f"got {self.index_interval_s}"
+            )
 
 
 class HostCacheServer:
@@ -69,11 +87,20 @@ class HostCacheServer:
 
     def __init__(self, config: CacheConfig):
         config.validate()
+        self.config = config
+        self.metrics = Metrics("cache")
+        self.index: ClusterIndex | None = None
+        if config.redis_url:
+            node = config.node or socket.gethostname()
+            self.index = ClusterIndex(config.redis_url, node, config.index_ttl_s, self.metrics.redis_health)
         self.backend = make_backend(config.transfer_backend)
         self.servicer = HostCacheServicer(
-            self.backend, config.kv_budget_bytes, config.kda_budget_bytes, config.lease_ttl_s
+            self.backend,
+            config.kv_budget_bytes,
+            config.kda_budget_bytes,
+            config.lease_ttl_s,
+            on_tier=self._tier_made,
         )
-        self.metrics = Metrics("cache")
         self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
         self._stopping = threading.Event()
         self._refresher = threading.Thread(
@@ -99,11 +126,19 @@ class HostCacheServer:
         for name in ("", SERVICE):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    def _tier_made(self, tier) -> None:
+        """The first ``Attach`` made the tier: publish it to the cluster index from now on."""
+        if self.index is not None:
+            self.index.start(tier, self.config.index_interval_s)
+
     def stop(self, grace_s: float = 1.0) -> None:
-        """Stop serving, then release the arenas' registration."""
+        """Stop serving and publishing (the index entries expire), then release the arenas'
+        registration."""
         self.server.stop(grace_s).wait()
         self._stopping.set()
         self._refresher.join()
+        if self.index is not None:
+            self.index.close()
         self.backend.close()
 
     def _refresh_metrics(self, interval_s: float) -> None:

@@ -12,7 +12,7 @@ and NIXL agent gone) sees another id and attaches again.
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -33,6 +33,8 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         kv_budget_bytes, kda_budget_bytes: each kind's host memory.
         pin: page-lock the arenas (``None``: when CUDA is available).
         lease_ttl_s: a lease's life (``HostTier``): a worker that dies holding one frees it then.
+        on_tier: called with the tier once the first ``Attach`` has made it (e.g. to publish it to the
+            cluster index), before that ``Attach`` answers.
     """
 
     def __init__(
@@ -42,8 +44,10 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         kda_budget_bytes: int,
         lease_ttl_s: float,
         pin: bool | None = None,
+        on_tier: Callable[[HostTier], None] | None = None,
     ):
         self.backend = backend
+        self.on_tier = on_tier or (lambda tier: None)
         self.kv_budget_bytes = kv_budget_bytes
         self.kda_budget_bytes = kda_budget_bytes
         self.lease_ttl_s = lease_ttl_s
@@ -121,6 +125,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             self.backend.register(STATE, tier.arena(KDA).storage)
         self._endpoint = endpoint_to_pb(self.backend.endpoint())
         self.tier = tier
+        self.on_tier(tier)
 
     def _check_same_layout(self, request) -> None:
         tier = self.tier

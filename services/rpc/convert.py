@@ -73,12 +73,32 @@ def endpoint_from_pb(message: workers_pb2.TransferEndpoint) -> TransferEndpoint:
     )
 
 
+def layout_to_pb(layout: HandoffLayout) -> workers_pb2.CacheLayout:
+    return workers_pb2.CacheLayout(**dataclasses.asdict(layout))
+
+
+def layout_from_pb(message: workers_pb2.CacheLayout, field: str) -> HandoffLayout:
+    """A ``CacheLayout`` read back (``field``: its name in the request, for errors); degrees unset: one
+    rank."""
+    fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(HandoffLayout)}
+    fields["parallel"] = ParallelLayout()
+    if message.HasField("parallel"):
+        degrees = message.parallel
+        try:
+            fields["parallel"] = ParallelLayout(
+                tp=degrees.tp, dcp=degrees.dcp, pcp=degrees.pcp, pp=degrees.pp, ep=degrees.ep
+            )
+        except ValueError as error:
+            raise ValueError(f"{field}.parallel: {error}") from None
+    return HandoffLayout(**fields)
+
+
 def reservation_to_pb(reservation: Reservation) -> workers_pb2.CacheReservation:
     message = workers_pb2.CacheReservation(
         request_id=reservation.request_id, block_ids=reservation.block_ids, slot=reservation.slot
     )
     if reservation.layout is not None:
-        message.layout.CopyFrom(workers_pb2.CacheLayout(**dataclasses.asdict(reservation.layout)))
+        message.layout.CopyFrom(layout_to_pb(reservation.layout))
     return message
 
 
@@ -86,19 +106,7 @@ def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
     """A reservation; its layout is None when the message has none (the prefill refuses it then)."""
     if not message.request_id:
         raise ValueError("reservation.request_id: required")
-    layout = None
-    if message.HasField("layout"):
-        fields = {f.name: getattr(message.layout, f.name) for f in dataclasses.fields(HandoffLayout)}
-        degrees = message.layout.parallel
-        fields["parallel"] = ParallelLayout()  # unset: one rank
-        if message.layout.HasField("parallel"):
-            try:
-                fields["parallel"] = ParallelLayout(
-                    tp=degrees.tp, dcp=degrees.dcp, pcp=degrees.pcp, pp=degrees.pp, ep=degrees.ep
-                )
-            except ValueError as error:
-                raise ValueError(f"reservation.layout.parallel: {error}") from None
-        layout = HandoffLayout(**fields)
+    layout = layout_from_pb(message.layout, "reservation.layout") if message.HasField("layout") else None
     return Reservation(message.request_id, tuple(message.block_ids), message.slot, layout)
 
 

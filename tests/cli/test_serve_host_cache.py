@@ -2,6 +2,7 @@
 tier actor's ``CacheConfig``) sized from the flags, refused naming the flag, and no worker tier of its own."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -17,27 +18,23 @@ def serve(*flags: str):
 
 def test_the_node_tier_is_split_by_the_kda_fraction():
     args = serve("--host-cache-gib", "8", "--host-cache-kda-fraction", "0.25")
-    cache = node_cache(args)
+    worker = replace(worker_configs(args)["decode"], redis_url="redis://127.0.0.1:6390/0", node="n1")
+    cache = node_cache(args, worker)
     assert (cache.kv_gib, cache.kda_gib, cache.port) == (6.0, 2.0, 0)  # locally: any free port
     assert cache.argv() == [
-        "cache",
-        "--port",
-        "0",
-        "--kv-gib",
-        "6.0",
-        "--kda-gib",
-        "2.0",
+        "cache", "--port", "0", "--kv-gib", "6.0", "--kda-gib", "2.0",
+        "--redis-url", "redis://127.0.0.1:6390/0", "--node", "n1",  # the workers' index, their node
         "--exit-with-parent",
-    ]
+    ]  # fmt: skip
     config = node_cache_config(args)  # under --ray: every node's tier on the fixed port
     assert (config.kv_budget_bytes, config.kda_budget_bytes, config.port) == (6 * GIB, 2 * GIB, 50070)
     parsed = build_parser().parse_args(cache.argv())  # what `baton cache` is started with parses
-    assert (parsed.kv_gib, parsed.kda_gib, parsed.exit_with_parent) == (6.0, 2.0, True)
+    assert (parsed.kv_gib, parsed.kda_gib, parsed.node, parsed.exit_with_parent) == (6.0, 2.0, "n1", True)
 
 
 def test_no_tier_by_default_and_no_worker_tier_of_its_own():
-    assert node_cache(serve()) is None and node_cache_config(serve()) is None
     configs = worker_configs(serve("--host-cache-gib", "4"))
+    assert node_cache(serve(), configs["decode"]) is None and node_cache_config(serve()) is None
     if "host_cache_gib" in engine_fields():  # EngineConfig's per-worker tier (hcengine): never set by serve
         assert all(c.engine.host_cache_gib == 0 and not c.engine.host_cache_address for c in configs.values())
 

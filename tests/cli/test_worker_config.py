@@ -22,6 +22,7 @@ STRINGS = {
     "transfer_backend": "grpc_bytes",
     "fault_delays": ("reserve=0.5",),
     "adapters": ("tuned=/adapters/tuned",),
+    "redis_url": "redis://cache:6379/0",
 }
 
 

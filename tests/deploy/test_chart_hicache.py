@@ -27,13 +27,19 @@ def _selected(selector: dict, objects: list[dict]) -> list[str]:
 
 
 def test_the_daemonset_runs_baton_cache_on_the_node_port_with_its_budgets():
+    with_redis = chart.render("default", *ON, "--set", "redis.enabled=true")
+    args = chart.args(_pod(with_redis, "hicache")["spec"]["containers"][0])
+    assert args["--redis-url"] == "redis://baton-redis:6379/0"  # publishes to the cluster index
     objects = chart.render("default", *ON, "--set-json", "hicache.kvGib=2.5", "--set", "hicache.kdaGib=1")
     pod = _pod(objects, "hicache")["spec"]
     assert "hostNetwork" not in pod and pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
     config = config_from(build_parser().parse_args(container["args"]))
     assert (config.kv_budget_bytes, config.kda_budget_bytes) == (int(2.5 * GIB), GIB)
-    assert (config.host, config.port) == ("0.0.0.0", 50070)
+    assert (config.host, config.port, config.node, config.redis_url) == ("0.0.0.0", 50070, "$(NODE_NAME)", "")
+    assert chart.env(container)["NODE_NAME"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}
+    }  # the workers' node
     grpc_port, metrics_port = container["ports"]
     assert grpc_port == {"name": "grpc", "containerPort": 50070, "hostPort": 50070, "protocol": "TCP"}
     assert "hostPort" not in metrics_port and metrics_port["containerPort"] == config.metrics_port
@@ -79,6 +85,9 @@ def test_only_the_release_workers_reach_the_tier_and_the_tier_reaches_them():
     for role in ("prefill", "decode"):  # UCX connects back from the tier to the worker
         peers = chart.one(objects, "NetworkPolicy", f"baton-{role}")["spec"]["ingress"][1]["from"][0]
         assert _selected(peers["podSelector"], objects) == ["prefill", "decode", "hicache"]
+    redis = chart.render("default", *ON, "--set", "redis.enabled=true")
+    peers = chart.one(redis, "NetworkPolicy", "baton-redis")["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert _selected(peers, redis) == ["router", "prefill", "decode", "hicache"]  # the tier publishes
     monitor = chart.render("default", *ON, "--set", "metrics.serviceMonitor.enabled=true")
     selector = chart.one(monitor, "ServiceMonitor", "baton")["spec"]["selector"]
     assert selector["matchExpressions"][0]["values"] == ["router", "prefill", "decode", "hicache"]

@@ -185,6 +185,8 @@ def test_disabled_features_render_nothing(values):
     assert not [o for o in objects if o["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"]
     for component in COMPONENTS:
         assert "BATON_REDIS_URL" not in chart.env(_container(objects, component))
+    assert "--redis-url" not in chart.args(_container(objects, "router"))
+    assert all("redis_url" not in chart.worker_config(objects, role) for role in ROLES)
     if values == "minimal":  # network policies and the router's PDB are off in this file
         assert "NetworkPolicy" not in kinds
         assert [p["metadata"]["name"] for p in chart.find(objects, "PodDisruptionBudget")] == [
@@ -205,12 +207,23 @@ def test_pod_disruption_budgets_cover_each_component():
         assert pdb["maxUnavailable"] == 1
 
 
+def _uses_redis(objects: list[dict], url: str) -> None:
+    """Every process gets ``url``: the router as --redis-url (the cluster index it scores workers by),
+    the workers in their config file (redis_url), with their node's name (the index's key)."""
+    for component in COMPONENTS:
+        assert chart.env(_container(objects, component))["BATON_REDIS_URL"] == url
+    assert chart.args(_container(objects, "router"))["--redis-url"] == url
+    for role in ROLES:
+        assert chart.worker_config(objects, role)["redis_url"] == url
+        node = chart.env(_container(objects, role))["BATON_WORKER_NODE"]
+        assert node == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
 def test_in_chart_redis_is_every_process_cache_tier():
     objects = chart.render("gpu")
     service = chart.one(objects, "Service", "baton-redis")
     url = f"redis://baton-redis:{service['spec']['ports'][0]['port']}/0"
-    for component in COMPONENTS:
-        assert chart.env(_container(objects, component))["BATON_REDIS_URL"] == url
+    _uses_redis(objects, url)
     redis = _container(objects, "redis")
     assert redis["image"] == "redis:7"
     policy = chart.one(objects, "NetworkPolicy", "baton-redis")["spec"]
@@ -229,8 +242,7 @@ def test_in_chart_redis_is_every_process_cache_tier():
 def test_external_redis_address(address, url):
     objects = chart.render("default", "--set", f"redis.external.address={address}")
     assert not chart.find(objects, "Deployment", "baton-redis")
-    for component in COMPONENTS:
-        assert chart.env(_container(objects, component))["BATON_REDIS_URL"] == url
+    _uses_redis(objects, url)
 
 
 def test_monitoring_objects_carry_the_canonical_files():

@@ -1,6 +1,7 @@
 """The cross-layout handoff plan, run by its CPU reference, against an independent sharding of one
 global cache image: every decode rank ends bitwise with the rows and state heads it owns, nothing else
-changes (alignment padding inside the request's blocks and slot aside), each byte is written once."""
+changes (alignment padding inside the request's blocks and slot aside), each byte is written once, and
+each prefill rank stages each of its bytes once (never more than it holds)."""
 
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -200,6 +201,10 @@ def run_case(case: Case):
         ):
             assert torch.equal(got[~free], want[~free]), f"decode rank {rank}, {region}"
     assert_written_once(plan)
+    for rank, send in plan.items():  # each byte staged once: never more than the rank holds
+        block_bytes, slot_bytes = (pool.shape[1] for pool in prefill_pools[rank])
+        held = -(-rows.num_tokens // prefill.tokens_per_block) * block_bytes + slot_bytes
+        assert send.staging_nbytes <= held, (rank, send.staging_nbytes, held)
     return plan
 
 
@@ -274,6 +279,16 @@ def test_a_decode_block_is_one_write_per_stage_and_the_work_spreads(case, writes
     assert sum(len(writes_of(send, BLOCKS)) for send in plan.values()) == 2 * blocks * writes_per_block
     staged = [send.staging_nbytes for send in plan.values()]
     assert min(staged) > 0 and max(staged) <= 2 * min(staged)
+
+
+def test_bytes_several_decode_ranks_need_are_staged_once():
+    case = Case(ParallelLayout(), 4, ParallelLayout(tp=2), 4, 16)  # MLA rows whole on both decode ranks
+    (send,) = run_case(case).values()
+    written = sum(int(write.nbytes.sum()) for write in send.writes)
+    staged_blocks = [write.staging_offsets.tolist() for write in send.writes if write.region == BLOCKS]
+    assert len(staged_blocks) == 2 and staged_blocks[0] == staged_blocks[1], "both read the same staging"
+    blocks = [int(write.nbytes.sum()) for write in send.writes if write.region == BLOCKS]
+    assert send.staging_nbytes == written - blocks[1]  # the second decode rank's rows were not staged again
 
 
 def test_whole_state_layers_are_one_write_each():

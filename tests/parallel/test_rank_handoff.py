@@ -1,11 +1,14 @@
-"""Handoffs into and out of parallel workers over NIXL, rank by rank: real worker processes (gloo rank
-groups, every rank its own NIXL agent on host memory) against one single-rank engine.
+"""Handoffs into and out of parallel workers over NIXL, rank by rank: one pair of real worker processes
+(gloo rank groups, every rank its own NIXL agent on host memory), a PCP 2 prefill group writing into a
+TP 2 decode group, both batch-invariant, block sizes 8 and 4.
 
-Each prefill rank writes only its share of the request into the decode ranks that own it: the bytes
-each rank reports are its share by the plan, they add up to no more than the decode group holds for
-the request, and the tokens equal one rank's (greedy; bitwise log-probs in batch-invariant mode).
-A reservation that cannot be mapped is refused before any prefill work, naming the field, and a rank
-whose write fails fails the Prefill call without taking either group down."""
+Each prefill rank writes only its share of the request into the decode ranks that own it (the KDA heads
+split over the decode TP ranks, the MLA rows whole on both, staged once): the bytes each rank reports
+are its share by the plan, they add up to no more than the decode group holds for the request, and the
+log-probs equal, bitwise, the decode worker's own prefill of the prompt. A pair that cannot be mapped is
+refused before any work, naming the field (a forged reservation at Prefill, a forged sender layout at
+Reserve), and a rank whose write fails fails the Prefill call without taking either group down. Through
+the router, every decode rank's endpoint reaches the prefill worker."""
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -15,7 +18,6 @@ import numpy as np
 import pytest
 
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
-from services.engine import LLM, SamplingParams
 from services.engine.model import load_model_config
 from services.engine.parallel.group_handoff import handoff_side
 from services.engine.parallel.handoff_plan import HandoffRequestRows, plan_handoff
@@ -38,21 +40,26 @@ def model(tiny_checkpoint):
 
 INVARIANT = "--batch-invariant"
 GROUPS = {
-    "dcp2": ("decode", "--dcp", "2", "--block-size", "4"),
-    "pcp2": ("prefill", "--pcp", "2", "--block-size", "8"),
-    "one-rank": ("decode", INVARIANT),
-    "tp2": ("prefill", "--tp", "2", INVARIANT),
+    "decode": ("decode", "--tp", "2", "--block-size", "4", INVARIANT),
+    "prefill": ("prefill", "--pcp", "2", "--block-size", "8", INVARIANT),
 }
 
 
 @pytest.fixture(scope="module")
 def groups(model):
-    """Every worker the tests use, started at once (the starts overlap on a small machine)."""
+    """The two groups every test uses, started at once (their rendezvous overlap on a small machine)."""
     started = start_all(model, GROUPS)
     try:
         yield started
     finally:
         stop_all(started.values())
+
+
+@pytest.fixture
+def workers(groups):
+    stubs = Workers(groups["decode"], groups["prefill"])
+    yield stubs
+    stubs.close()
 
 
 def start_all(model, specs: dict[str, tuple[str, ...]]) -> dict[str, WorkerProcess]:
@@ -83,9 +90,11 @@ class Workers:
         self.decode = workers_pb2_grpc.DecodeWorkerStub(self.channels[0])
         self.prefill = workers_pb2_grpc.PrefillWorkerStub(self.channels[1])
 
-    def reserve(self, request_id: str):
+    def reserve(self, request_id: str, **fields):
         """``(ReserveResponse, lease)``: the reservation lives while the lease stream is open."""
-        request = workers_pb2.ReserveRequest(request_id=request_id, prompt_ids=PROMPT, sampling=SAMPLING)
+        request = workers_pb2.ReserveRequest(
+            request_id=request_id, prompt_ids=PROMPT, sampling=SAMPLING, **fields
+        )
         lease = self.decode.Reserve(request, timeout=60)
         return next(lease), lease
 
@@ -159,70 +168,68 @@ def refused(call) -> grpc.RpcError:
     return caught.value
 
 
-def test_pcp2_prefill_into_dcp2_decode_rank_by_rank(model, groups):
-    workers = Workers(groups["dcp2"], groups["pcp2"])
-    try:
-        # A decode layout the plan cannot map: refused before any prefill work, naming the field.
-        reserved, lease = workers.reserve("unmappable")
-        for degrees, field in (({"pcp": 2}, "decode --pcp 2"), ({"tp": 3}, "decode --tp 3")):
-            forged = workers_pb2.CacheReservation()
-            forged.CopyFrom(reserved.reservation)
-            forged.layout.parallel.CopyFrom(workers_pb2.ParallelDegrees(**{**ONE_RANK, "dcp": 2, **degrees}))
-            error = refused(lambda forged=forged: workers.prefill_into(reserved, reservation=forged))
-            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.details()
-        # A decode rank's endpoint that cannot take its share: that rank's write fails, so does the call.
-        broken = workers_pb2.TransferEndpoint()
-        broken.CopyFrom(reserved.rank_endpoints[1])
-        for region in broken.regions:
-            region.num_rows = 1
-        endpoints = [reserved.rank_endpoints[0], broken]
-        error = refused(lambda: workers.prefill_into(reserved, rank_endpoints=endpoints))
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
-        assert "handoff writes failed: rank" in error.details() and "pass its end" in error.details()
-        workers.decode.Release(workers_pb2.ReleaseRequest(request_id="unmappable", no_handoff_in_flight=True))
-        assert list(lease) == []
-
-        # Both groups are still up: the handoff itself.
-        reserved, first, tokens, _ = workers.handoff("pcp-dcp")
-        assert len(reserved.rank_endpoints) == 2 and reserved.rank_endpoints[0] == reserved.endpoint
-        assert reserved.reservation.layout.parallel.dcp == 2
-        sent = list(first.rank_transfer_bytes)
-        assert sent == plan_bytes(model, reserved, ParallelLayout(pcp=2), 8)
-        assert all(nbytes > 0 for nbytes in sent), sent  # both PCP ranks send a share
-        assert sum(sent) == first.transfer_bytes <= decode_room(reserved)
-        # Through the router: it passes every decode rank's endpoint on (else the handoff would fail
-        # and the decode worker prefill the prompt itself, with no bytes moved).
-        with router_factory(model, disaggregation="always") as make:
-            router = make([groups["pcp2"]], [groups["dcp2"]])
-            request = generation_pb2.GenerateRequest(
-                token_ids=generation_pb2.TokenIds(ids=PROMPT), sampling=SAMPLING
-            )
-            routed = list(router.stub.Generate(request, timeout=120))
-        assert routed[-1].route.prefill_worker == groups["pcp2"].address
-        assert routed[-1].route.transfer_bytes == first.transfer_bytes
-        assert workers.nothing_held()
-    finally:
-        workers.close()
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
-    with LLM(str(model), dtype="float32", max_model_len=64) as llm:
-        want = llm.generate([PROMPT], params)[0].token_ids
-    assert tokens == want and [t for m in routed for t in m.token_ids] == want
+def test_pairs_that_cannot_be_mapped_and_a_failing_rank_are_refused(workers):
+    # A sender the decode group cannot take: refused at Reserve, before any room is held.
+    forged_sender = workers_pb2.CacheLayout()
+    forged_sender.CopyFrom(fed_layout(workers.prefill))
+    forged_sender.dtype = "bfloat16"
+    error = refused(lambda: workers.reserve("forged-sender", prefill_layout=forged_sender))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("prefill_layout: ") and "reservation.layout.dtype" in error.details()
+    assert workers.nothing_held()
+    # A decode layout the plan cannot map: refused at Prefill before any prefill work, naming the field.
+    reserved, lease = workers.reserve("unmappable", prefill_layout=fed_layout(workers.prefill))
+    for degrees, field in (({"pcp": 2}, "decode --pcp 2"), ({"tp": 3}, "decode --tp 3")):
+        forged = workers_pb2.CacheReservation()
+        forged.CopyFrom(reserved.reservation)
+        forged.layout.parallel.CopyFrom(workers_pb2.ParallelDegrees(**{**ONE_RANK, "tp": 2, **degrees}))
+        error = refused(lambda forged=forged: workers.prefill_into(reserved, reservation=forged))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.details()
+    # A decode rank's endpoint that cannot take its share: that rank's write fails, so does the call.
+    broken = workers_pb2.TransferEndpoint()
+    broken.CopyFrom(reserved.rank_endpoints[1])
+    for region in broken.regions:
+        region.num_rows = 1
+    endpoints = [reserved.rank_endpoints[0], broken]
+    error = refused(lambda: workers.prefill_into(reserved, rank_endpoints=endpoints))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "handoff writes failed: rank" in error.details() and "pass its end" in error.details()
+    workers.decode.Release(workers_pb2.ReleaseRequest(request_id="unmappable", no_handoff_in_flight=True))
+    assert list(lease) == []
+    assert workers.nothing_held()
 
 
-def test_tp2_prefill_into_one_rank_bitwise(model, groups):
-    workers = Workers(groups["one-rank"], groups["tp2"])
-    try:
-        reserved, first, tokens, logprobs = workers.handoff("tp2")
-        assert list(reserved.rank_endpoints) == [] and first.transfer_bytes > 0
-        sent = list(first.rank_transfer_bytes)
-        block_size = reserved.reservation.layout.block_size
-        assert sent == plan_bytes(model, reserved, ParallelLayout(tp=2), block_size)
-        assert all(nbytes > 0 for nbytes in sent), sent  # both TP ranks send a share
-        assert sum(sent) == first.transfer_bytes <= decode_room(reserved)
-        want_tokens, want_logprobs = workers.colocated("one-rank")
-        assert workers.nothing_held()
-    finally:
-        workers.close()
+def test_pcp2_prefill_into_tp2_decode_rank_by_rank_bitwise(model, groups, workers):
+    # Both groups are still up after the refusals: the handoff itself.
+    reserved, first, tokens, logprobs = workers.handoff("pcp-tp")
+    assert len(reserved.rank_endpoints) == 2 and reserved.rank_endpoints[0] == reserved.endpoint
+    assert reserved.reservation.layout.parallel.tp == 2
+    sent = list(first.rank_transfer_bytes)
+    assert sent == plan_bytes(model, reserved, ParallelLayout(pcp=2), 8)
+    assert all(nbytes > 0 for nbytes in sent), sent  # both PCP ranks send a share
+    assert sum(sent) == first.transfer_bytes <= decode_room(reserved)
+    want_tokens, want_logprobs = workers.colocated("colocated")
     assert tokens == want_tokens and len(logprobs) == MAX_TOKENS
     bits = np.asarray(logprobs, dtype=np.float32).view(np.int32)
     assert bits.tolist() == np.asarray(want_logprobs, dtype=np.float32).view(np.int32).tolist()
+    # Through the router: it pairs the two by their fed layouts, the decode worker checks the sender at
+    # Reserve, and every decode rank's endpoint reaches the prefill worker (else the handoff would fail
+    # and the decode worker prefill the prompt itself, with no bytes moved).
+    with router_factory(model, disaggregation="always") as make:
+        router = make([groups["prefill"]], [groups["decode"]])
+        request = generation_pb2.GenerateRequest(
+            token_ids=generation_pb2.TokenIds(ids=PROMPT), sampling=SAMPLING
+        )
+        routed = list(router.stub.Generate(request, timeout=120))
+    assert routed[-1].route.prefill_worker == groups["prefill"].address
+    assert routed[-1].route.transfer_bytes == first.transfer_bytes
+    assert [t for m in routed for t in m.token_ids] == want_tokens
+    assert workers.nothing_held()
+
+
+def fed_layout(stub) -> workers_pb2.CacheLayout:
+    """The handoff layout a worker's load feed reports on its first (full) picture."""
+    feed = stub.WatchLoad(workers_pb2.WatchLoadRequest(), timeout=30)
+    first = next(feed)
+    feed.cancel()
+    return first.layout

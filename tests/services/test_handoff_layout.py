@@ -1,5 +1,6 @@
 """A prefill worker checks the layout a decode reservation carries before computing anything: a
-mismatch is INVALID_ARGUMENT naming the field and both sides, and neither worker keeps anything."""
+mismatch is INVALID_ARGUMENT naming the field and both sides, and neither worker keeps anything. A
+decode worker refuses at Reserve a sender (its fed layout) that could not write into it."""
 
 import dataclasses
 
@@ -115,3 +116,32 @@ def test_a_prefill_worker_in_other_numerics_refuses_then_a_matching_one_hands_of
     assert decoded[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
     assert list(lease) == []
     holds_nothing(decode, same, default)
+
+
+def fed_layout(stub) -> workers_pb2.CacheLayout:
+    """The handoff layout a worker's load feed reports on its first (full) picture."""
+    feed = stub.WatchLoad(workers_pb2.WatchLoadRequest(), timeout=30)
+    first = next(feed)
+    feed.cancel()
+    assert first.full and first.HasField("layout")
+    return first.layout
+
+
+def test_the_decode_worker_refuses_a_sender_it_cannot_take_at_reserve(servers):
+    decode, same, default = servers
+    assert fed_layout(decode) == fed_layout(same), "equal engines report equal layouts"
+    request = workers_pb2.ReserveRequest(
+        request_id="sender", prompt_ids=PROMPT, prefill_layout=fed_layout(default)
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        next(decode.Reserve(request, timeout=60))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("prefill_layout: cannot write into this decode worker: ")
+    assert "reservation.layout.slot_layout" in caught.value.details()
+    holds_nothing(decode)  # refused before any room was held
+    request.prefill_layout.CopyFrom(fed_layout(same))
+    lease = decode.Reserve(request, timeout=60)
+    assert len(next(lease).reservation.block_ids) > 0
+    decode.Release(workers_pb2.ReleaseRequest(request_id="sender", no_handoff_in_flight=True), timeout=10)
+    assert list(lease) == []
+    holds_nothing(decode)

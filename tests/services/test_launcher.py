@@ -2,6 +2,7 @@
 each worker's ``--config`` file); bad roles are refused up front."""
 
 import logging
+import socket
 
 import grpc
 import pytest
@@ -60,6 +61,7 @@ def test_serve_engine_flags_reach_the_workers_through_their_config_files(tiny_ch
         for worker in cluster.workers:
             stats = _stats(worker)
             assert (stats.block_size, stats.total_blocks, stats.total_slots) == (32, 48, 3), worker.name
+            assert stats.node == socket.gethostname()  # no --node: the host (the cluster index's key)
         with grpc.insecure_channel(f"127.0.0.1:{cluster.port}") as channel:
             request = generation_pb2.GenerateRequest(
                 token_ids=generation_pb2.TokenIds(ids=[(5 * i + 1) % 97 for i in range(40)]),
@@ -70,6 +72,16 @@ def test_serve_engine_flags_reach_the_workers_through_their_config_files(tiny_ch
         assert replies[-1].route.transfer_bytes > 0  # handed off: fp8 blocks crossed between workers
     finally:
         cluster.stop()
+
+
+def test_serve_redis_flags_reach_the_configs_and_conflict_up_front(tiny_checkpoint):
+    model = str(tiny_checkpoint("k3"))
+    argv = ["serve", "--model", model, "--redis-url", "redis://cache:6379"]
+    args = build_parser().parse_args(argv)
+    assert {c.redis_url for c in worker_configs(args, args.redis_url).values()} == {"redis://cache:6379"}
+    args = build_parser().parse_args([*argv, "--no-redis"])
+    with pytest.raises(ValueError, match="--redis-url and --no-redis: choose one"):
+        args.run(args)
 
 
 def _stats(worker: ManagedWorker) -> workers_pb2.WorkerStats:

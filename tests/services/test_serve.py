@@ -130,7 +130,11 @@ def test_ctrl_c_stops_every_process(served):
     _, process, _, workers = served
     pids = [pid for name in workers for pid in worker_pids(name, process.pid)]
     assert len(pids) == len(workers)
+    # No --redis-url or --no-redis: serve started a redis-server (HiCache's cluster index) of its own.
+    found = subprocess.run(["pgrep", "-P", str(process.pid), "redis-server"], capture_output=True, text=True)
+    redis = [int(pid) for pid in found.stdout.split()]
+    assert len(redis) == 1
     process.send_signal(signal.SIGINT)
     process.wait(timeout=60)
     assert process.returncode == 0
-    assert not [pid for pid in pids if alive(pid)]
+    assert not [pid for pid in pids + redis if alive(pid)]

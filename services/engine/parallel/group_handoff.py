@@ -3,9 +3,10 @@ transfer agent (``rank_handoff.py`` is every rank's side).
 
 At start (``open``) every rank registers its pools (a sending engine: and a staging buffer) with its own
 agent and rank 0 collects the endpoints, in rank order: a decode worker's reservation answer carries
-them. A prefill worker checks a reservation against its own ranks before computing (``check``:
-``handoff_plan.check_mappable``), and after the held prefill (``send``) has every rank plan and write
-its part, waits for every rank's report and only then notifies decode rank 0::
+them. A prefill worker checks a reservation against its own ranks before computing (``check_sender``:
+``handoff_plan.check_mappable``; a decode worker runs it at Reserve on the router's chosen sender),
+and after the held prefill (``send``) has every rank plan and write its part, waits for every rank's
+report and only then notifies decode rank 0::
 
     rank 0: HandoffCommand ──► every rank: plan its part, gather into staging, write_bytes
             every RankSent ◄── (an error is reported, not raised: the group stays in step)
@@ -22,7 +23,7 @@ import torch
 from common.errors import TransferError
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache_manager import CacheManager
-from services.engine.handoff import HandoffLayout, HeldPrefill, Reservation
+from services.engine.handoff import HandoffLayout, HeldPrefill, Reservation, check_layout, row_for_row
 from services.engine.model.config import ModelConfig
 from services.transfer import TransferBackend, TransferEndpoint
 
@@ -37,6 +38,21 @@ def handoff_side(layout: HandoffLayout) -> HandoffSide:
     return HandoffSide(
         layout.parallel, layout.block_size, getattr(torch, layout.dtype), layout.kv_format, open_rows
     )
+
+
+def check_sender(model: ModelConfig, prefill: HandoffLayout, decode: HandoffLayout | None) -> None:
+    """Refuse a prefill layout that cannot write into a decode layout: every field equal between two
+    single-rank engines (``check_layout``), else the model and its bytes' meaning equal and the ranks
+    mappable (``check_mappable``). A prefill worker checks a reservation with it before computing, a
+    decode worker the router's chosen sender at Reserve, before holding room.
+
+    Raises:
+        ValueError: naming the field, as ``check_layout`` (which also refuses no decode layout) and
+            ``check_mappable`` do.
+    """
+    check_layout(decode, prefill)
+    if not row_for_row(decode, prefill):
+        check_mappable(model, handoff_side(prefill), handoff_side(decode))
 
 
 def not_a_target(model: ModelConfig, layout: HandoffLayout) -> str | None:
@@ -98,10 +114,6 @@ class GroupHandoff:
         if errors:
             raise TransferError("opening the ranks' transfer agents failed: " + "; ".join(errors))
         return cls(model, layout, ranks, transfer, tuple(answers))
-
-    def check(self, decode: HandoffLayout) -> None:
-        """Refuse a decode group this group cannot write into (``check_mappable``: naming the field)."""
-        check_mappable(self._model, handoff_side(self.layout), handoff_side(decode))
 
     def send(
         self,

@@ -1,10 +1,13 @@
 """One prefill rank's part of a handoff: gather local byte runs into a staging buffer, then write runs
 of it into decode ranks' regions (``RankSend``), built from a plan's elementary copies with runs
 coalesced on both sides; and ``apply_plan_reference``, which executes sends with plain torch indexing.
+Bytes several decode ranks need (an MLA row is whole on every decode TP rank) are staged once, and
+those ranks' writes read the same staging offsets::
 
     prefill rank's regions          staging (decode order)           decode ranks' regions
     blocks |..aa..bb....cc..|  -->  | aa bb cc | s1 s2 |  -->  rank 0 blocks |....aabbcc....|
-    state  |....s1..s2......|  gather                writes       rank 0 state  |..s1s2..|
+    state  |....s1..s2......|  gather           | writes  +-->  rank 1 blocks |..aabbcc......|
+                                                          +-->  rank 0 state  |..s1s2..|
 
 Offsets are bytes into a region's flat storage (``BlockPool.storage`` / ``StateSlotPool.storage``);
 regions are named as ``services.transfer`` names them.
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.byte_runs.naive import byte_index, copy_byte_runs
 from services.transfer import BLOCKS, STATE
 
 REGIONS = (BLOCKS, STATE)  # a region's code (its index) while building sends
@@ -44,7 +48,9 @@ class RemoteWrite:
 class RankSend:
     """What one prefill rank does: concatenate its ``gather`` runs, in order, into a staging buffer of
     ``staging_nbytes`` bytes (offsets into a region's flat ``storage``), then make the ``writes``
-    (remote offsets into the decode rank's flat region). Empty when the rank sends nothing."""
+    (remote offsets into the decode rank's flat region). Each source byte is staged at most once, so
+    ``staging_nbytes`` is at most what the rank holds; writes to several decode ranks may read the same
+    staging range. Empty when the rank sends nothing."""
 
     gather: tuple[ByteRuns, ...]
     writes: tuple[RemoteWrite, ...]
@@ -68,20 +74,15 @@ def apply_plan_reference(
             continue
         local = dict(zip(REGIONS, (pool.view(-1) for pool in prefill_pools[rank]), strict=True))
         staging = torch.cat(
-            [local[runs.region][_byte_index(runs.offsets, runs.nbytes)] for runs in send.gather]
+            [local[runs.region][byte_index(runs.offsets, runs.nbytes)] for runs in send.gather]
         )
         for write in send.writes:
             remote = dict(
                 zip(REGIONS, (pool.view(-1) for pool in decode_pools[write.decode_rank]), strict=True)
             )
-            target = _byte_index(write.remote_offsets, write.nbytes)
-            remote[write.region][target] = staging[_byte_index(write.staging_offsets, write.nbytes)]
-
-
-def _byte_index(offsets: torch.Tensor, nbytes: torch.Tensor) -> torch.Tensor:
-    """``[sum(nbytes)]`` int64: the byte positions of runs ``offsets[i] .. offsets[i] + nbytes[i]``."""
-    starts = torch.cumsum(nbytes, 0) - nbytes
-    return torch.repeat_interleave(offsets - starts, nbytes) + torch.arange(int(nbytes.sum()))
+            copy_byte_runs(
+                staging, write.staging_offsets, remote[write.region], write.remote_offsets, write.nbytes
+            )
 
 
 class SendBuilder:
@@ -113,30 +114,58 @@ class SendBuilder:
             column.append(piece)
 
     def rank_send(self, rank: int) -> RankSend:
-        """``rank``'s copies staged in destination order (region, decode rank, offset), coalesced."""
+        """``rank``'s copies staged in destination order (region, decode rank, offset), each source range
+        once: a copy of bytes an earlier copy already staged (an MLA row every decode TP rank needs)
+        writes from that copy's staging offsets. Runs are coalesced on both sides."""
         groups = self._parts.get(rank, {})
         staged, writes, by_region = 0, [], {}
-        for code, decode_rank in sorted(groups):
-            source, target, nbytes = (torch.cat(column) for column in groups[code, decode_rank])
-            order = torch.argsort(target)  # the targets are disjoint ranges
-            source, target, nbytes = source[order], target[order], nbytes[order]
-            staging = staged + torch.cumsum(nbytes, 0) - nbytes
-            staged += int(nbytes.sum())
-            starts, run_bytes = _runs(target[:-1] + nbytes[:-1] == target[1:], staging, staged)
-            writes.append(RemoteWrite(decode_rank, REGIONS[code], staging[starts], target[starts], run_bytes))
-            by_region.setdefault(code, []).append((source, nbytes, staging))
+        for code in sorted({code for code, _ in groups}):
+            ranks = sorted(decode_rank for group_code, decode_rank in groups if group_code == code)
+            columns = []
+            for decode_rank in ranks:
+                source, target, nbytes = (torch.cat(column) for column in groups[code, decode_rank])
+                order = torch.argsort(target)  # the targets are disjoint ranges
+                columns.append((source[order], target[order], nbytes[order]))
+            source, nbytes = (torch.cat([c[i] for c in columns]) for i in (0, 2))
+            if not len(source):
+                continue
+            first, fresh = _first_copies(source, nbytes)
+            start = staged + torch.cumsum(nbytes * fresh, 0) - nbytes * fresh
+            staging = start[first]  # a repeated copy reads where its first one was staged
+            staged = int(start[-1] + nbytes[-1] * fresh[-1])
+            at = 0
+            for decode_rank, (_, target, run_nbytes) in zip(ranks, columns, strict=True):
+                rank_staging, at = staging[at : at + len(target)], at + len(target)
+                joins = (target[:-1] + run_nbytes[:-1] == target[1:]) & (
+                    rank_staging[:-1] + run_nbytes[:-1] == rank_staging[1:]
+                )
+                starts, run_bytes = _joined(joins, run_nbytes)
+                writes.append(
+                    RemoteWrite(decode_rank, REGIONS[code], rank_staging[starts], target[starts], run_bytes)
+                )
+            by_region[code] = (source[fresh], nbytes[fresh])  # back to back in staging, in order
         gather = []
-        for code, parts in by_region.items():
-            source, nbytes, staging = (torch.cat(column) for column in zip(*parts, strict=True))
-            end = int(staging[-1] + nbytes[-1])
-            starts, run_bytes = _runs(source[:-1] + nbytes[:-1] == source[1:], staging, end)
+        for code, (source, nbytes) in by_region.items():
+            starts, run_bytes = _joined(source[:-1] + nbytes[:-1] == source[1:], nbytes)
             gather.append(ByteRuns(REGIONS[code], source[starts], run_bytes))
         return RankSend(tuple(gather), tuple(writes), staged)
 
 
-def _runs(joins: torch.Tensor, staging: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _first_copies(source: torch.Tensor, nbytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, fresh)``: for each copy, the index of the first copy of the same ``(source, nbytes)``
+    (int64 ``[N]``), and whether it is that first one (bool ``[N]``)."""
+    pairs, inverse = torch.unique(torch.stack([source, nbytes], 1), dim=0, return_inverse=True)
+    positions = torch.arange(len(source))
+    first_of_pair = torch.full((len(pairs),), len(source), dtype=torch.int64)
+    first_of_pair = first_of_pair.scatter_reduce(0, inverse, positions, "amin")
+    first = first_of_pair[inverse]
+    return first, first == positions
+
+
+def _joined(joins: torch.Tensor, nbytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(start item, bytes)`` of each run, where ``joins[i]`` says item ``i + 1`` continues item ``i``'s
-    run; the items lie back to back in the staging buffer (at ``staging``, up to ``end``)."""
+    run (``nbytes``: each item's bytes)."""
     starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.nonzero(~joins)[:, 0] + 1])
-    ends = torch.cat([staging[starts[1:]], torch.tensor([end])])
-    return starts, ends - staging[starts]
+    ends = torch.cat([starts[1:], torch.tensor([len(nbytes)])])
+    totals = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), nbytes]), 0)
+    return starts, totals[ends] - totals[starts]

@@ -13,8 +13,9 @@ every follower to rank 0 (``gather_object``)::
 
 Each rank plans its own part (``handoff_plan.plan_handoff(..., senders=[rank])``: which byte runs of its
 pools go to which decode rank; the plan is a pure function of the command, so the ranks agree without
-sending it), copies its runs, in order, into its registered staging buffer (one indexed copy per region,
-a window of the buffer's size at a time) and writes runs of it into each decode rank's pools with
+sending it), copies its runs, in order, into its registered staging buffer (``kernels/byte_runs``: one
+Triton launch per region on CUDA, no per-byte index; the torch reference on the CPU; a window of the
+buffer's size at a time) and writes runs of it into each decode rank's pools with
 ``TransferBackend.write_bytes`` (one write per decode rank). A rank's failure is reported, not raised:
 the group stays in step (the followers are back at the control group for the next step), and rank 0
 fails the handoff (``TransferError``) naming the ranks."""
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import TransferError
+from kernels.byte_runs import naive, triton_copy
 from services.engine.cache_manager import CacheManager
 from services.engine.model.config import ModelConfig
 from services.transfer import BLOCKS, STATE, TransferBackend, TransferEndpoint, make_backend
@@ -82,14 +84,17 @@ class RankSent:
 
 
 STAGING_MAX_BYTES = 64 << 20  # a rank's staging buffer at most (a longer part is sent in windows)
+_VECTOR = 16  # the staging buffer's size is a multiple of this
 
 
 def staging_bytes_for(cache: CacheManager, max_model_len: int) -> int:
     """A rank's staging buffer: what it holds of a longest request (every block of a longest context
-    and one state slot), at most ``STAGING_MAX_BYTES``; a part larger than the buffer (the same bytes
-    staged for several decode ranks, or a long context) goes in several windows (``RankTransfer``)."""
+    and one state slot: a plan stages each byte once, so no part is larger), at most
+    ``STAGING_MAX_BYTES``; a longer part goes in several windows (``RankTransfer``)."""
     blocks = -(-max_model_len // cache.block_tokens)
-    return min(STAGING_MAX_BYTES, blocks * cache.blocks.storage.shape[1] + cache.slots.storage.shape[1])
+    held = blocks * cache.blocks.storage.shape[1] + cache.slots.storage.shape[1]
+    # whole 16-byte vectors: aligned runs stay aligned in every window (the gather's word path)
+    return min(STAGING_MAX_BYTES, -(-held // _VECTOR) * _VECTOR)
 
 
 class RankTransfer:
@@ -150,8 +155,9 @@ class RankTransfer:
 
     def _send(self, plan: RankSend, command: HandoffCommand) -> int:
         """Run ``plan`` one staging window at a time: the plan's staging offsets may pass the buffer's
-        size (a byte every decode TP rank needs is staged once per rank), so window ``k`` gathers the
-        runs' bytes that fall in ``[k W, (k+1) W)`` and writes them before the next window's gather.
+        size (a context longer than the buffer holds), so window ``k`` gathers the runs' bytes that fall
+        in ``[k W, (k+1) W)`` and makes every write of them (several decode ranks' writes may read the
+        same staged bytes) before the next window's gather.
         Returns the bytes written."""
         if plan.staging_nbytes == 0:
             return 0
@@ -168,11 +174,9 @@ class RankTransfer:
             high = min(low + window, plan.staging_nbytes)
             for region, offsets, at, lengths in gathers:
                 offsets, at, lengths = _clip(offsets, at, lengths, low, high)
-                if len(lengths):
-                    total = int(lengths.sum())
-                    source = self._storages[region].view(-1)
-                    index = torch.repeat_interleave(offsets - _starts(lengths), lengths) + torch.arange(total)
-                    staging[int(at[0]) - low : int(at[0]) - low + total] = source[index.to(source.device)]
+                source = self._storages[region].view(-1)
+                copy_runs = triton_copy.copy_byte_runs if source.is_cuda else naive.copy_byte_runs
+                copy_runs(source, offsets, staging, at - low, lengths)
             for decode_rank, spans in _window_spans(plan, low, high).items():
                 peer = self.backend.connect(command.endpoints[decode_rank])
                 nbytes += self.backend.write_bytes(peer, spans, timeout_s=command.timeout_s).nbytes
