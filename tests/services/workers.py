@@ -1,6 +1,7 @@
 """Real worker processes for tests: the launcher's own ``ManagedWorker``, stopped whatever happens."""
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deploy.local.launcher import REPO, ManagedWorker
@@ -27,13 +28,16 @@ class WorkerProcess:
 
 @contextlib.contextmanager
 def running_workers(model: Path, *specs: tuple[str, ...]):
-    """Start one worker per ``(role, *flags)`` spec, yield them in order, stop them all on exit (also
-    when one of them fails to start)."""
-    started: list[WorkerProcess] = []
+    """Start one worker per ``(role, *flags)`` spec, all at once (each pays its imports and model load
+    while the others do), yield them in order, stop them all at once on exit (also when one fails to
+    start)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
+        starting = [pool.submit(WorkerProcess, role, model, *flags) for role, *flags in specs]
+    started = [future.result() for future in starting if future.exception() is None]
     try:
-        for role, *flags in specs:
-            started.append(WorkerProcess(role, model, *flags))
+        for future in starting:
+            future.result()  # the first worker that failed to start, raised here
         yield started
     finally:
-        for process in started:
-            process.stop()
+        with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
+            list(pool.map(WorkerProcess.stop, started))  # each drains its grace period at the same time
