@@ -1,6 +1,7 @@
 """``baton cache``: the node's HiCache host tier (one per node; workers attach to it over gRPC)."""
 
 import argparse
+import os
 import signal
 import threading
 
@@ -30,6 +31,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="",
         help="the tier's name in the cluster index: its workers' --node (default: the host name)",
     )
+    parser.add_argument(
+        "--exit-with-parent", action="store_true", help="stop when the starting process exits"
+    )
     parser.set_defaults(run=run)
 
 
@@ -38,10 +42,19 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.exit_with_parent:  # baton serve killed outright: its tier goes with it
+        threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
     print(f"READY role=cache metrics_port={server.metrics_port} port={server.port}", flush=True)
     stop.wait()
     server.stop()
     return 0
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """Set ``stop`` once this process is re-parented (its launcher died without stopping it)."""
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            stop.set()
 
 
 def config_from(args: argparse.Namespace) -> CacheConfig:

@@ -4,18 +4,22 @@ same cluster as Ray actors (``deploy/ray``)."""
 import argparse
 import json
 import logging
+import math
 import signal
 import threading
 from dataclasses import replace
 
-from deploy.local.launcher import LocalCluster
+from deploy.local.launcher import LocalCluster, ManagedCache
 from deploy.local.redis_server import RedisServer
 from services.config_flags import add_config_flags, engine_config
 from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
 from services.engine.parallel.parallel_check import check_parallel
+from services.hicache.server import GIB, CacheConfig
 from services.worker_config import ROLES, WorkerConfig
 
 log = logging.getLogger(__name__)
+# EngineConfig's per-worker tier fields (hcengine's): under `baton serve` the node's tier takes their place.
+NODE_TIER_FIELDS = ("host_cache_gib", "host_cache_address", "host_cache_kda_fraction")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -76,7 +80,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     redis.add_argument("--no-redis", action="store_true", help="no Redis: no cluster index, no L3")
     engine = parser.add_argument_group("every worker's engine (baton worker's engine flags)")
-    add_config_flags(engine, EngineConfig)
+    # The host tier is the node's `baton cache` here (below), not one inside each worker.
+    add_config_flags(engine, EngineConfig, exclude=NODE_TIER_FIELDS)
     engine.add_argument("--prefill-device", default=None, help="prefill workers' device (default: --device)")
     engine.add_argument("--decode-device", default=None, help="decode workers' device (default: --device)")
     for role in ROLES:
@@ -87,6 +92,24 @@ def register(commands: argparse._SubParsersAction) -> None:
             help=f"{role} workers' parallel degrees over --tp/--dcp/--pp/--pcp/--ep, e.g. "
             + ("pcp=2" if role == "prefill" else "tp=2,ep=2"),
         )
+    tier = parser.add_argument_group("the node's HiCache host tier (docs/hicache.md)")
+    tier.add_argument(
+        "--host-cache-gib",
+        dest="node_cache_gib",  # not EngineConfig's host_cache_gib: no worker gets a tier of its own
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="host memory of the node's `baton cache` tier (KV blocks and KDA snapshots), which every worker "
+        "uses (default 0: no tier)",
+    )
+    tier.add_argument(
+        "--host-cache-kda-fraction",
+        dest="node_cache_kda_fraction",
+        type=float,
+        default=0.25,
+        metavar="F",
+        help="share of --host-cache-gib for KDA snapshots, the rest for KV blocks (default 0.25)",
+    )
     ray = parser.add_argument_group("on Ray (pip install 'baton[ray]')")
     ray.add_argument("--ray", action="store_true", help="run the workers and router as Ray actors")
     ray.add_argument(
@@ -100,6 +123,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         choices=("PACK", "STRICT_PACK", "SPREAD"),
         help="placement group strategy of each role's worker ranks (default PACK)",
     )
+    ray.add_argument(
+        "--host-cache-port",
+        type=int,
+        default=50070,
+        help="the port of each node's HiCache tier actor (with --host-cache-gib; default 50070)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -110,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
 
-        return serve_on_ray(args, _disaggregation(args), announce, configs)
+        return serve_on_ray(args, _disaggregation(args), announce, configs, node_cache_config(args))
     for config in configs.values():  # a layout that cannot run fails here, before any worker starts
         check_parallel(config.engine)
     logging.getLogger("deploy.local.launcher").setLevel(logging.INFO)
@@ -152,6 +181,7 @@ def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig]) -
         slo_ttft_s=_positive_ms(args.slo_ttft_ms, "--slo-ttft-ms") / 1000,
         slo_tpot_s=_positive_ms(args.slo_tpot_ms, "--slo-tpot-ms") / 1000,
         configs=configs,
+        host_cache=node_cache(args, configs["decode"]),
         redis_url=configs["decode"].redis_url,
     )
     stop = threading.Event()
@@ -221,6 +251,48 @@ def worker_configs(args: argparse.Namespace, redis_url: str = "") -> dict[str, W
             redis_url=redis_url,
         )
     return configs
+
+
+def node_cache(args: argparse.Namespace, worker: WorkerConfig) -> ManagedCache | None:
+    """The node's ``baton cache`` sized by ``--host-cache-gib`` and ``--host-cache-kda-fraction``,
+    publishing to the workers' cluster index under their node name (``worker``'s ``redis_url``, ``node``);
+    None for 0 (no tier: workers without one).
+
+    Raises:
+        ValueError: naming the flag.
+    """
+    kv_gib, kda_gib = node_cache_split(args.node_cache_gib, args.node_cache_kda_fraction)
+    if kv_gib == 0:
+        return None
+    return ManagedCache(kv_gib, kda_gib, redis_url=worker.redis_url, node=worker.node)
+
+
+def node_cache_config(args: argparse.Namespace) -> CacheConfig | None:
+    """Each node's tier under ``--ray`` (on ``--host-cache-port``); None without ``--host-cache-gib``."""
+    kv_gib, kda_gib = node_cache_split(args.node_cache_gib, args.node_cache_kda_fraction)
+    if kv_gib == 0:
+        return None
+    if not 0 < args.host_cache_port < 65536:
+        raise ValueError(f"--host-cache-port: a fixed port in 1..65535, got {args.host_cache_port}")
+    # Each node's tier and its workers name the node by its host name (their default) in the index.
+    return CacheConfig(
+        int(kv_gib * GIB), int(kda_gib * GIB), port=args.host_cache_port, redis_url=args.redis_url or ""
+    )
+
+
+def node_cache_split(gib: float, kda_fraction: float) -> tuple[float, float]:
+    """``(kv_gib, kda_gib)`` of a node tier of ``gib`` GiB; ``(0, 0)`` for none.
+
+    Raises:
+        ValueError: naming ``--host-cache-gib`` or ``--host-cache-kda-fraction``.
+    """
+    if not (math.isfinite(gib) and gib >= 0):
+        raise ValueError(f"--host-cache-gib: must be a finite number >= 0 (0: no tier), got {gib}")
+    if not 0 <= kda_fraction < 1:
+        raise ValueError(
+            f"--host-cache-kda-fraction: must be in [0, 1) (the KV blocks need a share), got {kda_fraction}"
+        )
+    return gib * (1 - kda_fraction), gib * kda_fraction
 
 
 def role_degrees(text: str, flag: str) -> dict[str, int]:

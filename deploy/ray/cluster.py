@@ -30,12 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import ray
-from ray.util.placement_group import remove_placement_group
+from ray.util.placement_group import placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from deploy.local.launcher import with_host_cache
 from router.server import RouterConfig
+from services.hicache.server import CacheConfig
 from services.worker_config import WorkerConfig
 
+from .cache_actor import NodeCaches
 from .placement import STRATEGIES, ServicePlacement
 from .router_actor import RouterActor, RouterEndpoints
 from .worker_actor import WorkerActor, WorkerInfo
@@ -59,6 +62,8 @@ class RayClusterConfig:
         max_restarts: times Ray restarts a dead worker or router (-1: without limit).
         ready_timeout_s: how long placement and each start may take.
         supervise_interval_s: how often the supervisor checks worker addresses.
+        host_cache: the HiCache tier started on every node that runs workers (``cache_actor.py``; its
+            ``port`` is the fixed port on each node), every worker given its node's; None: no tier.
     """
 
     router: RouterConfig
@@ -71,6 +76,7 @@ class RayClusterConfig:
     max_restarts: int = -1
     ready_timeout_s: float = 300.0
     supervise_interval_s: float = 0.5
+    host_cache: CacheConfig | None = None
 
     def __post_init__(self):
         if self.decode_workers < 1:
@@ -173,6 +179,7 @@ class RayCluster:
         self.groups: dict[str, object] = {}
         self.workers: list[RayWorker] = []
         self.router = None
+        self.caches: NodeCaches | None = None
         self.endpoints: RouterEndpoints | None = None
         self._actors: list = []  # every actor started, for stop() even when start fails half way
         self._stopping = threading.Event()
@@ -187,13 +194,19 @@ class RayCluster:
     def _start(self) -> None:
         config = self.config
         pending = []
+        if config.host_cache is not None:
+            self.caches = NodeCaches(config.host_cache, config.max_restarts, config.ready_timeout_s)
         for service in config.placements():
             group = self.groups[service.role] = service.create(config.ready_timeout_s)
+            nodes = placement_group_table(group)["bundles_to_node_id"]  # bundle index -> node id
             worker = config.workers[service.role]
             if config.worker_num_gpus:  # the actor sees its own GPUs only, as cuda
                 worker = replace(worker, engine=replace(worker.engine, device="cuda"))
             for i in range(service.workers):
                 name = f"{service.role}-{i}"
+                if self.caches is not None:  # the tier of the node this worker's bundles are on
+                    node = nodes[service.bundle_index(i)]
+                    worker = with_host_cache(worker, self.caches.address_on(node))
                 actor = WorkerActor.options(
                     num_cpus=service.num_cpus,
                     num_gpus=service.num_gpus,
@@ -277,6 +290,9 @@ class RayCluster:
         if self._supervisor.is_alive():
             self._supervisor.join()
         actors, self._actors = self._actors, []
+        if self.caches is not None:  # every node's tier
+            actors += self.caches.actors.values()
+            self.caches = None
         if actors:
             ray.wait([a.stop.remote() for a in actors], num_returns=len(actors), timeout=grace_s)
         for actor in actors:

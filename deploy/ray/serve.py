@@ -8,16 +8,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from router.server import RouterConfig
+from services.hicache.server import CacheConfig
 from services.worker_config import WorkerConfig
 
 from .cluster import RayCluster, RayClusterConfig
 
 
 def cluster_config(
-    args: argparse.Namespace, disaggregation: str, workers: Mapping[str, WorkerConfig]
+    args: argparse.Namespace,
+    disaggregation: str,
+    workers: Mapping[str, WorkerConfig],
+    host_cache: CacheConfig | None = None,
 ) -> RayClusterConfig:
     """The ``RayClusterConfig`` that ``baton serve``'s flags describe; ``workers``: its per-role
-    ``WorkerConfig`` (``cli.serve_command.worker_configs``), the same the local launcher starts."""
+    ``WorkerConfig`` (``cli.serve_command.worker_configs``), the same the local launcher starts;
+    ``host_cache``: each node's tier (``--host-cache-gib``), or None."""
     model = str(args.model)
     router = RouterConfig(
         model=model,
@@ -40,6 +45,7 @@ def cluster_config(
         worker_num_cpus=args.worker_num_cpus,
         worker_num_gpus=args.worker_num_gpus,
         placement_strategy=args.placement_strategy,
+        host_cache=host_cache,
     )
 
 
@@ -48,14 +54,15 @@ def serve_on_ray(
     disaggregation: str,
     announce: Callable[[str, str, list[tuple[str, str]], str | None], None],
     workers: Mapping[str, WorkerConfig],
+    host_cache: CacheConfig | None = None,
 ) -> int:
     """Run the cluster on Ray (``--ray-address``; none: a local Ray instance started here) until
     SIGINT / SIGTERM; ``announce(router, metrics, [(name, address)], http)`` prints the SERVING line;
-    ``workers``: each role's ``WorkerConfig``.
+    ``workers``: each role's ``WorkerConfig``; ``host_cache``: each node's tier, or None.
     """
     if not Path(args.model).is_dir() and args.ray_address is None:
         raise FileNotFoundError(f"--model: {args.model} is not a folder")  # local: check before Ray starts
-    config = cluster_config(args, disaggregation, workers)
+    config = cluster_config(args, disaggregation, workers, host_cache)
     logging.getLogger("deploy.ray").setLevel(logging.INFO)
     cluster = RayCluster(config, ray_address=args.ray_address)
     try:

@@ -5,10 +5,13 @@ and the layout fingerprint, sizes the arenas and registers them as the regions `
 names of a worker's own pools, so a worker's ``write`` and ``read`` map its pool rows to page rows with no
 renaming. A later worker must bring the same layouts (INVALID_ARGUMENT naming the field otherwise): a page
 holds one block or one state slot byte for byte, so every worker that reads it must lay it out the same way.
-Every call but ``Attach`` and ``Stats`` before the first ``Attach`` is FAILED_PRECONDITION.
+Every call but ``Attach`` and ``Stats`` before the first ``Attach`` is FAILED_PRECONDITION. ``Attach`` and
+``Match`` answer with ``tier_id``, random per servicer: a worker whose tier was restarted (its pages, leases
+and NIXL agent gone) sees another id and attaches again.
 """
 
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -50,6 +53,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         self.lease_ttl_s = lease_ttl_s
         self.pin = pin
         self.tier: HostTier | None = None
+        self.tier_id = uuid.uuid4().hex
         self._attach_lock = threading.Lock()
         self._endpoint = None
 
@@ -62,12 +66,15 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             if self.tier is None:
                 self._create(request)
             self._check_same_layout(request)
-            return host_cache_pb2.AttachResponse(endpoint=self._endpoint)
+            return host_cache_pb2.AttachResponse(endpoint=self._endpoint, tier_id=self.tier_id)
 
     def Match(self, request, context):  # noqa: N802
         match = self._attached(context).match(_hashes(request.hashes), request.has_state)
         return host_cache_pb2.MatchResponse(
-            kv_depth=match.kv_depth, snapshot_depths=match.snapshot_depths, usable_depth=match.usable_depth
+            kv_depth=match.kv_depth,
+            snapshot_depths=match.snapshot_depths,
+            usable_depth=match.usable_depth,
+            tier_id=self.tier_id,
         )
 
     def ReservePut(self, request, context):  # noqa: N802

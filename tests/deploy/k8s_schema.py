@@ -29,6 +29,7 @@ BUILTIN_KINDS = {
     ("v1", "Secret"): "V1Secret",
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
     ("apps/v1", "Deployment"): "V1Deployment",
+    ("apps/v1", "DaemonSet"): "V1DaemonSet",
     ("apps/v1", "StatefulSet"): "V1StatefulSet",
     ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",

@@ -36,6 +36,7 @@ def test_gpu_values_render_every_kind_the_chart_has():
     kinds = {obj["kind"] for obj in chart.render("gpu")}
     assert kinds == {
         "ConfigMap",
+        "DaemonSet",
         "Deployment",
         "NetworkPolicy",
         "PodDisruptionBudget",

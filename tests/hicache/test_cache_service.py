@@ -1,9 +1,8 @@
 """``baton cache`` in its own process: workers attach, write pages with their own NIXL agent, another
-worker finds and reads them back bitwise; layouts and bad fields refused; stats and metrics move."""
+worker finds and reads them back bitwise; layouts and bad fields refused; stats and metrics move; killed,
+the launcher's supervisor restarts it on its port and a worker attaches again and moves pages over NIXL."""
 
 import argparse
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -11,9 +10,10 @@ import pytest
 import torch
 
 from cli import cache_command
-from common.errors import TransferError
 from common.prefix_hash import chain_root, extend_chain
-from services.hicache.client import HostCacheClient
+from deploy.local.launcher import ManagedCache
+from deploy.local.supervisor import Supervisor
+from services.hicache.client import EPOCH_SHIFT, MISS, NO_LEASE, HostCacheClient
 from services.hicache.host_tier import KDA, KV
 from services.hicache.port import HostTierPort
 from services.transfer import BLOCKS, STATE, make_backend
@@ -25,22 +25,21 @@ FINGERPRINT = "layout-test"
 
 
 @pytest.fixture(scope="module")
-def service():
-    command = [
-        sys.executable, "-m", "cli.main", "cache", "--port", "0", "--metrics-port", "0",
-        "--kv-gib", repr(KV_PAGES * KV_PAGE / GIB), "--kda-gib", repr(KDA_PAGES * KDA_PAGE / GIB),
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+def cache_process():
+    """``baton cache`` in its own process, started as ``baton serve`` starts it."""
+    cache = ManagedCache(kv_gib=KV_PAGES * KV_PAGE / GIB, kda_gib=KDA_PAGES * KDA_PAGE / GIB)
+    cache.start(ready_timeout_s=120)
     try:
-        line = process.stdout.readline()
-        while line and not line.startswith("READY"):  # NIXL logs to stdout first
-            line = process.stdout.readline()
-        assert line.startswith("READY role=cache"), "baton cache exited before READY"
-        fields = dict(part.split("=") for part in line.split()[1:])
-        yield f"127.0.0.1:{fields['port']}", int(fields["metrics_port"])
+        assert cache.ready["role"] == "cache"
+        yield cache
     finally:
-        process.terminate()
-        assert process.wait(timeout=30) == 0
+        cache.stop()
+    assert cache.process.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def service(cache_process):
+    return cache_process.address, int(cache_process.ready["metrics_port"])
 
 
 def scrape(port: int) -> str:
@@ -122,16 +121,20 @@ def test_a_different_layout_and_bad_fields_are_refused_naming_the_field(service)
             client.reserve_put("blocks", [bytes(32)])
         with pytest.raises(ValueError, match="hashes: entry 1 is 3 bytes"):
             client.match([bytes(32), b"abc"], has_state=False)
-        with pytest.raises(ValueError, match="lease_id: 12345"):
-            client.end_get(12345)
+        with pytest.raises(ValueError, match="lease_id: 12345"):  # a lease of this run the tier never gave
+            client.end_get(client.epoch << EPOCH_SHIFT | 12345)
     finally:
         client.close()
 
 
-def test_an_unreachable_tier_is_a_transfer_error():
+def test_an_unreachable_tier_answers_misses_and_no_room():
     client = HostCacheClient("127.0.0.1:1", timeout_s=1.0)
-    with pytest.raises(TransferError, match="Match failed: UNAVAILABLE"):
-        client.match([bytes(32)], has_state=False)
+    assert client.attach(FINGERPRINT, KV_PAGE, KDA_PAGE) is None
+    assert client.match([bytes(32)], has_state=False) == MISS
+    lease = client.reserve_put(KV, [bytes(32)])
+    assert (lease.lease_id, lease.pages) == (NO_LEASE, (None,))
+    client.commit_put(lease.lease_id)  # skipped: nothing was reserved
+    assert (client.available, client.outages, client.skipped_calls) == (False, 1, 2)
     client.close()
 
 
@@ -148,3 +151,33 @@ def test_cache_command_flags_name_the_flag(flags, error):
     cache_command.register(parser.add_subparsers())
     with pytest.raises(ValueError, match=error):
         cache_command.config_from(parser.parse_args(["cache", *flags]))
+
+
+def test_a_killed_tier_is_restarted_on_its_port_and_a_worker_attaches_again(cache_process, service):
+    """Last in the file: the tier it leaves is a new run (what the fixture then stops)."""
+    address, _ = service
+    worker = Worker("hc-survivor", address, seed=3)
+    hashes = extend_chain([], list(range(8)), 4, chain_root("model", tenant="restart"))
+    supervisor = Supervisor([cache_process], ready_timeout_s=120, interval_s=0.1)
+    supervisor.start()
+    try:
+        port, first = cache_process.port, worker.client.endpoint()
+        cache_process.process.kill()  # SIGKILL: no drain, its pages and leases gone
+        deadline = time.monotonic() + 120
+        while worker.client.epoch < 2:
+            assert worker.client.match(hashes, has_state=False) == MISS  # never an error meanwhile
+            assert time.monotonic() < deadline, "the worker did not attach to the restarted tier"
+            time.sleep(0.2)
+        assert (cache_process.restarts, cache_process.port) == (1, port)
+        assert worker.client.outages == 1 and worker.client.endpoint() != first
+        worker.peer = worker.backend.connect(worker.client.endpoint())  # the new run's NIXL agent
+        put = worker.client.reserve_put(KV, hashes)
+        worker.backend.write(worker.peer, {BLOCKS: list(zip((0, 1), put.pages, strict=True))})
+        worker.client.commit_put(put.lease_id)
+        get = worker.client.begin_get(KV, hashes)
+        worker.backend.read(worker.peer, {BLOCKS: list(zip((4, 5), get.pages, strict=True))})
+        worker.client.end_get(get.lease_id)
+        assert torch.equal(worker.blocks[4:6], worker.blocks[0:2])
+    finally:
+        supervisor.stop()
+        worker.close()

@@ -4,6 +4,7 @@ role is one placement group; a killed decode actor is restarted by Ray, re-repor
 is routed to again; a restarted router actor is given the current workers; ``stop()`` leaves no
 actor, placement group or reserved CPU behind."""
 
+import socket
 import time
 
 import grpc
@@ -11,17 +12,23 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
+from common.prefix_hash import chain_root, extend_chain
 from deploy.ray import RayCluster, RayClusterConfig, ServicePlacement
+from deploy.ray.cache_actor import NodeCaches
 from deploy.ray.cluster import init_ray
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from router.server import RouterConfig
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
+from services.hicache.client import HostCacheClient
+from services.hicache.host_tier import KV
+from services.hicache.server import CacheConfig
 from services.worker_config import ROLES, WorkerConfig
 
 PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # more than --local-prefill-tokens: handed off
 MAX_TOKENS = 5
 RAY_CPUS = 4
+PAGE = 256  # a host tier page (one fake packed block)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +148,44 @@ def test_a_restarted_router_actor_is_given_the_current_workers(served):
         pytest.fail(f"the router did not come back with the current workers: {endpoints} {routed}")
     tokens, _ = generate(endpoints.grpc)
     assert tokens == want
+
+
+def test_a_node_tier_actor_serves_its_node_and_comes_back_on_its_port(served):
+    """The node's ``baton cache`` as ``RayCluster(host_cache=...)`` starts it: one actor per node on the
+    fixed port; killed, Ray restarts it there and a worker's client attaches to the new, empty run."""
+    cluster, _ = served
+    node = cluster.workers[0].info.node_id
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    caches = NodeCaches(CacheConfig(8 * PAGE, 0, port=port), max_restarts=-1, timeout_s=120)
+    client = None
+    try:
+        address = caches.address_on(node)
+        assert caches.address_on(node) == address and address.endswith(f":{port}") and len(caches.actors) == 1
+        client = HostCacheClient(address, retry_s=0.2)
+        assert client.attach("ray-layout", PAGE, 0) is not None
+        hashes = extend_chain([], list(range(8)), 4, chain_root("model"))
+        client.commit_put(client.reserve_put(KV, hashes).lease_id)
+        assert client.match(hashes, has_state=False).kv_depth == 2
+        ray.kill(caches.actors[node], no_restart=False)
+        deadline = time.monotonic() + 60
+        while client.epoch < 2:
+            assert client.match(hashes, has_state=False).kv_depth in (0, 2)  # never an error
+            assert time.monotonic() < deadline, "the client did not attach to the restarted tier"
+            time.sleep(0.2)
+        assert ray.get(caches.actors[node].address.remote(), timeout=30) == address
+        assert client.outages >= 1 and client.match(hashes, has_state=False).kv_depth == 0
+    finally:
+        if client is not None:
+            client.close()
+        for actor in caches.actors.values():
+            ray.kill(actor, no_restart=True)
+
+
+def test_a_node_tier_needs_a_fixed_port():
+    with pytest.raises(ValueError, match="host_cache.port: give a fixed port"):
+        NodeCaches(CacheConfig(8 * PAGE, 0, port=0), max_restarts=-1, timeout_s=1)
 
 
 def test_stop_leaves_no_actors_placement_groups_or_reserved_cpus(served):

@@ -133,6 +133,14 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- fail (printf "router.terminationGracePeriodSeconds (%v) must exceed router.preStopSleepSeconds + router.drainSeconds (%v + %v): both run inside the grace period" .terminationGracePeriodSeconds .preStopSleepSeconds .drainSeconds) }}
 {{- end }}
 {{- end }}
+{{- if .Values.hicache.enabled }}
+{{- range $role := list "prefill" "decode" }}
+{{- $engine := (index $.Values $role).engine }}
+{{- if or (gt (float64 (default 0 $engine.hostCacheGib)) 0.0) $engine.hostCacheAddress }}
+{{- fail (printf "hicache.enabled: the workers use their node's tier; leave %s.engine.hostCacheGib and %s.engine.hostCacheAddress unset" $role $role) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and .Values.redis.enabled .Values.redis.external.address }}
 {{- fail "redis: set either redis.enabled (an in-chart Redis) or redis.external.address, not both" }}
 {{- end }}

@@ -1,0 +1,124 @@
+"""HiCache in the chart: ``baton cache`` as a DaemonSet on the node's port (hostPort, no host network),
+every worker given its own node's address (status.hostIP), only workers let in; off by default."""
+
+import math
+
+import pytest
+import yaml
+
+from cli.cache_command import config_from
+from cli.main import build_parser
+from services.config_flags import engine_fields
+from services.hicache.server import GIB
+from services.worker_config import load_worker_config
+from tests.deploy import chart
+
+ON = ("--set", "hicache.enabled=true")
+COMPONENTS = ("router", "prefill", "decode", "hicache")
+
+
+def _pod(objects: list[dict], component: str) -> dict:
+    kind = "DaemonSet" if component == "hicache" else "Deployment"
+    return chart.one(objects, kind, f"baton-{component}")["spec"]["template"]
+
+
+def _selected(selector: dict, objects: list[dict]) -> list[str]:
+    return [c for c in COMPONENTS if chart.selects(selector, _pod(objects, c)["metadata"]["labels"])]
+
+
+def test_the_daemonset_runs_baton_cache_on_the_node_port_with_its_budgets():
+    with_redis = chart.render("default", *ON, "--set", "redis.enabled=true")
+    args = chart.args(_pod(with_redis, "hicache")["spec"]["containers"][0])
+    assert args["--redis-url"] == "redis://baton-redis:6379/0"  # publishes to the cluster index
+    objects = chart.render("default", *ON, "--set-json", "hicache.kvGib=2.5", "--set", "hicache.kdaGib=1")
+    pod = _pod(objects, "hicache")["spec"]
+    assert "hostNetwork" not in pod and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    config = config_from(build_parser().parse_args(container["args"]))
+    assert (config.kv_budget_bytes, config.kda_budget_bytes) == (int(2.5 * GIB), GIB)
+    assert (config.host, config.port, config.node, config.redis_url) == ("0.0.0.0", 50070, "$(NODE_NAME)", "")
+    assert chart.env(container)["NODE_NAME"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}
+    }  # the workers' node
+    grpc_port, metrics_port = container["ports"]
+    assert grpc_port == {"name": "grpc", "containerPort": 50070, "hostPort": 50070, "protocol": "TCP"}
+    assert "hostPort" not in metrics_port and metrics_port["containerPort"] == config.metrics_port
+    assert all(container[f"{kind}Probe"]["grpc"] == {"port": 50070} for kind in ("startup", "liveness"))
+    memory = f"{math.ceil(2.5 + 1 + 4)}Gi"  # the pages + overheadGib
+    assert container["resources"] == {"requests": {"memory": memory}, "limits": {"memory": memory}}
+    service = chart.one(objects, "Service", "baton-hicache")["spec"]
+    assert service["clusterIP"] == "None" and _selected({"matchLabels": service["selector"]}, objects) == [
+        "hicache"
+    ]
+
+
+def test_every_worker_dials_its_own_node_tier():
+    objects = chart.render("default", *ON)
+    for role in ("prefill", "decode"):
+        env = _pod(objects, role)["spec"]["containers"][0]["env"]
+        names = [e["name"] for e in env]
+        host_ip = env[names.index("HOST_IP")]
+        address = env[names.index("BATON_WORKER_HOST_CACHE_ADDRESS")]
+        assert host_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+        assert names.index("HOST_IP") < names.index("BATON_WORKER_HOST_CACHE_ADDRESS")  # $(HOST_IP) expands
+        assert address["value"] == "$(HOST_IP):50070"
+
+
+def test_a_worker_config_takes_the_node_address_from_its_environment(tmp_path):
+    if "host_cache_address" not in engine_fields():
+        pytest.skip("EngineConfig.host_cache_address comes with the engine side of HiCache (hcengine)")
+    objects = chart.render("default", *ON)
+    file = tmp_path / "worker.yaml"
+    file.write_text(chart.worker_config_text(objects, "decode"))
+    config = load_worker_config(file, {"BATON_WORKER_HOST_CACHE_ADDRESS": "10.0.0.7:50070"})
+    assert (config.engine.host_cache_address, config.engine.host_cache_gib) == ("10.0.0.7:50070", 0)
+
+
+def test_only_the_release_workers_reach_the_tier_and_the_tier_reaches_them():
+    objects = chart.render("default", *ON)
+    policy = chart.one(objects, "NetworkPolicy", "baton-hicache")["spec"]
+    assert _selected(policy["podSelector"], objects) == ["hicache"]
+    workers, metrics_from = policy["ingress"]
+    (peer,) = workers["from"]
+    assert _selected(peer["podSelector"], objects) == ["prefill", "decode"]  # never the router
+    assert metrics_from["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    for role in ("prefill", "decode"):  # UCX connects back from the tier to the worker
+        peers = chart.one(objects, "NetworkPolicy", f"baton-{role}")["spec"]["ingress"][1]["from"][0]
+        assert _selected(peers["podSelector"], objects) == ["prefill", "decode", "hicache"]
+    redis = chart.render("default", *ON, "--set", "redis.enabled=true")
+    peers = chart.one(redis, "NetworkPolicy", "baton-redis")["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert _selected(peers, redis) == ["router", "prefill", "decode", "hicache"]  # the tier publishes
+    monitor = chart.render("default", *ON, "--set", "metrics.serviceMonitor.enabled=true")
+    selector = chart.one(monitor, "ServiceMonitor", "baton")["spec"]["selector"]
+    assert selector["matchExpressions"][0]["values"] == ["router", "prefill", "decode", "hicache"]
+
+
+def test_off_by_default():
+    objects = chart.render()
+    assert not [o for o in objects if o["metadata"]["labels"]["app.kubernetes.io/component"] == "hicache"]
+    for role in ("prefill", "decode"):
+        env = chart.env(_pod(objects, role)["spec"]["containers"][0])
+        assert "HOST_IP" not in env and "BATON_WORKER_HOST_CACHE_ADDRESS" not in env
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--set", "hicache.kvGib=0"], "at '/hicache/kvGib': exclusiveMinimum"),
+        (["--set", "hicache.kdaGib=-1"], "at '/hicache/kdaGib': minimum"),
+        (["--set", "hicache.port=0"], "at '/hicache/port'"),
+        (["--set", "hicache.cache=1"], "additional properties 'cache' not allowed"),
+    ],
+    ids=["kv-zero", "kda-negative", "port", "unknown-key"],
+)
+def test_schema_refuses(flags, message):
+    error = chart.render_error("default", *ON, *flags)
+    assert message in error, error
+
+
+def test_a_worker_tier_of_its_own_beside_the_node_tier_is_refused():
+    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+    if "hostCacheGib" not in values["decode"]["engine"]:
+        pytest.skip("engine.hostCacheGib comes with the engine side of HiCache (hcengine)")
+    error = chart.render_error("default", *ON, "--set", "decode.engine.hostCacheGib=4")
+    assert "hicache.enabled: the workers use their node's tier; leave decode.engine.hostCacheGib" in error
