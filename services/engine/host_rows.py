@@ -91,6 +91,10 @@ class RemoteRows:
         client: an attached ``HostCacheClient`` (or one still trying to attach).
         blocks, slots: the device pools (registered as ``"blocks"`` / ``"state"``).
         backend: a fresh backend to register the pools with (``make_backend("nixl")`` when omitted).
+
+    Attributes:
+        transfer_errors: row moves that failed (each a miss).
+        connected_epoch: the client's epoch (tier run) the backend was last connected for (0: none yet).
     """
 
     def __init__(
@@ -112,7 +116,7 @@ class RemoteRows:
             self.backend.register(STAGING, self.staging)
         self.transfer_errors = 0
         self._peer: str | None = None
-        self._epoch = 0  # the client's epoch the backend is connected for (0: none)
+        self.connected_epoch = 0
         self._logged_epoch = 0  # the last epoch whose transfer error was logged
 
     def read(
@@ -164,8 +168,8 @@ class RemoteRows:
         """The tier run's peer name, connecting when the client attached to a new run since."""
         if self.client.epoch == 0:
             return None  # never reached the tier
-        if self.client.epoch != self._epoch:
-            self._epoch = self.client.epoch  # a failed connect is not retried until the next run
+        if self.client.epoch != self.connected_epoch:
+            self.connected_epoch = self.client.epoch  # a failed connect is not retried until the next run
             self._peer = None
             self._peer = self.backend.connect(self.client.endpoint())
         return self._peer

@@ -1,11 +1,15 @@
 """The engine with a separate ``baton cache`` tier (``--host-cache-address``): turn 2 loads its prefix
 over this engine's NIXL agent from the tier's regions, with the log-prob bits of a device hit; a tier
 killed mid-way (between the lease and the read, then for good) only costs misses: every request still
-completes, with the bits of a full recompute, and nothing is left leased or allocated."""
+completes, with the bits of a full recompute, and nothing is left leased or allocated; restarted on
+its port, the tier is attached again and the engine's agent reconnects to its new run."""
+
+import time
 
 import pytest
 
 from deploy.local.launcher import ManagedCache
+from deploy.local.supervisor import Supervisor
 from services.engine import LLM
 from services.engine.host_rows import RemoteRows
 from services.hicache.host_tier import KDA, KV
@@ -65,7 +69,7 @@ def test_turn_two_loads_its_prefix_from_the_remote_tier(engines):
 
 
 def test_a_tier_killed_mid_way_costs_only_misses(engines, cache):
-    """Last in the file: it kills the tier."""
+    """It kills the tier (the next test has the supervisor start it again)."""
     remote, plain = engines
     host = remote.engine.cache.host
     prompt = turn_one(remote, "killed", "filler")
@@ -91,3 +95,23 @@ def test_a_tier_killed_mid_way_costs_only_misses(engines, cache):
     full, _ = counted_generate(plain, turn_one(plain, "full", "take"), "full")  # recomputed from scratch
     assert killed.token_ids == again.token_ids == full.token_ids
     assert bits(killed.logprobs) == bits(again.logprobs) == bits(full.logprobs)
+
+
+def test_a_restarted_tier_is_used_again(engines, cache):
+    """After the kill above: the launcher's supervisor starts the tier again on its port."""
+    remote, _ = engines
+    host = remote.engine.cache.host
+    supervisor = Supervisor([cache], ready_timeout_s=120, interval_s=0.1)
+    supervisor.start()
+    try:
+        deadline = time.monotonic() + 60
+        while host.tier.epoch < 2:  # the client attaches to the new run by itself
+            assert host.tier.match([b"x" * 32], has_state=True).usable_depth == 0
+            assert time.monotonic() < deadline, "the engine did not attach to the restarted tier"
+            time.sleep(0.2)
+        loaded, computed = counted_generate(remote, turn_one(remote, "restarted", "filler"), "restarted")
+    finally:
+        supervisor.stop()
+    assert cache.restarts == 1 and host.rows.connected_epoch == 2  # the agent connected to the new run
+    assert loaded.num_cached_tokens_host == LOADED and computed == TURN2_TOKENS - LOADED + DECODES
+    remote.engine.check_integrity()
