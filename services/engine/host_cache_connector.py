@@ -23,8 +23,7 @@ False, a save is aborted; no request fails.
 """
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -81,7 +80,7 @@ class HostCacheConnector:
         self.rows = rows
         self.blocks = blocks
         self.slots = slots
-        self.open_leases = 0  # leases this connector began and has not ended
+        self.open_leases = 0  # get leases this connector began and has not ended
         # Snapshot read-back accounting (docs/hicache.md, "Snapshot placement"): the reason each
         # snapshot was written to the tier, and how many of each reason were saved and restored.
         self._reasons_kept = reasons_kept
@@ -202,8 +201,7 @@ class HostCacheConnector:
         lease = self.tier.reserve_put(KV, list(hashes))
         kept = [(page, block) for page, block in zip(lease.pages, block_ids, strict=True) if page is not None]
         pages, blocks = zip(*kept, strict=True) if kept else ((), ())
-        with self._putting(lease.lease_id) as written:
-            written.append(self.rows.write_blocks(pages, blocks))
+        self._put(lease.lease_id, lambda: self.rows.write_blocks(pages, blocks))
 
     def save_state(self, block_hash: bytes, state_row: torch.Tensor, reason: str) -> None:
         """Write-through of a KDA snapshot: ``state_row`` (a slot's bytes) is the state after the block
@@ -213,9 +211,8 @@ class HostCacheConnector:
             return
         lease = self.tier.reserve_put(KDA, [block_hash])
         (page,) = lease.pages
-        with self._putting(lease.lease_id) as written:
-            written.append(page is None or self.rows.write_state(page, state_row))
-        if page is None or not written[0]:
+        moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_state(page, state_row))
+        if page is None or not moved:
             return
         self._snapshot_reason[block_hash] = reason
         self._snapshot_reason.move_to_end(block_hash)
@@ -227,28 +224,24 @@ class HostCacheConnector:
         """A cached device block is about to be reused: keep its bytes in the tier unless it holds them."""
         lease = self.tier.reserve_put(KV, [block_hash])
         (page,) = lease.pages
-        with self._putting(lease.lease_id) as written:
-            written.append(page is None or self.rows.write_blocks([page], [block]))
-        if page is not None and written[0]:
+        moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_blocks([page], [block]))
+        if page is not None and moved:
             self.offloaded_blocks += 1
 
-    @contextmanager
-    def _putting(self, lease_id: int) -> Iterator[list[bool]]:
-        """Write a put's pages inside, appending whether the rows moved: committed after, aborted if
-        they did not or the writing raised."""
-        written: list[bool] = []
-        self.open_leases += 1
+    def _put(self, lease_id: int, write: Callable[[], bool]) -> bool:
+        """Finish a put: ``write`` its pages (whether they were written, True with none to write), then
+        commit it; abort it instead when a move failed or the writing raised. Returns what ``write`` said."""
         try:
-            yield written
+            moved = write()
         except BaseException:
             self.tier.abort_put(lease_id)
             raise
-        finally:
-            self.open_leases -= 1
-        (self.tier.commit_put if all(written) else self.tier.abort_put)(lease_id)
+        (self.tier.commit_put if moved else self.tier.abort_put)(lease_id)
+        return moved
 
     def check_integrity(self) -> None:
-        """No lease this connector began is left open; an in-process tier's arenas are consistent."""
+        """No get lease this connector began is left open (puts end inside the call that reserved them);
+        an in-process tier's arenas are consistent with none open."""
         assert self.open_leases == 0, f"{self.open_leases} host-tier leases left open by the connector"
         self.rows.check_integrity()
 
