@@ -137,11 +137,8 @@ class CacheManager:
             kept = config.num_snapshots or config.max_num_seqs
             snapshots = SnapshotStore(slots.layout, kept, config.device)
         host = None
-        if config.host_cache_address:
-            raise ValueError(
-                f"host_cache_address: {config.host_cache_address!r}: a separate `baton cache` tier is not "
-                "wired into the engine yet; use --host-cache-gib (a tier in this process) instead"
-            )
+        if config.host_cache_address:  # one rank only: EngineConfig refuses a tier on a parallel engine
+            host = HostCacheConnector.remote(config.host_cache_address, blocks, slots)
         if config.host_cache_gib > 0:
             host = HostCacheConnector.in_process(
                 blocks, slots, config.host_cache_gib, config.host_cache_kda_fraction
@@ -247,14 +244,16 @@ class CacheManager:
 
     def _load_from_host(self, request: Request, hit: PrefixHit) -> bool:
         """Lease the tier's pages of ``hit``, then copy them into new blocks and the slot. False (nothing
-        changed) when a page is gone or failed its checksum."""
+        changed) when a page is gone or failed its checksum, or the rows could not be moved."""
         hashes = self._hashes(request)[: hit.num_blocks]
         leases = self.host.lease(hashes, len(hit.block_ids))
         try:
             if not self.host.complete(leases, hit.host_blocks):
                 return False
             loaded = self.blocks.allocate(hit.host_blocks)  # may offload device blocks: pages are leased
-            self.host.copy_in(leases, loaded, request.slot)
+            if not self.host.copy_in(leases, loaded, request.slot):  # the rows did not move: a miss
+                self.blocks.free(loaded)
+                return False
         finally:
             self.host.release(leases)
         request.block_table.extend(loaded)

@@ -11,27 +11,36 @@ process)::
                                            does not hold it yet
 
 Pages hold the device pool's rows byte for byte (a packed block, a whole KDA state slot), keyed by
-the request's salted hash chain. With the tier in this process (``HostTier``) the rows move with
-torch copies between the arenas' storage and the pools; a tier in another process (``baton cache``)
-would move them over the worker's transfer backend, which is not wired yet (``EngineConfig`` refuses
-``--host-cache-address`` until it is).
+the request's salted hash chain. Two concerns are kept apart: the tier's bookkeeping (a
+``HostTierPort``: the in-process ``HostTier`` of ``in_process``, or the ``HostCacheClient`` of a
+``baton cache`` service for ``remote``) and moving the rows (``host_rows.py``: torch copies, or this
+engine's NIXL agent reading and writing the service's regions).
 
 A page whose checksum fails is dropped by the tier's ``begin_get``: the lease comes back short, the
-cache manager falls back to the device pool's own hit and the request recomputes the rest.
+cache manager falls back to the device pool's own hit and the request recomputes the rest. A row
+move that fails (a remote tier died or restarted mid-way) is the same miss: ``copy_in`` answers
+False, a save is aborted; no request fails.
 """
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.state_pool import StateSlotPool
 from services.hicache.host_tier import KDA, KV, HostTier, TierMatch
+from services.hicache.port import HostTierPort
+
+from .host_rows import LocalRows, RemoteRows
+
+if TYPE_CHECKING:  # the client imports services.rpc, which imports the engine
+    from services.hicache.client import HostCacheClient
 
 GIB = 1 << 30
+REMOTE_REASONS_KEPT = 1 << 16  # snapshot reasons remembered when the tier's KDA page count is unknown
 
 
 @dataclass(frozen=True)
@@ -48,34 +57,34 @@ class HostLeases:
 
 
 class HostCacheConnector:
-    """Moves a request's prefix between the device pools and an in-process ``HostTier``.
+    """Moves a request's prefix between the device pools and a host tier.
 
     Args:
-        tier: the host tier (its arenas' page sizes must be the pools' row sizes).
+        tier: the tier's index and leases (``HostTier`` in this process, ``HostCacheClient`` remote).
+        rows: what moves the rows (``LocalRows`` / ``RemoteRows`` of the same tier).
         blocks: the device block pool.
         slots: the device KDA state-slot pool (a model without KDA layers has an empty layout).
-
-    Raises:
-        ValueError: page sizes that are not the pools' row sizes, naming the field.
+        reasons_kept: how many snapshots' save reasons to remember (the tier's KDA page count).
     """
 
-    def __init__(self, tier: HostTier, blocks: BlockPool, slots: StateSlotPool):
+    def __init__(
+        self,
+        tier: HostTierPort,
+        rows: LocalRows | RemoteRows,
+        blocks: BlockPool,
+        slots: StateSlotPool,
+        reasons_kept: int,
+    ):
         self.has_state = bool(slots.layout.fields)
-        if tier.kv.page_bytes != blocks.layout.nbytes:
-            raise ValueError(
-                f"kv_page_bytes: the tier's {tier.kv.page_bytes} bytes are not one packed block "
-                f"({blocks.layout.nbytes} bytes)"
-            )
-        if self.has_state and (tier.kda is None or tier.kda.page_bytes != slots.layout.nbytes):
-            raise ValueError(
-                f"kda_page_bytes: the tier's KDA pages are not one state slot ({slots.layout.nbytes})"
-            )
         self.tier = tier
+        self.rows = rows
         self.blocks = blocks
         self.slots = slots
+        self.open_leases = 0  # get leases this connector began and has not ended
         # Snapshot read-back accounting (docs/hicache.md, "Snapshot placement"): the reason each
         # snapshot was written to the tier, and how many of each reason were saved and restored.
-        self._snapshot_reason: OrderedDict[bytes, str] = OrderedDict()  # at most the tier's KDA pages
+        self._reasons_kept = reasons_kept
+        self._snapshot_reason: OrderedDict[bytes, str] = OrderedDict()
         self.snapshots_saved: Counter[str] = Counter()
         self.snapshots_restored: Counter[str] = Counter()
         self.offloaded_blocks = 0
@@ -100,15 +109,45 @@ class HostCacheConnector:
                 f"host_cache_gib: {gib} GiB (KDA share {kda_fraction}) holds no page of a kind; one KV "
                 f"block and one KDA snapshot need {needed} bytes together: raise it or set 0 (no tier)"
             )
-        fingerprint = f"{blocks.layout.fingerprint()}|{slots.layout.fingerprint()}"
         tier = HostTier(
             blocks.layout.nbytes,
             slots.layout.nbytes if has_state else 0,
             kv_budget,
             kda_budget,
-            fingerprint,
+            layout_fingerprint(blocks, slots),
         )
-        return cls(tier, blocks, slots)
+        kda_pages = tier.kda.num_pages if tier.kda is not None else 0
+        return cls(tier, LocalRows(tier, blocks, slots), blocks, slots, kda_pages)
+
+    @classmethod
+    def remote(
+        cls, address: str, blocks: BlockPool, slots: StateSlotPool, client: "HostCacheClient | None" = None
+    ) -> "HostCacheConnector":
+        """The ``baton cache`` service at ``address`` (``HOST:PORT``), attached with the pools' layout
+        fingerprint and row sizes; a tier not reachable yet is attached to when it is (misses till
+        then). ``client``: one already made for ``address`` (tests pass theirs).
+
+        Raises:
+            ValueError: the tier holds another layout or page sizes (naming ``host_cache_address``).
+        """
+        if client is None:
+            from services.hicache.client import HostCacheClient  # here: it imports the engine
+
+            client = HostCacheClient(address)
+        has_state = bool(slots.layout.fields)
+        try:
+            client.attach(
+                layout_fingerprint(blocks, slots),
+                blocks.layout.nbytes,
+                slots.layout.nbytes if has_state else 0,
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"host_cache_address: {address!r}: the tier refused this engine: {error}"
+            ) from None
+        kda = client.stats().get(KDA)
+        kept = kda.pages_total if kda is not None else REMOTE_REASONS_KEPT
+        return cls(client, RemoteRows(client, blocks, slots), blocks, slots, kept)
 
     def match(self, hashes: Sequence[bytes]) -> TierMatch:
         """What the tier holds of ``hashes``; ``usable_depth``: the leading blocks it can restore a
@@ -121,6 +160,7 @@ class HostCacheConnector:
         verified by the tier); pages stay put until ``release``. ``complete`` says whether all came."""
         kv = self.tier.begin_get(KV, list(hashes[first:]))
         kda = self.tier.begin_get(KDA, [hashes[-1]]) if self.has_state else None
+        self.open_leases += 1 + (kda is not None)
         return HostLeases(
             kv.lease_id,
             kv.pages,
@@ -134,22 +174,24 @@ class HostCacheConnector:
         request restored from the tier needs the state at the end of exactly those blocks)."""
         return len(leases.kv_pages) == num_blocks and (not self.has_state or leases.kda_page is not None)
 
-    def copy_in(self, leases: HostLeases, block_ids: Sequence[int], slot: int) -> None:
-        """Copy the leased pages into ``block_ids`` (one each) and the snapshot into ``slot``."""
+    def copy_in(self, leases: HostLeases, block_ids: Sequence[int], slot: int) -> bool:
+        """Copy the leased pages into ``block_ids`` (one each) and the snapshot into ``slot``; False
+        when the rows could not be moved (the blocks and slot then hold nothing usable: a miss)."""
         if len(leases.kv_pages) != len(block_ids):
             raise ValueError(f"block_ids: {len(block_ids)} given for {len(leases.kv_pages)} leased pages")
-        if block_ids:  # one gather and one scatter, not a copy per block
-            rows = self.tier.kv.storage[list(leases.kv_pages)]
-            self.blocks.storage[list(block_ids)] = rows.to(self.blocks.storage.device)
+        if not self.rows.read(leases.kv_pages, block_ids, leases.kda_page, slot):
+            return False
         if leases.kda_page is not None:
-            self.slots.storage[slot].copy_(self.tier.kda.storage[leases.kda_page])
             self.snapshots_restored[self._snapshot_reason.get(leases.snapshot_hash, "unknown")] += 1
+        return True
 
     def release(self, leases: HostLeases) -> None:
         """End the leases: the pages may be evicted again."""
         self.tier.end_get(leases.kv_lease)
+        self.open_leases -= 1
         if leases.kda_lease is not None:
             self.tier.end_get(leases.kda_lease)
+            self.open_leases -= 1
 
     def save_blocks(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> None:
         """Write-through: copy the device blocks ``block_ids`` (holding ``hashes``) into the tier; blocks
@@ -158,10 +200,8 @@ class HostCacheConnector:
             return
         lease = self.tier.reserve_put(KV, list(hashes))
         kept = [(page, block) for page, block in zip(lease.pages, block_ids, strict=True) if page is not None]
-        with self._putting(lease.lease_id):
-            if kept:
-                pages, blocks = zip(*kept, strict=True)
-                self.tier.kv.storage[list(pages)] = self.blocks.storage[list(blocks)].cpu()
+        pages, blocks = zip(*kept, strict=True) if kept else ((), ())
+        self._put(lease.lease_id, lambda: self.rows.write_blocks(pages, blocks))
 
     def save_state(self, block_hash: bytes, state_row: torch.Tensor, reason: str) -> None:
         """Write-through of a KDA snapshot: ``state_row`` (a slot's bytes) is the state after the block
@@ -171,37 +211,41 @@ class HostCacheConnector:
             return
         lease = self.tier.reserve_put(KDA, [block_hash])
         (page,) = lease.pages
-        if page is None:
-            self.tier.commit_put(lease.lease_id)
+        moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_state(page, state_row))
+        if page is None or not moved:
             return
-        with self._putting(lease.lease_id):
-            self.tier.kda.storage[page].copy_(state_row)
-            self._snapshot_reason[block_hash] = reason
-            self._snapshot_reason.move_to_end(block_hash)
-            if len(self._snapshot_reason) > self.tier.kda.num_pages:
-                self._snapshot_reason.popitem(last=False)
-            self.snapshots_saved[reason] += 1
+        self._snapshot_reason[block_hash] = reason
+        self._snapshot_reason.move_to_end(block_hash)
+        if len(self._snapshot_reason) > self._reasons_kept:
+            self._snapshot_reason.popitem(last=False)
+        self.snapshots_saved[reason] += 1
 
     def offload(self, block: int, block_hash: bytes) -> None:
         """A cached device block is about to be reused: keep its bytes in the tier unless it holds them."""
         lease = self.tier.reserve_put(KV, [block_hash])
         (page,) = lease.pages
-        with self._putting(lease.lease_id):
-            if page is not None:
-                self.tier.kv.storage[page].copy_(self.blocks.storage[block])
-                self.offloaded_blocks += 1
+        moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_blocks([page], [block]))
+        if page is not None and moved:
+            self.offloaded_blocks += 1
 
-    @contextmanager
-    def _putting(self, lease_id: int) -> Iterator[None]:
-        """Write a put's pages inside: committed after, aborted if the writing raised."""
+    def _put(self, lease_id: int, write: Callable[[], bool]) -> bool:
+        """Finish a put: ``write`` its pages (whether they were written, True with none to write), then
+        commit it; abort it instead when a move failed or the writing raised. Returns what ``write`` said."""
         try:
-            yield
+            moved = write()
         except BaseException:
             self.tier.abort_put(lease_id)
             raise
-        self.tier.commit_put(lease_id)
+        (self.tier.commit_put if moved else self.tier.abort_put)(lease_id)
+        return moved
 
     def check_integrity(self) -> None:
-        """The tier's arenas are consistent and no lease is left open."""
-        self.tier.check_integrity()
-        assert self.tier.open_leases() == 0, f"{self.tier.open_leases()} host-tier leases left open"
+        """No get lease this connector began is left open (puts end inside the call that reserved them);
+        an in-process tier's arenas are consistent with none open."""
+        assert self.open_leases == 0, f"{self.open_leases} host-tier leases left open by the connector"
+        self.rows.check_integrity()
+
+
+def layout_fingerprint(blocks: BlockPool, slots: StateSlotPool) -> str:
+    """What a tier's pages must have been written with: the pools' block and slot layouts."""
+    return f"{blocks.layout.fingerprint()}|{slots.layout.fingerprint()}"

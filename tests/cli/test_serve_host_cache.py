@@ -8,7 +8,6 @@ import pytest
 
 from cli.main import build_parser
 from cli.serve_command import node_cache, node_cache_config, worker_configs
-from services.config_flags import engine_fields
 from services.hicache.server import GIB
 
 
@@ -35,8 +34,7 @@ def test_the_node_tier_is_split_by_the_kda_fraction():
 def test_no_tier_by_default_and_no_worker_tier_of_its_own():
     configs = worker_configs(serve("--host-cache-gib", "4"))
     assert node_cache(serve(), configs["decode"]) is None and node_cache_config(serve()) is None
-    if "host_cache_gib" in engine_fields():  # EngineConfig's per-worker tier (hcengine): never set by serve
-        assert all(c.engine.host_cache_gib == 0 and not c.engine.host_cache_address for c in configs.values())
+    assert all(c.engine.host_cache_gib == 0 and not c.engine.host_cache_address for c in configs.values())
 
 
 @pytest.mark.parametrize(
@@ -58,8 +56,6 @@ def test_bad_values_name_the_flag(flags, message):
 
 
 def test_the_launcher_hands_workers_the_tier_address():
-    if "host_cache_address" not in engine_fields():
-        pytest.skip("EngineConfig.host_cache_address comes with the engine side of HiCache (hcengine)")
     from deploy.local.launcher import with_host_cache
 
     configs = worker_configs(serve("--host-cache-gib", "4"))

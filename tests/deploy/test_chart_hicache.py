@@ -4,11 +4,9 @@ every worker given its own node's address (status.hostIP), only workers let in; 
 import math
 
 import pytest
-import yaml
 
 from cli.cache_command import config_from
 from cli.main import build_parser
-from services.config_flags import engine_fields
 from services.hicache.server import GIB
 from services.worker_config import load_worker_config
 from tests.deploy import chart
@@ -65,8 +63,6 @@ def test_every_worker_dials_its_own_node_tier():
 
 
 def test_a_worker_config_takes_the_node_address_from_its_environment(tmp_path):
-    if "host_cache_address" not in engine_fields():
-        pytest.skip("EngineConfig.host_cache_address comes with the engine side of HiCache (hcengine)")
     objects = chart.render("default", *ON)
     file = tmp_path / "worker.yaml"
     file.write_text(chart.worker_config_text(objects, "decode"))
@@ -117,8 +113,5 @@ def test_schema_refuses(flags, message):
 
 
 def test_a_worker_tier_of_its_own_beside_the_node_tier_is_refused():
-    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())
-    if "hostCacheGib" not in values["decode"]["engine"]:
-        pytest.skip("engine.hostCacheGib comes with the engine side of HiCache (hcengine)")
     error = chart.render_error("default", *ON, "--set", "decode.engine.hostCacheGib=4")
     assert "hicache.enabled: the workers use their node's tier; leave decode.engine.hostCacheGib" in error

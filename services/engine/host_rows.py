@@ -1,0 +1,175 @@
+"""Moving rows between the device pools and the host tier's pages: the two ``HostRows`` of
+``HostCacheConnector`` (``host_cache_connector.py``), one per place the tier lives.
+
+- ``LocalRows``: an in-process ``HostTier``; torch copies between its arenas' storage and the pools.
+- ``RemoteRows``: a ``baton cache`` service; this engine's own NIXL agent with the pools registered
+  (``"blocks"``, ``"state"``, the tier's region names) reads and writes the tier's pages one-sidedly.
+  A snapshot row lives in the device snapshot store, not in a registered region: it is copied into a
+  one-slot ``"staging"`` region first, then written into the tier's ``"state"`` page.
+
+Each move answers whether it happened: ``False`` (a transfer error: the tier died or restarted) makes
+the connector treat it as a miss -- a load falls back like a corrupt page, a save is aborted.
+"""
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from common.errors import TransferError
+from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.state_pool import StateSlotPool
+from services.hicache.host_tier import HostTier
+from services.transfer import BLOCKS, STATE, TransferBackend, make_backend
+from services.transfer.byte_plan import ByteSpan
+
+if TYPE_CHECKING:  # the client imports services.rpc, which imports the engine
+    from services.hicache.client import HostCacheClient
+
+log = logging.getLogger(__name__)
+
+STAGING = "staging"  # RemoteRows' one-slot region a snapshot row is written from
+
+
+class LocalRows:
+    """Rows of an in-process ``HostTier``'s arenas, copied with torch.
+
+    Raises:
+        ValueError: page sizes that are not the pools' row sizes, naming the field.
+    """
+
+    def __init__(self, tier: HostTier, blocks: BlockPool, slots: StateSlotPool):
+        if tier.kv.page_bytes != blocks.layout.nbytes:
+            raise ValueError(
+                f"kv_page_bytes: the tier's {tier.kv.page_bytes} bytes are not one packed block "
+                f"({blocks.layout.nbytes} bytes)"
+            )
+        if slots.layout.fields and (tier.kda is None or tier.kda.page_bytes != slots.layout.nbytes):
+            raise ValueError(
+                f"kda_page_bytes: the tier's KDA pages are not one state slot ({slots.layout.nbytes})"
+            )
+        self.tier = tier
+        self.blocks = blocks
+        self.slots = slots
+
+    def read(
+        self, kv_pages: Sequence[int], block_ids: Sequence[int], kda_page: int | None, slot: int
+    ) -> bool:
+        """Copy ``kv_pages`` into ``block_ids`` (one each) and ``kda_page`` (if any) into ``slot``."""
+        if block_ids:  # one gather and one scatter, not a copy per block
+            rows = self.tier.kv.storage[list(kv_pages)]
+            self.blocks.storage[list(block_ids)] = rows.to(self.blocks.storage.device)
+        if kda_page is not None:
+            self.slots.storage[slot].copy_(self.tier.kda.storage[kda_page])
+        return True
+
+    def write_blocks(self, pages: Sequence[int], block_ids: Sequence[int]) -> bool:
+        """Copy the device blocks ``block_ids`` into ``pages`` (one each)."""
+        if pages:
+            self.tier.kv.storage[list(pages)] = self.blocks.storage[list(block_ids)].cpu()
+        return True
+
+    def write_state(self, page: int, state_row: torch.Tensor) -> bool:
+        """Copy ``state_row`` (one slot's bytes) into the KDA page ``page``."""
+        self.tier.kda.storage[page].copy_(state_row)
+        return True
+
+    def check_integrity(self) -> None:
+        """The tier's arenas are consistent and none of its leases is left open."""
+        self.tier.check_integrity()
+        assert self.tier.open_leases() == 0, f"{self.tier.open_leases()} host-tier leases left open"
+
+
+class RemoteRows:
+    """Rows of a ``baton cache`` tier's regions, moved by this engine's own transfer backend.
+
+    The backend is connected to ``client.endpoint()`` on first use and again whenever ``client.epoch``
+    changes (the tier came back as another run). Transfer errors are logged once per tier run.
+
+    Args:
+        client: an attached ``HostCacheClient`` (or one still trying to attach).
+        blocks, slots: the device pools (registered as ``"blocks"`` / ``"state"``).
+        backend: a fresh backend to register the pools with (``make_backend("nixl")`` when omitted).
+
+    Attributes:
+        transfer_errors: row moves that failed (each a miss).
+        connected_epoch: the client's epoch (tier run) the backend was last connected for (0: none yet).
+    """
+
+    def __init__(
+        self,
+        client: "HostCacheClient",
+        blocks: BlockPool,
+        slots: StateSlotPool,
+        backend: TransferBackend | None = None,
+    ):
+        self.client = client
+        self.blocks = blocks
+        self.slots = slots
+        self.backend = backend or make_backend("nixl")
+        self.backend.register(BLOCKS, blocks.storage)
+        self.has_state = bool(slots.layout.fields)
+        if self.has_state:
+            self.backend.register(STATE, slots.storage)
+            self.staging = torch.zeros(1, slots.layout.nbytes, dtype=torch.uint8, device=slots.storage.device)
+            self.backend.register(STAGING, self.staging)
+        self.transfer_errors = 0
+        self._peer: str | None = None
+        self.connected_epoch = 0
+        self._logged_epoch = 0  # the last epoch whose transfer error was logged
+
+    def read(
+        self, kv_pages: Sequence[int], block_ids: Sequence[int], kda_page: int | None, slot: int
+    ) -> bool:
+        """Read ``kv_pages`` into ``block_ids`` (one each) and ``kda_page`` (if any) into ``slot``."""
+        copies = {BLOCKS: list(zip(block_ids, kv_pages, strict=True))}
+        if kda_page is not None:
+            copies[STATE] = [(slot, kda_page)]
+        return self._moved(lambda peer: self.backend.read(peer, copies))
+
+    def write_blocks(self, pages: Sequence[int], block_ids: Sequence[int]) -> bool:
+        """Write the device blocks ``block_ids`` into ``pages`` (one each)."""
+        if not pages:
+            return True
+        copies = {BLOCKS: list(zip(block_ids, pages, strict=True))}
+        return self._moved(lambda peer: self.backend.write(peer, copies))
+
+    def write_state(self, page: int, state_row: torch.Tensor) -> bool:
+        """Write ``state_row`` (one slot's bytes, anywhere on the device) into the KDA page ``page``."""
+        self.staging[0].copy_(state_row)
+        nbytes = self.slots.layout.nbytes
+        span = ByteSpan(STAGING, 0, STATE, page * nbytes, nbytes)
+        return self._moved(lambda peer: self.backend.write_bytes(peer, [span]))
+
+    def check_integrity(self) -> None:
+        """Nothing to check here: the tier checks its arenas in its own process."""
+
+    def close(self) -> None:
+        """Close the transfer backend."""
+        self.backend.close()
+
+    def _moved(self, transfer) -> bool:
+        """Run ``transfer(peer)``; ``False`` when not connected or it raised ``TransferError``."""
+        try:
+            peer = self._connected()
+            if peer is None:
+                return False
+            transfer(peer)
+            return True
+        except TransferError as error:
+            self.transfer_errors += 1
+            if self._logged_epoch != self.client.epoch:
+                self._logged_epoch = self.client.epoch
+                log.warning("host cache %s: transfer failed (%s): a miss", self.client.address, error)
+            return False
+
+    def _connected(self) -> str | None:
+        """The tier run's peer name, connecting when the client attached to a new run since."""
+        if self.client.epoch == 0:
+            return None  # never reached the tier
+        if self.client.epoch != self.connected_epoch:
+            self.connected_epoch = self.client.epoch  # a failed connect is not retried until the next run
+            self._peer = None
+            self._peer = self.backend.connect(self.client.endpoint())
+        return self._peer

@@ -1,0 +1,117 @@
+"""The engine with a separate ``baton cache`` tier (``--host-cache-address``): turn 2 loads its prefix
+over this engine's NIXL agent from the tier's regions, with the log-prob bits of a device hit; a tier
+killed mid-way (between the lease and the read, then for good) only costs misses: every request still
+completes, with the bits of a full recompute, and nothing is left leased or allocated; restarted on
+its port, the tier is attached again and the engine's agent reconnects to its new run."""
+
+import time
+
+import pytest
+
+from deploy.local.launcher import ManagedCache
+from deploy.local.supervisor import Supervisor
+from services.engine import LLM
+from services.engine.host_rows import RemoteRows
+from services.hicache.host_tier import KDA, KV
+from tests.conftest import TEST_DEVICE
+from tests.hicache.test_engine_host_cache import (
+    BLOCK,
+    DECODES,
+    HOST_GIB,
+    LOADED,
+    SMALL_POOL,
+    TURN2_TOKENS,
+    bits,
+    counted_generate,
+    turn_one,
+)
+
+COMMON = dict(
+    dtype="float32",
+    device=TEST_DEVICE,
+    block_size=BLOCK,
+    max_num_batched_tokens=64,
+    max_model_len=128,
+    max_num_seqs=2,
+)
+
+
+@pytest.fixture(scope="module")
+def cache():
+    """``baton cache`` in its own process, as ``baton serve --host-cache-gib`` starts it."""
+    cache = ManagedCache(kv_gib=HOST_GIB * 0.75, kda_gib=HOST_GIB * 0.25)
+    cache.start(ready_timeout_s=120)
+    yield cache
+    cache.stop()
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint, cache):
+    """(k3 with the remote tier and a small device pool, k3 with a large pool and no tier)."""
+    path = str(tiny_checkpoint("k3"))
+    return LLM(path, num_blocks=SMALL_POOL, host_cache_address=cache.address, **COMMON), LLM(path, **COMMON)
+
+
+def test_turn_two_loads_its_prefix_from_the_remote_tier(engines):
+    remote, plain = engines
+    host = remote.engine.cache.host
+    assert isinstance(host.rows, RemoteRows)
+    loaded, computed = counted_generate(remote, turn_one(remote, "load", "filler"), "load")
+    assert loaded.num_cached_tokens == loaded.num_cached_tokens_host == LOADED
+    assert computed == TURN2_TOKENS - LOADED + DECODES
+    stats = host.tier.stats()
+    assert stats[KV].bytes_out > 0 and stats[KDA].bytes_out > 0  # pages leased out and read over NIXL
+    assert host.snapshots_restored.total() == 1 and host.rows.transfer_errors == 0
+    remote.engine.check_integrity()  # pools, and no lease left open
+    device, device_computed = counted_generate(plain, turn_one(plain, "device", evict=None), "device")
+    assert device.num_cached_tokens == LOADED and device_computed == computed
+    assert loaded.token_ids == device.token_ids and bits(loaded.logprobs) == bits(device.logprobs)
+
+
+def test_a_tier_killed_mid_way_costs_only_misses(engines, cache):
+    """It kills the tier (the next test has the supervisor start it again)."""
+    remote, plain = engines
+    host = remote.engine.cache.host
+    prompt = turn_one(remote, "killed", "filler")
+    lease = host.lease
+
+    def lease_then_kill(*args):  # the tier dies after leasing the pages, before they are read
+        leases = lease(*args)
+        cache.process.kill()
+        cache.process.wait()
+        return leases
+
+    host.lease = lease_then_kill
+    try:
+        killed, computed = counted_generate(remote, prompt, "killed")
+    finally:
+        host.lease = lease
+    assert host.rows.transfer_errors == 1  # the read failed: a miss, the request recomputed
+    assert killed.num_cached_tokens_host == 0 and computed == TURN2_TOKENS + DECODES
+    remote.engine.check_integrity()
+    again, _ = counted_generate(remote, prompt, "killed-again")  # the tier gone: misses, skipped saves
+    assert host.tier.outages == 1 and host.tier.skipped_calls > 0
+    remote.engine.check_integrity()
+    full, _ = counted_generate(plain, turn_one(plain, "full", "take"), "full")  # recomputed from scratch
+    assert killed.token_ids == again.token_ids == full.token_ids
+    assert bits(killed.logprobs) == bits(again.logprobs) == bits(full.logprobs)
+
+
+def test_a_restarted_tier_is_used_again(engines, cache):
+    """After the kill above: the launcher's supervisor starts the tier again on its port."""
+    remote, _ = engines
+    host = remote.engine.cache.host
+    supervisor = Supervisor([cache], ready_timeout_s=120, interval_s=0.1)
+    supervisor.start()
+    try:
+        deadline = time.monotonic() + 60
+        while host.tier.epoch < 2:  # the client attaches to the new run by itself
+            assert host.tier.match([b"x" * 32], has_state=True).usable_depth == 0
+            assert time.monotonic() < deadline, "the engine did not attach to the restarted tier"
+            time.sleep(0.2)
+        loaded, computed = counted_generate(remote, turn_one(remote, "restarted", "filler"), "restarted")
+    finally:
+        supervisor.stop()
+    assert cache.restarts == 1 and host.rows.connected_epoch == 2  # the agent connected to the new run
+    assert loaded.num_cached_tokens_host == LOADED and computed == TURN2_TOKENS - LOADED + DECODES
+    remote.engine.check_integrity()
