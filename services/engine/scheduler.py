@@ -250,15 +250,16 @@ class Scheduler:
         return None
 
     def _chunk_size(self, request: Request, start: int, budget: int, branch_tokens: int | None = None) -> int:
-        """Tokens to run from ``start``: the budget's share, cut to end on the next snapshot point when a
-        multi-token chunk crosses one (``cache/snapshot_policy.py``; ``branch_tokens``: the branch point
-        of a request being admitted, else its own), so the prefix cache can keep the KDA state there.
-        (A prompt whose end is not on a boundary thus runs its short tail in one more step.)"""
+        """Tokens to run from ``start``: the budget's share, cut once when a multi-token chunk crosses a
+        snapshot point (``cache/snapshot_policy.py`` ``cut_point``: the branch point, else the chunk's last
+        stride or prompt-end point; ``branch_tokens``: the branch point of a request being admitted, else
+        its own), so the prefix cache can keep the KDA state there. (A prompt whose end is not on a
+        boundary thus runs its short tail in one more step.)"""
         count = min(request.num_tokens - start, budget)
         if count > 1 and self.cache.prefix_caching and self.cache.has_state:
             branch = request.branch_tokens if branch_tokens is None else branch_tokens
-            point = self.cache.policy.next_point(request, start, branch)
-            if point < start + count:
+            point = self.cache.policy.cut_point(request, start, start + count, branch)
+            if point is not None:
                 count = point - start
         return count
 

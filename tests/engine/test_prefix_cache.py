@@ -84,12 +84,14 @@ def test_warm_equals_cold_bitwise_in_batch_invariant_mode(make_llm):
 
 def test_match_is_cut_back_to_the_last_snapshot(make_llm):
     llm = make_llm(snapshot_stride=2, max_num_batched_tokens=64)
-    long = list(range(40, 120))  # 5 blocks: snapshots after 2 and 4 (stride 2) and 5 (its end)
+    # 5 blocks in chunks of 4 + 1: snapshots after 4 (a stride point ending the first chunk) and 5 (its
+    # end); the stride point after 2 falls inside the first chunk, which is not cut for it
+    long = list(range(40, 120))
     llm.generate([long], GREEDY)
     assert llm.generate([long + [7]], GREEDY)[0].num_cached_tokens == 80  # the prompt-end snapshot
     branch = long[:56] + list(range(300, 320))  # shares 3 blocks, then branches off
     warm = llm.generate([branch], GREEDY)[0]
-    assert warm.num_cached_tokens == 32  # 3 cached blocks, but a snapshot only after 2
+    assert warm.num_cached_tokens == 0  # 3 cached blocks, but no snapshot at or below them
     sibling = llm.generate([long[:56] + list(range(400, 420))], GREEDY)[0]
     assert sibling.num_cached_tokens == 48  # the branch left a snapshot where it branched off
     llm.engine.check_integrity()

@@ -213,4 +213,8 @@ def test_snapshot_points():
     ]
     request.output_ids = [1, 2, 3, 4, 5, 6]
     assert policy.reason(request, 36) == "decode"
-    assert [policy.next_point(request, s, 8) for s in (0, 8, 16, 28)] == [8, 16, 28, 32]
+    # one cut per chunk: the branch point when crossed, else the chunk's last stride / prompt-end point
+    assert [policy.cut_point(request, s, 30, 8) for s in (0, 8, 16, 28)] == [8, 28, 28, None]
+    assert policy.cut_point(request, 8, 20, 8) == 16  # the last stride point inside
+    assert policy.cut_point(request, 17, 20, 8) is None  # no point inside: run it whole
+    assert policy.cut_point(request, 8, 16, 8) is None  # it ends on one: no cut either

@@ -12,7 +12,8 @@ later request is likely to resume::
                 written back to the host tier when the turn ends (``turn_end``: the next turn's prompt
                 is this turn's context plus new text)
 
-A prefill chunk is cut at the next such point so the state there exists at the end of a step.
+A prefill chunk is cut once, at the branch point when it crosses one, else at its last stride or
+prompt-end point, so the state there exists at the end of a step.
 """
 
 from services.engine.request import Request
@@ -47,12 +48,17 @@ class SnapshotPolicy:
             return DECODE
         return None
 
-    def next_point(self, request: Request, start: int, branch_tokens: int) -> int:
-        """The first position after ``start`` where a prompt's snapshot is due (a chunk ends there);
+    def cut_point(self, request: Request, start: int, end: int, branch_tokens: int) -> int | None:
+        """Where a prefill chunk ``[start, end)`` ends so that a snapshot is due at its end, or None to run
+        it whole: the branch point when the chunk crosses it (a sibling resumes there), else the chunk's
+        last stride or prompt-end point. One cut per chunk: stride points inside a long chunk get no
+        snapshot (splitting a prefill into a step per stride would cost a step each), only the last.
         ``branch_tokens``: the request's branch point (``request.branch_tokens`` once admitted)."""
-        points = [(start // self.stride_tokens + 1) * self.stride_tokens]
-        points += [p for p in (branch_tokens, self._prompt_end(request)) if p > start]
-        return min(points)
+        if start < branch_tokens < end:
+            return branch_tokens
+        last_stride = end // self.stride_tokens * self.stride_tokens
+        deepest = max((p for p in (last_stride, self._prompt_end(request)) if start < p <= end), default=None)
+        return None if deepest == end else deepest  # a chunk ending on a point needs no cut
 
     def _prompt_end(self, request: Request) -> int:
         return len(request.prompt_ids) // self.block_tokens * self.block_tokens
