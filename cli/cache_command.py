@@ -8,6 +8,8 @@ import threading
 from common.redis_link import check_redis_url
 from services.hicache.server import GIB, CacheConfig, HostCacheServer
 
+from .worker_command import watch_parent
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
@@ -43,18 +45,11 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if args.exit_with_parent:  # baton serve killed outright: its tier goes with it
-        threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
+        threading.Thread(target=watch_parent, args=(os.getppid(), stop), daemon=True).start()
     print(f"READY role=cache metrics_port={server.metrics_port} port={server.port}", flush=True)
     stop.wait()
     server.stop()
     return 0
-
-
-def _watch_parent(parent: int, stop: threading.Event) -> None:
-    """Set ``stop`` once this process is re-parented (its launcher died without stopping it)."""
-    while not stop.wait(1.0):
-        if os.getppid() != parent:
-            stop.set()
 
 
 def config_from(args: argparse.Namespace) -> CacheConfig:

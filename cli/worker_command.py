@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         # The first signal starts the drain; a second one ends its wait.
         signal.signal(sig, lambda *_: hurry.set() if stop.is_set() else stop.set())
     if args.exit_with_parent:
-        threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
+        threading.Thread(target=watch_parent, args=(os.getppid(), stop), daemon=True).start()
     print(
         f"READY role={config.role} name={server.name} metrics_port={server.metrics_port} port={server.port}",
         flush=True,
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _watch_parent(parent: int, stop: threading.Event) -> None:
+def watch_parent(parent: int, stop: threading.Event) -> None:
     """Set ``stop`` once this process is re-parented (its launcher died without stopping it)."""
     while not stop.wait(1.0):
         if os.getppid() != parent:
