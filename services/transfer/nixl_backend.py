@@ -100,63 +100,46 @@ class NixlBackend(TransferBackend):
     def _write_spans(
         self, endpoint: TransferEndpoint, spans: list[ByteSpan], message: str | None, deadline: float
     ) -> None:
-        peer = endpoint.agent_name
-        groups = self._descriptors(endpoint, spans)
         # The notification must follow *all* the data: ride on the request when there is one,
         # else send it separately once every request is done.
+        groups = self._descriptors(endpoint, spans)
         inline = message.encode() if message is not None and len(groups) == 1 else b""
+        self._transfer("WRITE", "write to", endpoint.agent_name, groups, deadline, inline)
+        if message is not None and not inline:
+            with self._agent_lock:
+                self._agent.send_notif(endpoint.agent_name, message.encode())
+
+    def _read_spans(self, endpoint: TransferEndpoint, spans: list[ByteSpan], deadline: float) -> None:
+        self._transfer("READ", "read from", endpoint.agent_name, self._descriptors(endpoint, spans), deadline)
+
+    def _transfer(
+        self, operation: str, phrase: str, peer: str, groups: dict, deadline: float, notif: bytes = b""
+    ) -> None:
+        """Post one ``operation`` (``WRITE`` / ``READ``) request per memory-type pair of ``groups``, wait
+        for all of them, release every handle; ``phrase`` names it in errors (``write to``)."""
         handles = []
         try:
             for (local_mem, remote_mem), (local, remote) in groups.items():
                 with self._agent_lock:
                     handle = self._agent.initialize_xfer(
-                        "WRITE",
+                        operation,
                         self._agent.get_xfer_descs(local, local_mem),
                         self._agent.get_xfer_descs(remote, remote_mem),
                         peer,
-                        inline,
+                        notif,
                     )
                     handles.append(handle)
                     posted = self._agent.transfer(handle)
                 if posted == "ERR":
-                    raise TransferError(f"nixl: posting the write to peer {peer!r} failed")
-            self._wait(handles, peer, deadline)
+                    raise TransferError(f"nixl: posting the {phrase} peer {peer!r} failed")
+            self._wait(handles, peer, deadline, phrase)
         finally:
             for handle in handles:
                 try:
                     with self._agent_lock:
                         self._agent.release_xfer_handle(handle)
                 except Exception as exc:  # an aborted in-flight request; NIXL keeps it for later
-                    log.warning("nixl: releasing a transfer to %r failed: %s", peer, exc)
-        if message is not None and not inline:
-            with self._agent_lock:
-                self._agent.send_notif(peer, message.encode())
-
-    def _read_spans(self, endpoint: TransferEndpoint, spans: list[ByteSpan], deadline: float) -> None:
-        peer = endpoint.agent_name
-        handles = []
-        try:
-            for (local_mem, remote_mem), (local, remote) in self._descriptors(endpoint, spans).items():
-                with self._agent_lock:
-                    handle = self._agent.initialize_xfer(
-                        "READ",
-                        self._agent.get_xfer_descs(local, local_mem),
-                        self._agent.get_xfer_descs(remote, remote_mem),
-                        peer,
-                        b"",
-                    )
-                    handles.append(handle)
-                    posted = self._agent.transfer(handle)
-                if posted == "ERR":
-                    raise TransferError(f"nixl: posting the read from peer {peer!r} failed")
-            self._wait(handles, peer, deadline, "read from")
-        finally:
-            for handle in handles:
-                try:
-                    with self._agent_lock:
-                        self._agent.release_xfer_handle(handle)
-                except Exception as exc:  # an aborted in-flight request; NIXL keeps it for later
-                    log.warning("nixl: releasing a read from %r failed: %s", peer, exc)
+                    log.warning("nixl: releasing a %s %r failed: %s", phrase, peer, exc)
 
     def _descriptors(
         self, endpoint: TransferEndpoint, spans: list[ByteSpan]
