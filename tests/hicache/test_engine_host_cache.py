@@ -38,6 +38,16 @@ def bits(values):
     return np.asarray(values, dtype=np.float32).view(np.int32).tolist()
 
 
+ENGINE_ARGS = dict(  # every engine of these tests: a small float32 model, batches of 64 tokens
+    dtype="float32",
+    device=TEST_DEVICE,
+    block_size=BLOCK,
+    max_num_batched_tokens=64,
+    max_model_len=128,
+    max_num_seqs=2,
+)
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoint):
     """``engines(family, batch_invariant=False) -> (with tier and a small pool, without tier)``, cached."""
@@ -45,15 +55,7 @@ def engines(tiny_checkpoint):
 
     def make(family, batch_invariant=False):
         if (family, batch_invariant) not in made:
-            common = dict(
-                dtype="float32",
-                device=TEST_DEVICE,
-                block_size=BLOCK,
-                max_num_batched_tokens=64,
-                max_model_len=128,
-                max_num_seqs=2,
-                batch_invariant=batch_invariant,
-            )
+            common = dict(ENGINE_ARGS, batch_invariant=batch_invariant)
             path = str(tiny_checkpoint(family))
             tier = LLM(path, num_blocks=SMALL_POOL, host_cache_gib=HOST_GIB, **common)
             plain = LLM(path, **common) if not batch_invariant else None

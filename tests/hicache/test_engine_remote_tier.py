@@ -13,10 +13,9 @@ from deploy.local.supervisor import Supervisor
 from services.engine import LLM
 from services.engine.host_rows import RemoteRows
 from services.hicache.host_tier import KDA, KV
-from tests.conftest import TEST_DEVICE
 from tests.hicache.test_engine_host_cache import (
-    BLOCK,
     DECODES,
+    ENGINE_ARGS,
     HOST_GIB,
     LOADED,
     SMALL_POOL,
@@ -24,15 +23,6 @@ from tests.hicache.test_engine_host_cache import (
     bits,
     counted_generate,
     turn_one,
-)
-
-COMMON = dict(
-    dtype="float32",
-    device=TEST_DEVICE,
-    block_size=BLOCK,
-    max_num_batched_tokens=64,
-    max_model_len=128,
-    max_num_seqs=2,
 )
 
 
@@ -49,7 +39,8 @@ def cache():
 def engines(tiny_checkpoint, cache):
     """(k3 with the remote tier and a small device pool, k3 with a large pool and no tier)."""
     path = str(tiny_checkpoint("k3"))
-    return LLM(path, num_blocks=SMALL_POOL, host_cache_address=cache.address, **COMMON), LLM(path, **COMMON)
+    remote = LLM(path, num_blocks=SMALL_POOL, host_cache_address=cache.address, **ENGINE_ARGS)
+    return remote, LLM(path, **ENGINE_ARGS)
 
 
 def test_turn_two_loads_its_prefix_from_the_remote_tier(engines):
