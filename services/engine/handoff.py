@@ -192,7 +192,7 @@ def send_state(
             f"request {held.request_id!r}: {len(held.block_ids)} prefilled blocks, "
             f"{len(reservation.block_ids)} reserved"
         )
-    held_by_decode = reservation.cached_tokens // reservation.layout.block_size
+    held_by_decode = reservation.cached_tokens and reservation.cached_tokens // reservation.layout.block_size
     rows = {
         BLOCKS: list(zip(held.block_ids, reservation.block_ids, strict=True))[held_by_decode:],
         STATE: [(held.slot, reservation.slot)],
