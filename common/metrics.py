@@ -69,6 +69,11 @@ class Metrics:
         self.transfer_seconds = Counter(
             "baton_transfer_seconds_total", "Time spent in handoff writes", ["backend"], registry=r
         )
+        self.handoff_decode_held_tokens = Counter(
+            "baton_handoff_decode_held_tokens_total",
+            "Prompt tokens a handoff did not send: the decode worker held their blocks (its own hit)",
+            registry=r,
+        )
         self.transfer_failures = Counter(
             "baton_transfer_failures_total", "Handoffs that failed", ["backend"], registry=r
         )

@@ -50,13 +50,15 @@ class PrefixHit:
     ``block_ids`` are device blocks shared from the pool. With ``from_host`` the host tier supplies the
     rest: ``host_blocks`` more blocks after them and the snapshot under ``snapshot_hash`` (else that
     snapshot is the device store's). ``kv_blocks``: how deep the prompt matched cached KV (device or
-    tier), where it branches off a cached prefix (a snapshot is taken there)."""
+    tier), where it branches off a cached prefix (a snapshot is taken there). ``kv_only``: a hit on KV
+    blocks alone, for a reservation whose KDA state a handoff brings (``find_held_prefix``)."""
 
     block_ids: tuple[int, ...] = ()
     snapshot_hash: bytes | None = None
     host_blocks: int = 0
     from_host: bool = False
     kv_blocks: int = 0
+    kv_only: bool = False
 
     @property
     def num_blocks(self) -> int:
@@ -175,7 +177,7 @@ class CacheManager:
         """
         if not self.prefix_caching or request.num_computed:
             return PrefixHit()
-        hashes = self._hashes(request)[: (request.num_tokens - 1) // self.block_tokens]
+        hashes = self._prompt_hashes(request)
         hit = self._device_hit(hashes)
         if self.host is None or not hashes:
             return hit
@@ -188,6 +190,24 @@ class CacheManager:
         snapshot = hashes[depth - 1] if self.has_state else None
         kv_blocks = max(hit.kv_blocks, match.kv_depth)
         return PrefixHit(shared, snapshot, depth - len(shared), from_host=True, kv_blocks=kv_blocks)
+
+    def find_held_prefix(self, request: Request) -> PrefixHit:
+        """A reservation's hit: the leading prompt blocks whose KV the device pool or, after it, the
+        host tier holds, whether or not a KDA snapshot ends them (the handoff brings the state at the
+        prompt's end; only the blocks after the hit are sent). No side effects."""
+        if not self.prefix_caching:
+            return PrefixHit(kv_only=True)
+        hashes = self._prompt_hashes(request)
+        shared = self._device_blocks(hashes)
+        depth = self.host.match(hashes).kv_depth if self.host is not None and hashes else 0
+        if depth <= len(shared):
+            return PrefixHit(shared, kv_blocks=len(shared), kv_only=True)
+        return PrefixHit(shared, None, depth - len(shared), from_host=True, kv_blocks=depth, kv_only=True)
+
+    def _prompt_hashes(self, request: Request) -> list[bytes]:
+        """The hashes of the prompt blocks a hit may cover: all full blocks but one token's worth (a
+        request computes at least its last prompt token)."""
+        return self._hashes(request)[: (request.num_tokens - 1) // self.block_tokens]
 
     def _device_blocks(self, hashes: list[bytes]) -> tuple[int, ...]:
         found = []
@@ -230,7 +250,8 @@ class CacheManager:
         request.slot = self.slots.allocate()
         request.num_cached_tokens_host = 0
         if hit.from_host and not self._load_from_host(request, hit):
-            fallback = self._device_hit(self._hashes(request)[: hit.num_blocks])
+            hashes = self._hashes(request)[: hit.num_blocks]
+            fallback = PrefixHit(hit.block_ids, kv_only=True) if hit.kv_only else self._device_hit(hashes)
             self.blocks.free(request.block_table[len(fallback.block_ids) :])
             del request.block_table[len(fallback.block_ids) :]
             request.num_registered = len(fallback.block_ids)
@@ -246,7 +267,7 @@ class CacheManager:
         """Lease the tier's pages of ``hit``, then copy them into new blocks and the slot. False (nothing
         changed) when a page is gone or failed its checksum, or the rows could not be moved."""
         hashes = self._hashes(request)[: hit.num_blocks]
-        leases = self.host.lease(hashes, len(hit.block_ids))
+        leases = self.host.lease(hashes, len(hit.block_ids), with_state=not hit.kv_only)
         try:
             if not self.host.complete(leases, hit.host_blocks):
                 return False

@@ -31,6 +31,7 @@ from .handoff import (
     HandoffLayout,
     HeldPrefill,
     Reservation,
+    check_decode_hit,
     held_prefill,
     layout_of,
     register_pools,
@@ -251,6 +252,7 @@ class EngineService:
                 ranks (naming the field), endpoints that are not one per decode rank, or a bad request.
         """
         check_sender(self._model_config, self.layout, reservation.layout)
+        check_decode_hit(reservation, len(prompt_ids))
         if not row_for_row(reservation.layout, self.layout) and self._group is None:
             raise ValueError(
                 "reservation.layout.parallel: this engine has no per-rank transfer agents (its pools "

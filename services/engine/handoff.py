@@ -55,12 +55,16 @@ _RANK_LOCAL = ("block_size", "block_layout", "slot_layout", "parallel")
 @dataclass(frozen=True)
 class Reservation:
     """Where the decode engine wants a request's prompt state: block ids in order, a slot, and the
-    layout those rows have (None only where the sender did not say)."""
+    layout those rows have (None only where the sender did not say). ``cached_tokens``: the leading
+    prompt tokens whose blocks the decode engine already holds (its own prefix hit, from its device
+    pool or its host tier; a multiple of its block's tokens): the handoff writes only the blocks after
+    them, and the KDA slot whole."""
 
     request_id: str
     block_ids: tuple[int, ...]
     slot: int
     layout: HandoffLayout | None = None
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,23 @@ def check_layout(decode: HandoffLayout | None, prefill: HandoffLayout) -> None:
             )
 
 
+def check_decode_hit(reservation: Reservation, num_prompt_tokens: int) -> None:
+    """Refuse a reservation whose ``cached_tokens`` (the decode engine's own hit, which the handoff
+    skips) is not whole decode blocks of the prompt, leaving at least its last token to send.
+
+    Raises:
+        ValueError: naming ``reservation.cached_tokens``.
+    """
+    layout, cached = reservation.layout, reservation.cached_tokens
+    block_tokens = layout.block_size * layout.parallel.dcp  # a DCP group's block id covers dcp blocks
+    whole_blocks = cached % block_tokens == 0 and cached // block_tokens <= len(reservation.block_ids)
+    if not whole_blocks or cached >= num_prompt_tokens:
+        raise ValueError(
+            f"reservation.cached_tokens: {cached} is not a whole number of the decode worker's "
+            f"{block_tokens}-token blocks below the prompt's {num_prompt_tokens} tokens"
+        )
+
+
 def row_for_row(decode: HandoffLayout, prefill: HandoffLayout) -> bool:
     """Whether a handoff copies whole rows (two single-rank engines, ``send_state``) rather than each
     prefill rank its share (``parallel/group_handoff.py``)."""
@@ -126,7 +147,9 @@ def reservation_of(request: Request, layout: HandoffLayout | None = None) -> Res
     """The reservation a decode engine made for ``request`` (``EngineCore.reserve``), with its layout."""
     if request.status is not RequestStatus.RESERVED:
         raise ValueError(f"request {request.request_id!r} is not reserved")
-    return Reservation(request.request_id, tuple(request.block_table), request.slot, layout)
+    return Reservation(
+        request.request_id, tuple(request.block_table), request.slot, layout, request.num_cached_tokens
+    )
 
 
 def held_prefill(request: Request) -> HeldPrefill:
@@ -156,8 +179,9 @@ def register_pools(backend: TransferBackend, cache: CacheManager) -> None:
 def send_state(
     backend: TransferBackend, peer: str, held: HeldPrefill, reservation: Reservation
 ) -> TransferStats:
-    """Write a held prefill's prompt blocks and KDA slot into ``reservation`` on ``peer``. ``backend``
-    is a ``TransferBackend`` or anything with its ``write`` (``SharedTransfer``).
+    """Write a held prefill's prompt blocks and KDA slot into ``reservation`` on ``peer``: the blocks
+    after the reservation's ``cached_tokens`` (the decode engine holds the ones before), the slot whole.
+    ``backend`` is a ``TransferBackend`` or anything with its ``write`` (``SharedTransfer``).
 
     Raises:
         ValueError: the reservation has a different number of blocks.
@@ -168,8 +192,9 @@ def send_state(
             f"request {held.request_id!r}: {len(held.block_ids)} prefilled blocks, "
             f"{len(reservation.block_ids)} reserved"
         )
+    held_by_decode = reservation.cached_tokens and reservation.cached_tokens // reservation.layout.block_size
     rows = {
-        BLOCKS: list(zip(held.block_ids, reservation.block_ids, strict=True)),
+        BLOCKS: list(zip(held.block_ids, reservation.block_ids, strict=True))[held_by_decode:],
         STATE: [(held.slot, reservation.slot)],
     }
     return backend.write(peer, rows, message=held.request_id)

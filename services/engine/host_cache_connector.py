@@ -47,7 +47,7 @@ REMOTE_REASONS_KEPT = 1 << 16  # snapshot reasons remembered when the tier's KDA
 class HostLeases:
     """Pages leased (checksums verified) for one admission: ``kv_pages`` for the blocks asked for, in
     order (fewer when one was missing or corrupt), ``kda_page`` the snapshot at their end (None: not
-    held, or a model without KDA state)."""
+    held; ``kda_lease`` None too: not asked for, or a model without KDA state)."""
 
     kv_lease: int
     kv_pages: tuple[int, ...]
@@ -155,11 +155,12 @@ class HostCacheConnector:
         without KDA state)."""
         return self.tier.match(hashes, self.has_state)
 
-    def lease(self, hashes: Sequence[bytes], first: int) -> HostLeases:
-        """Lease the pages of ``hashes[first:]`` and the KDA snapshot under ``hashes[-1]`` (checksums
-        verified by the tier); pages stay put until ``release``. ``complete`` says whether all came."""
+    def lease(self, hashes: Sequence[bytes], first: int, with_state: bool = True) -> HostLeases:
+        """Lease the pages of ``hashes[first:]`` and (``with_state``, a model with KDA state) the KDA
+        snapshot under ``hashes[-1]`` (checksums verified by the tier); pages stay put until
+        ``release``. ``complete`` says whether all came."""
         kv = self.tier.begin_get(KV, list(hashes[first:]))
-        kda = self.tier.begin_get(KDA, [hashes[-1]]) if self.has_state else None
+        kda = self.tier.begin_get(KDA, [hashes[-1]]) if self.has_state and with_state else None
         self.open_leases += 1 + (kda is not None)
         return HostLeases(
             kv.lease_id,
@@ -170,9 +171,10 @@ class HostCacheConnector:
         )
 
     def complete(self, leases: HostLeases, num_blocks: int) -> bool:
-        """Whether ``leases`` hold all ``num_blocks`` blocks and, with KDA state, the snapshot (a
+        """Whether ``leases`` hold all ``num_blocks`` blocks and the snapshot, if one was leased for (a
         request restored from the tier needs the state at the end of exactly those blocks)."""
-        return len(leases.kv_pages) == num_blocks and (not self.has_state or leases.kda_page is not None)
+        state_came = leases.kda_lease is None or leases.kda_page is not None
+        return len(leases.kv_pages) == num_blocks and state_came
 
     def copy_in(self, leases: HostLeases, block_ids: Sequence[int], slot: int) -> bool:
         """Copy the leased pages into ``block_ids`` (one each) and the snapshot into ``slot``; False

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from common.errors import NoCapacity
 
-from .cache_manager import CacheManager, PrefixHit
+from .cache_manager import CacheManager
 from .request import FinishReason, Request, RequestStatus
 
 
@@ -87,17 +87,26 @@ class Scheduler:
 
     def reserve(self, request: Request) -> None:
         """Decode side of a handoff: hold blocks for the prompt and a slot, for a prefill worker to fill.
+        The prompt's leading blocks this engine already holds (its device pool, then its host tier:
+        ``CacheManager.find_held_prefix``) are kept, not reserved: ``request.num_cached_tokens`` says
+        how many tokens they cover, and the handoff writes only the blocks after them.
 
         Raises:
             ValueError: as ``add``.
             NoCapacity: no seat, blocks or slot free right now (the router may try elsewhere).
         """
         self._validate(request)
-        hit = PrefixHit()
+        hit = self.cache.find_held_prefix(request)
+        new_tokens = request.num_tokens - hit.num_blocks * self.cache.block_tokens
         seats = len(self.running) + len(self.reserved)
-        if seats >= self.max_num_seqs or not self.cache.can_admit(request, hit, request.num_tokens):
+        if seats >= self.max_num_seqs or not self.cache.can_admit(request, hit, new_tokens):
             raise NoCapacity(f"no room to reserve {request.num_tokens} tokens and a state slot")
-        self.cache.admit(request, hit, request.num_tokens)
+        self.cache.admit(request, hit, new_tokens)
+        missing = request.num_tokens - request.num_computed  # more than new_tokens if the tier load failed
+        if not self.cache.can_grow(request, missing):
+            self.cache.release(request)
+            raise NoCapacity(f"no room to reserve {request.num_tokens} tokens and a state slot")
+        self.cache.grow(request, missing)
         request.status = RequestStatus.RESERVED
         self.requests[request.request_id] = request
         self.reserved[request.request_id] = request

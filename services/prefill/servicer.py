@@ -106,6 +106,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         finally:  # whatever happened, this worker keeps nothing for the request
             self.engine.discard(request_id)
         self.metrics.transfer_bytes.labels(self.transfer.name).inc(stats.nbytes)
+        self.metrics.handoff_decode_held_tokens.inc(reservation.cached_tokens)
         self.metrics.transfer_seconds.labels(self.transfer.name).inc(stats.seconds)
         first = held.first
         response = workers_pb2.PrefillResponse(

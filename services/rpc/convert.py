@@ -96,7 +96,10 @@ def layout_from_pb(message: workers_pb2.CacheLayout, field: str) -> HandoffLayou
 
 def reservation_to_pb(reservation: Reservation) -> workers_pb2.CacheReservation:
     message = workers_pb2.CacheReservation(
-        request_id=reservation.request_id, block_ids=reservation.block_ids, slot=reservation.slot
+        request_id=reservation.request_id,
+        block_ids=reservation.block_ids,
+        slot=reservation.slot,
+        cached_tokens=reservation.cached_tokens,
     )
     if reservation.layout is not None:
         message.layout.CopyFrom(layout_to_pb(reservation.layout))
@@ -108,7 +111,9 @@ def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
     if not message.request_id:
         raise ValueError("reservation.request_id: required")
     layout = layout_from_pb(message.layout, "reservation.layout") if message.HasField("layout") else None
-    return Reservation(message.request_id, tuple(message.block_ids), message.slot, layout)
+    return Reservation(
+        message.request_id, tuple(message.block_ids), message.slot, layout, message.cached_tokens
+    )
 
 
 def adapters_to_pb(adapters) -> workers_pb2.AdapterList:

@@ -53,6 +53,7 @@ class Case:
     kv_format: str = "auto"
     open_rows: int = 0
     config: ModelConfig = CONFIG
+    decode_held: int = 0  # leading tokens the decode group holds already: their rows stay untouched
 
 
 CASES = {
@@ -71,6 +72,10 @@ CASES = {
     "invariant-tp2xpcp2-to-tp4": Case(
         ParallelLayout(tp=2, pcp=2), 4, ParallelLayout(tp=4), 4, 9, open_rows=16
     ),
+    "decode-holds-a-block-pcp2-to-dcp2": Case(
+        ParallelLayout(pcp=2), 4, ParallelLayout(dcp=2), 4, 21, decode_held=8
+    ),
+    "decode-holds-two-blocks-same-layout": Case(ParallelLayout(), 3, ParallelLayout(), 3, 11, decode_held=6),
 }
 
 
@@ -91,6 +96,7 @@ def request_rows(case: Case) -> HandoffRequestRows:
         2,
         tuple(range(1, 1 + 3 * decode, 3)),
         1,
+        case.decode_held,
     )
 
 
@@ -128,16 +134,17 @@ class GlobalCache:
             )
 
     def write_rank(
-        self, parallel: ParallelLayout, block_size: int, rank: int, pools, block_ids, slot
+        self, parallel: ParallelLayout, block_size: int, rank: int, pools, block_ids, slot, first_token=0
     ) -> None:
-        """What ``rank`` of a group holds of this cache, written into its pools ``(blocks, state)``."""
+        """What ``rank`` of a group holds of this cache, written into its pools ``(blocks, state)``: the
+        block rows of tokens from ``first_token`` (a multiple of the group's block) on, the state whole."""
         coords = parallel.coordinates(rank)
         block_fields, slot_fields = rank_layouts(self.case, parallel, block_size, rank)
         blocks, state = pools
         span = parallel.dcp * block_size  # tokens per block id
         for field in block_fields.fields:
             row_bytes = field.nbytes // block_size
-            for token in range(coords.dcp, self.case.num_tokens, parallel.dcp):
+            for token in range(first_token + coords.dcp, self.case.num_tokens, parallel.dcp):
                 start = field.offset + (token % span) // parallel.dcp * row_bytes
                 blocks[block_ids[token // span], start : start + row_bytes] = self.rows[
                     field.layer, field.kind
@@ -184,8 +191,16 @@ def run_case(case: Case):
         )
     decode_pools = random_pools(case, case.decode, case.decode_block, generator)
     expected = {rank: tuple(pool.clone() for pool in pools) for rank, pools in decode_pools.items()}
-    for rank, pools in expected.items():
-        cache.write_rank(case.decode, case.decode_block, rank, pools, rows.decode_block_ids, rows.decode_slot)
+    for rank, pools in expected.items():  # the rows decode holds stay as they were: never written
+        cache.write_rank(
+            case.decode,
+            case.decode_block,
+            rank,
+            pools,
+            rows.decode_block_ids,
+            rows.decode_slot,
+            case.decode_held,
+        )
 
     plan = plan_handoff(case.config, prefill, decode, rows)
     apply_plan_reference(plan, prefill_pools, decode_pools)
@@ -365,8 +380,16 @@ def test_unmappable_layouts_are_refused_naming_the_field(prefill, decode, messag
             HandoffRequestRows(0, (), 0, (), 0),
             r"num_tokens: a handoff moves at least one cached token, got 0",
         ),
+        (
+            HandoffRequestRows(9, (0, 1, 2), 0, (0, 1, 2), 0, 6),
+            r"decode_held_tokens: 6 is not whole decode blocks of 4 tokens below num_tokens 9",
+        ),
+        (
+            HandoffRequestRows(8, (0, 1), 0, (0, 1), 0, 8),
+            r"decode_held_tokens: 8 is not whole decode blocks",
+        ),
     ],
-    ids=["decode-blocks", "prefill-blocks", "no-tokens"],
+    ids=["decode-blocks", "prefill-blocks", "no-tokens", "held-not-whole-blocks", "held-everything"],
 )
 def test_bad_request_rows_are_refused_naming_the_field(rows, message):
     with pytest.raises(ValueError, match=message):

@@ -147,7 +147,9 @@ def plan_bytes(model, reserved, prefill: ParallelLayout, prefill_block_size: int
     prefill_layout = replace(decode_layout, parallel=prefill, block_size=prefill_block_size)
     prefill_ids = tuple(range(-(-len(PROMPT) // prefill_block_size)))
     decode_ids = tuple(reserved.reservation.block_ids)
-    rows = HandoffRequestRows(len(PROMPT), prefill_ids, 0, decode_ids, reserved.reservation.slot)
+    rows = HandoffRequestRows(
+        len(PROMPT), prefill_ids, 0, decode_ids, reserved.reservation.slot, reserved.reservation.cached_tokens
+    )
     sides = handoff_side(prefill_layout), handoff_side(decode_layout)
     plan = plan_handoff(load_model_config(model), *sides, rows)
     return [sum(int(write.nbytes.sum()) for write in plan[rank].writes) for rank in sorted(plan)]
@@ -221,8 +223,10 @@ def test_pcp2_prefill_into_tp2_decode_rank_by_rank_bitwise(model, groups, worker
             token_ids=generation_pb2.TokenIds(ids=PROMPT), sampling=SAMPLING
         )
         routed = list(router.stub.Generate(request, timeout=120))
+    # The decode group kept the prompt's blocks from the handoff above: only the rest and the slot move.
     assert routed[-1].route.prefill_worker == groups["prefill"].address
-    assert routed[-1].route.transfer_bytes == first.transfer_bytes
+    assert routed[-1].usage.cached_tokens > 0
+    assert 0 < routed[-1].route.transfer_bytes < first.transfer_bytes
     assert [t for m in routed for t in m.token_ids] == want_tokens
     assert workers.nothing_held()
 

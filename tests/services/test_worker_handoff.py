@@ -150,3 +150,35 @@ def test_check_integrity_shows_a_reservation_then_nothing_held(workers):
         assert after.ok, after.error
         assert (after.used_blocks, after.used_slots, after.reserved, after.held) == (0, 0, 0, 0)
         assert not after.request_ids and after.total_blocks > 0
+
+
+def test_decode_keeps_its_own_hit_and_the_prefill_sends_only_the_rest(workers):
+    model, decode, prefill, _ = workers
+    sampling = generation_pb2.SamplingParameters(max_tokens=3, ignore_eos=True, logprobs=0)
+    _, whole, _ = disaggregated(decode, prefill, "turn-1", PROMPT, sampling)
+    turn2 = PROMPT[:32] + list(range(100, 109))  # two blocks of 16 decode now holds, then new tokens
+    reserved, first, decoded = disaggregated(decode, prefill, "turn-2", turn2, sampling)
+    assert reserved.reservation.cached_tokens == 32
+    assert 0 < first.transfer_bytes < whole.transfer_bytes  # one block and the slot, not three blocks
+    assert decoded[-1].usage.cached_tokens >= 32
+    want = LLM(str(model), batch_invariant=True, dtype="float32").generate(
+        [turn2], SamplingParams(max_tokens=3, temperature=0, logprobs=0, ignore_eos=True)
+    )[0]
+    logprobs = [p for message in decoded for p in message.logprobs]
+    assert [t for message in decoded for t in message.token_ids] == want.token_ids
+    as_bits = np.asarray(logprobs, dtype=np.float32).view(np.int32)
+    assert as_bits.tolist() == np.asarray(want.logprobs, dtype=np.float32).view(np.int32).tolist()
+
+    forged, lease = reserve(decode, "forged", turn2, sampling=sampling)
+    forged.reservation.cached_tokens = 7  # not whole blocks: refused before any prefill work
+    with pytest.raises(grpc.RpcError) as caught:
+        prefill.Prefill(
+            workers_pb2.PrefillRequest(
+                reservation=forged.reservation, endpoint=forged.endpoint, prompt_ids=turn2, sampling=sampling
+            ),
+            timeout=60,
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reservation.cached_tokens" in caught.value.details()
+    decode.Release(workers_pb2.ReleaseRequest(request_id="forged", no_handoff_in_flight=True), timeout=10)
+    assert list(lease) == []

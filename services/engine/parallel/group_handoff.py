@@ -123,8 +123,9 @@ class GroupHandoff:
         endpoints: tuple[TransferEndpoint, ...],
         timeout_s: float,
     ) -> tuple[RankSent, ...]:
-        """Write a held prefill's ``num_tokens`` cached tokens and KDA slot into ``reservation``, every
-        rank its part, then notify decode rank 0 (``endpoints[0]``) with the request id.
+        """Write a held prefill's ``num_tokens`` cached tokens (those after the reservation's
+        ``cached_tokens``, which decode holds) and KDA slot into ``reservation``, every rank its part,
+        then notify decode rank 0 (``endpoints[0]``) with the request id.
 
         Returns:
             every rank's report, in rank order.
@@ -142,7 +143,12 @@ class GroupHandoff:
         prefill_side, decode_side = handoff_side(self.layout), handoff_side(decode)
         check_mappable(self._model, prefill_side, decode_side)  # before any rank is involved
         rows = HandoffRequestRows(
-            num_tokens, held.block_ids, held.slot, reservation.block_ids, reservation.slot
+            num_tokens,
+            held.block_ids,
+            held.slot,
+            reservation.block_ids,
+            reservation.slot,
+            reservation.cached_tokens,
         )
         command = HandoffCommand(held.request_id, prefill_side, decode_side, rows, endpoints, timeout_s)
         start = time.monotonic()

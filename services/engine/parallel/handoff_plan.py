@@ -105,7 +105,9 @@ class HandoffRequestRows:
     """Where one request's state is on the prefill group and goes on the decode group.
 
     ``num_tokens`` cached tokens; block ids are table entries (each covering ``tokens_per_block`` of
-    its side), the same on every rank of a group, as is the slot.
+    its side), the same on every rank of a group, as is the slot. ``decode_held_tokens``: the leading
+    tokens the decode group already holds (its own prefix hit, whole decode blocks): their block rows
+    are not sent.
     """
 
     num_tokens: int
@@ -113,6 +115,7 @@ class HandoffRequestRows:
     prefill_slot: int
     decode_block_ids: tuple[int, ...]
     decode_slot: int
+    decode_held_tokens: int = 0
 
 
 def check_mappable(config: ModelConfig, prefill: HandoffSide, decode: HandoffSide) -> None:
@@ -162,10 +165,10 @@ def plan_handoff(
     """The prefill ranks' sends for one request: an entry for each rank of ``senders`` (default: every
     rank of the prefill group; a rank planning only its own part passes ``[rank]``).
 
-    Over all the group's ranks, every byte of the request's rows (tokens ``0 .. num_tokens - 1`` of each
-    block field) and of its slot's fields, on every decode rank, is written exactly once; beyond them
-    only alignment padding after a field that is copied whole. The plan is a pure function of its
-    arguments, so each rank may compute its own part.
+    Over all the group's ranks, every byte of the request's rows (tokens ``decode_held_tokens ..
+    num_tokens - 1`` of each block field) and of its slot's fields, on every decode rank, is written
+    exactly once; beyond them only alignment padding after a field that is copied whole. The plan is a
+    pure function of its arguments, so each rank may compute its own part.
 
     Raises:
         ValueError: ``check_mappable``'s errors, no tokens, too few block ids on a side, or a sender outside
@@ -174,6 +177,12 @@ def plan_handoff(
     check_mappable(config, prefill, decode)
     if rows.num_tokens < 1:
         raise ValueError(f"num_tokens: a handoff moves at least one cached token, got {rows.num_tokens}")
+    held = rows.decode_held_tokens
+    if held < 0 or held % decode.tokens_per_block or held >= rows.num_tokens:
+        raise ValueError(
+            f"decode_held_tokens: {held} is not whole decode blocks of {decode.tokens_per_block} tokens "
+            f"below num_tokens {rows.num_tokens}"
+        )
     for role, side, ids in (
         ("prefill", prefill, rows.prefill_block_ids),
         ("decode", decode, rows.decode_block_ids),
@@ -205,9 +214,8 @@ def _plan_blocks(
     stage_blocks = [prefill.rank_layouts(config, stage * source.stage_size)[0] for stage in range(source.pp)]
     for decode_rank in range(decode.parallel.world_size):
         layout = decode.rank_layouts(config, decode_rank)[0]
-        tokens = torch.arange(
-            decode.parallel.coordinates(decode_rank).dcp, rows.num_tokens, decode.parallel.dcp
-        )
+        first = rows.decode_held_tokens + decode.parallel.coordinates(decode_rank).dcp  # held: whole blocks
+        tokens = torch.arange(first, rows.num_tokens, decode.parallel.dcp)
         if not layout.fields or not len(tokens):
             continue
         sender, src_block, src_row, dst_block, dst_row, count = _token_runs(
