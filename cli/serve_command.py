@@ -144,7 +144,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.no_redis and args.redis_url:
         raise ValueError("--redis-url and --no-redis: choose one")
-    _check_node_l3(args)
+    check_node_l3(args)
     configs = worker_configs(args, args.redis_url)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             redis.stop()
 
 
-def _check_node_l3(args: argparse.Namespace) -> None:
+def check_node_l3(args: argparse.Namespace) -> None:
     """``--redis-l3-gib``: a finite size >= 0, and > 0 only with a node tier; ``--no-redis`` turns it off
     (said once in the log)."""
     gib = args.node_l3_gib
