@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from common.metrics import Metrics
 from common.sampling_params import SamplingParams
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
@@ -96,6 +97,12 @@ def test_wait_holds_the_request_until_its_prefetch_is_over():
         ("wait", "completed", 3600),
     ]
     assert scheduler.cache.prefetch_gate.pending == 0
+    metrics = Metrics("decode")  # as the worker observes each pass's outcomes
+    metrics.observe_prefetches(outcomes)
+    sample = metrics.registry.get_sample_value
+    assert sample("baton_hicache_prefetches_total", {"outcome": "started"}) == 1
+    assert sample("baton_hicache_prefetches_total", {"outcome": "completed"}) == 1
+    assert sample("baton_hicache_prefetch_wait_seconds_sum", {"policy": "wait"}) == 3600
 
 
 def test_timeout_ms_releases_the_request_after_n_ms_from_arrival():
