@@ -1,6 +1,7 @@
 """``baton cache``: the node's HiCache host tier (one per node; workers attach to it over gRPC)."""
 
 import argparse
+import math
 import os
 import signal
 import threading
@@ -27,6 +28,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="",
         metavar="redis://HOST:PORT",
         help="publish what the tier holds to HiCache's cluster index there (default: none)",
+    )
+    parser.add_argument(
+        "--redis-l3-gib",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="a Redis L3 below the tier, G GiB for the whole cluster: pages the tier evicts are written "
+        "there, and a worker's prefetch reads them back (needs --redis-url; default 0: none)",
     )
     parser.add_argument(
         "--node",
@@ -60,6 +69,7 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
     if args.kv_gib == 0:
         raise ValueError("--kv-gib: must be > 0 (the KV tier's host memory)")
     check_redis_url("--redis-url", args.redis_url)
+    check_l3_gib("--redis-l3-gib", args.redis_l3_gib, args.redis_url)
     return CacheConfig(
         kv_budget_bytes=int(args.kv_gib * GIB),
         kda_budget_bytes=int(args.kda_gib * GIB),
@@ -69,4 +79,17 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
         metrics_port=args.metrics_port,
         redis_url=args.redis_url,
         node=args.node,
+        l3_budget_bytes=int(args.redis_l3_gib * GIB),
     )
+
+
+def check_l3_gib(flag: str, gib: float, redis_url: str) -> None:
+    """An L3 size as given on ``flag``: a finite number >= 0, and > 0 only with a Redis URL.
+
+    Raises:
+        ValueError: naming ``flag``.
+    """
+    if not (math.isfinite(gib) and gib >= 0):
+        raise ValueError(f"{flag}: must be a finite number >= 0 (0: no L3), got {gib}")
+    if gib > 0 and not redis_url:
+        raise ValueError(f"{flag}: the L3 lives in Redis: give --redis-url too (or set {flag} 0)")

@@ -19,7 +19,7 @@ from services.worker_config import ROLES, WorkerConfig
 
 log = logging.getLogger(__name__)
 # EngineConfig's per-worker tier fields (hcengine's): under `baton serve` the node's tier takes their place.
-NODE_TIER_FIELDS = ("host_cache_gib", "host_cache_address", "host_cache_kda_fraction")
+NODE_TIER_FIELDS = ("host_cache_gib", "host_cache_address", "host_cache_kda_fraction", "redis_l3_gib")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -79,6 +79,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a Redis to use (default: start a redis-server on a free local port; with --ray, none)",
     )
     redis.add_argument("--no-redis", action="store_true", help="no Redis: no cluster index, no L3")
+    redis.add_argument(
+        "--redis-l3-gib",
+        dest="node_l3_gib",  # not EngineConfig's redis_l3_gib: the node's tier has the L3, not each worker
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="GiB of Redis for an L3 below the node's tier (--host-cache-gib): pages it evicts are written "
+        "there and prefetched back for requests that match them (default 0: none; off with --no-redis)",
+    )
     engine = parser.add_argument_group("every worker's engine (baton worker's engine flags)")
     # The host tier is the node's `baton cache` here (below), not one inside each worker.
     add_config_flags(engine, EngineConfig, exclude=NODE_TIER_FIELDS)
@@ -135,6 +144,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.no_redis and args.redis_url:
         raise ValueError("--redis-url and --no-redis: choose one")
+    check_node_l3(args)
     configs = worker_configs(args, args.redis_url)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
@@ -153,6 +163,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if redis is not None:
             redis.stop()
+
+
+def check_node_l3(args: argparse.Namespace) -> None:
+    """``--redis-l3-gib``: a finite size >= 0, and > 0 only with a node tier; ``--no-redis`` turns it off
+    (said once in the log)."""
+    gib = args.node_l3_gib
+    if not (math.isfinite(gib) and gib >= 0):
+        raise ValueError(f"--redis-l3-gib: must be a finite number >= 0 (0: no L3), got {gib}")
+    if gib > 0 and not args.node_cache_gib > 0:
+        raise ValueError(
+            "--redis-l3-gib: the L3 sits below the node's tier: give --host-cache-gib too, or set 0"
+        )
+    if gib > 0 and args.no_redis:
+        log.warning("--redis-l3-gib %g: off, --no-redis gives the tier no Redis", gib)
 
 
 def _start_redis() -> RedisServer | None:
@@ -264,7 +288,8 @@ def node_cache(args: argparse.Namespace, worker: WorkerConfig) -> ManagedCache |
     kv_gib, kda_gib = node_cache_split(args.node_cache_gib, args.node_cache_kda_fraction)
     if kv_gib == 0:
         return None
-    return ManagedCache(kv_gib, kda_gib, redis_url=worker.redis_url, node=worker.node)
+    l3_gib = args.node_l3_gib if worker.redis_url else 0.0  # no Redis (--no-redis, no binary): no L3
+    return ManagedCache(kv_gib, kda_gib, redis_url=worker.redis_url, node=worker.node, l3_gib=l3_gib)
 
 
 def node_cache_config(args: argparse.Namespace) -> CacheConfig | None:
@@ -275,8 +300,13 @@ def node_cache_config(args: argparse.Namespace) -> CacheConfig | None:
     if not 0 < args.host_cache_port < 65536:
         raise ValueError(f"--host-cache-port: a fixed port in 1..65535, got {args.host_cache_port}")
     # Each node's tier and its workers name the node by its host name (their default) in the index.
+    l3_bytes = int(args.node_l3_gib * GIB) if args.redis_url else 0  # with --ray, only --redis-url gives one
     return CacheConfig(
-        int(kv_gib * GIB), int(kda_gib * GIB), port=args.host_cache_port, redis_url=args.redis_url or ""
+        int(kv_gib * GIB),
+        int(kda_gib * GIB),
+        port=args.host_cache_port,
+        redis_url=args.redis_url or "",
+        l3_budget_bytes=l3_bytes,
     )
 
 

@@ -147,6 +147,7 @@ class Metrics:
             registry=r,
         )
         self._init_host_tier_metrics()
+        self._init_l3_metrics()
 
     def _init_host_tier_metrics(self) -> None:
         """The ``baton_hicache_*`` metrics of the node's host tier (``baton cache``), by ``kind``."""
@@ -203,6 +204,73 @@ class Metrics:
                 total = getattr(kind_stats, field)
                 counter.labels(*labels).inc(total - self._hicache_seen.get((kind, field), 0))
                 self._hicache_seen[(kind, field)] = total
+
+    def _init_l3_metrics(self) -> None:
+        """HiCache's Redis L3 below the host tier (``baton cache``, or a worker's own tier) and the
+        workers' prefetch from it (``docs/hicache.md``, "L3 (Redis)" and "Prefetch")."""
+        r = self.registry
+        self.hicache_l3_hits = Counter(
+            "baton_hicache_l3_hits_total",
+            "L3 hits of prefetches: KV pages found; KDA prefetches that found a deeper snapshot",
+            ["kind"],
+            registry=r,
+        )
+        self.hicache_l3_misses = Counter(
+            "baton_hicache_l3_misses_total",
+            "L3 misses of prefetches: KV pages not found; KDA prefetches that found no deeper snapshot",
+            ["kind"],
+            registry=r,
+        )
+        self.hicache_l3_bytes = Counter(
+            "baton_hicache_l3_bytes_total",
+            "Page bytes read from the L3 into the host tier (read), written back to it on eviction (write)",
+            ["kind", "direction"],
+            registry=r,
+        )
+        self.hicache_l3_writeback_dropped = Counter(
+            "baton_hicache_l3_writeback_dropped_total",
+            "Evicted pages not written to the L3 (write-back queue full, checksum changed, Redis down)",
+            ["kind"],
+            registry=r,
+        )
+        self.hicache_prefetches = Counter(
+            "baton_hicache_prefetches_total",
+            "Worker prefetches from the L3: started; at admission completed, timed_out (the timeout_ms "
+            "policy let the request go first) or not_waited (best_effort, unfinished)",
+            ["outcome"],
+            registry=r,
+        )
+        self.hicache_prefetch_wait = Histogram(
+            "baton_hicache_prefetch_wait_seconds",
+            "Arrival to the moment the prefetch policy let a request be admitted",
+            ["policy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._l3_seen: dict[tuple[str, str], int] = {}
+
+    def observe_l3(self, stats: dict) -> None:
+        """Refresh the ``baton_hicache_l3_*`` counters from ``TierL3.stats()`` (kind -> ``L3KindStats``,
+        whose counters only grow)."""
+        for kind, kind_stats in stats.items():
+            for field, counter, labels in (
+                ("hits", self.hicache_l3_hits, (kind,)),
+                ("misses", self.hicache_l3_misses, (kind,)),
+                ("bytes_read", self.hicache_l3_bytes, (kind, "read")),
+                ("bytes_written", self.hicache_l3_bytes, (kind, "write")),
+                ("dropped", self.hicache_l3_writeback_dropped, (kind,)),
+            ):
+                total = getattr(kind_stats, field)
+                counter.labels(*labels).inc(total - self._l3_seen.get((kind, field), 0))
+                self._l3_seen[(kind, field)] = total
+
+    def observe_prefetches(self, outcomes) -> None:
+        """Count prefetch outcomes (``PrefetchOutcome``s: ``policy``, ``outcome``, ``wait_s``; ``wait_s``
+        None for ``started``)."""
+        for outcome in outcomes:
+            self.hicache_prefetches.labels(outcome.outcome).inc()
+            if outcome.wait_s is not None:
+                self.hicache_prefetch_wait.labels(outcome.policy).observe(outcome.wait_s)
 
     def redis_health(self, up: bool) -> None:
         """``baton_hicache_redis_up`` for this process's role (a ``RedisLink``'s ``on_health``)."""

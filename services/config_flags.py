@@ -78,6 +78,12 @@ HELP = {
     "a later request loads instead of recomputing; docs/hicache.md); 0: no tier",
     "host_cache_address": "HOST:PORT of the node's `baton cache` tier, used instead of one in this process",
     "host_cache_kda_fraction": "share of --host-cache-gib for KDA snapshots (the rest: KV blocks)",
+    "redis_l3_gib": "GiB of Redis (at --redis-url) for an L3 below this engine's own tier: pages it evicts "
+    "are written there and prefetched back; 0: none",
+    "prefetch_policy": "admitting a request whose prefix is being prefetched from the L3: best_effort (at "
+    "once, with what arrived), wait (once the prefetch is over), timeout_ms (that, or --prefetch-timeout-ms "
+    "after arrival)",
+    "prefetch_timeout_ms": "the timeout_ms prefetch policy's longest wait",
     "tp": "tensor-parallel ranks (attention heads and experts split across them)",
     "dcp": "decode-context-parallel ranks (the cached tokens split across them)",
     "pp": "pipeline-parallel stages (the layers split across them)",
@@ -89,9 +95,16 @@ HELP = {
 
 def _choices() -> dict[str, tuple[str, ...]]:
     from services.engine.cache.layout import KV_FORMATS
+    from services.engine.engine_config import PREFETCH_POLICIES
     from services.engine.model.backends import KERNEL_BACKENDS
 
-    return {"role": ROLES, "dtype": DTYPE_NAMES, "kv_format": KV_FORMATS, "kernels": KERNEL_BACKENDS}
+    return {
+        "role": ROLES,
+        "dtype": DTYPE_NAMES,
+        "kv_format": KV_FORMATS,
+        "kernels": KERNEL_BACKENDS,
+        "prefetch_policy": PREFETCH_POLICIES,
+    }
 
 
 _METAVARS = {"fault_delays": "PHASE=S", "fail_transfers": "N"}

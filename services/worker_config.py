@@ -86,6 +86,11 @@ class WorkerConfig:
         if self.max_workers is not None and self.max_workers < 1:
             raise ValueError(f"max_workers: must be >= 1, got {self.max_workers}")
         check_redis_url("redis_url", self.redis_url)
+        if self.engine.redis_l3_gib > 0 and not self.redis_url:
+            raise ValueError(
+                "engine.redis_l3_gib: --redis-l3-gib puts the tier's L3 in Redis: give --redis-url too "
+                "(or set 0)"
+            )
 
     def to_dict(self) -> dict:
         """The config as plain data in the file's shape (``engine`` nested), which ``from_dict`` reads."""

@@ -41,7 +41,8 @@ class WorkerServer:
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         ttl = config.reservation_ttl_s if config.role == "decode" else None
-        self.engine = EngineService(EngineCore(config.engine), reservation_ttl_s=ttl)
+        core = EngineCore(config.engine, redis_url=config.redis_url)
+        self.engine = EngineService(core, reservation_ttl_s=ttl)
         self.metrics.record_engine(self.engine.info)
         self.node = config.node or socket.gethostname()
         self.stats = StatsBoard(self.name, self.node)
@@ -122,6 +123,7 @@ class WorkerServer:
             )
         self.metrics.observe_load(report.load)
         self.metrics.observe_queue_times(report.queue_times)
+        self.metrics.observe_prefetches(report.prefetches)
         self.stats.update(report.load)
         self.load_feed.publish(report.cache_events)
 

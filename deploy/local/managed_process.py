@@ -125,7 +125,8 @@ def _serving(address: str, deadline: float) -> bool:
 
 class ManagedCache(ManagedProcess):
     """The node's ``baton cache`` (the HiCache host tier): ``kv_gib`` / ``kda_gib`` of host memory,
-    publishing what it holds to the cluster index at ``redis_url`` as ``node`` ("": not / the host name).
+    publishing what it holds to the cluster index at ``redis_url`` as ``node`` ("": not / the host name),
+    with an L3 of ``l3_gib`` there below it (0: none).
 
     Its pages live only in its memory: a restart starts an empty tier, and the workers' clients attach to
     it again by themselves (``services/hicache/client.py``).
@@ -134,8 +135,17 @@ class ManagedCache(ManagedProcess):
     name = "cache"
     grace_period_s = 0.0
 
-    def __init__(self, kv_gib: float, kda_gib: float, port: int = 0, redis_url: str = "", node: str = ""):
+    def __init__(
+        self,
+        kv_gib: float,
+        kda_gib: float,
+        port: int = 0,
+        redis_url: str = "",
+        node: str = "",
+        l3_gib: float = 0.0,
+    ):
         super().__init__(port)
+        self.l3_gib = l3_gib
         self.kv_gib = kv_gib
         self.kda_gib = kda_gib
         self.redis_url = redis_url
@@ -146,5 +156,6 @@ class ManagedCache(ManagedProcess):
         index = [
             *(["--redis-url", self.redis_url] if self.redis_url else []),
             *(["--node", self.node] if self.node else []),
+            *(["--redis-l3-gib", repr(self.l3_gib)] if self.l3_gib and self.redis_url else []),
         ]
         return ["cache", "--port", str(self.port), *sizes, *index, "--exit-with-parent"]

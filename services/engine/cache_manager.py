@@ -22,6 +22,10 @@ asks how deep the tier can restore the chain, ``admit`` leases those pages, copi
 blocks and the KDA snapshot into the request's slot (or, if a page went missing or failed its
 checksum, falls back to the device hit). Every block and snapshot registered is written through to the
 tier, and a cached block the pool is about to reuse is offloaded first if the tier lacks it.
+
+With a Redis L3 below the tier, ``prefetch`` (when a request arrives) starts bringing its prefix from
+the L3 into the tier, and ``ready`` (the scheduler, before admitting it) answers by the worker's
+prefetch policy (``prefetch_gate.py``).
 """
 
 import dataclasses
@@ -40,6 +44,7 @@ from services.engine.parallel.rank_step import RESTORE, SAVE, StateCopy
 
 from .engine_config import EngineConfig
 from .host_cache_connector import HostCacheConnector
+from .prefetch_gate import BEST_EFFORT, PrefetchGate, PrefetchOutcome
 from .request import Request
 
 
@@ -75,6 +80,8 @@ class CacheManager:
         snapshot_stride: take a snapshot every this many blocks.
         dcp: the decode-context-parallel degree: a block id covers ``dcp * blocks.block_size`` tokens.
         host: the host tier's connector, or None (no tier).
+        prefetch_gate: when a request whose prefix is prefetched from the L3 may be admitted (default:
+            ``best_effort``, never held back).
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class CacheManager:
         snapshot_stride: int = 1,
         dcp: int = 1,
         host: HostCacheConnector | None = None,
+        prefetch_gate: PrefetchGate | None = None,
     ):
         self.blocks = blocks
         self.block_tokens = dcp * blocks.block_size
@@ -97,6 +105,7 @@ class CacheManager:
         self.host = host
         if host is not None:
             blocks.on_evict = host.offload
+        self.prefetch_gate = prefetch_gate or PrefetchGate(BEST_EFFORT, 0)
 
     def record_state_copies(self) -> None:
         """From now on keep every snapshot save and restore for ``take_state_copies``."""
@@ -114,10 +123,12 @@ class CacheManager:
             self._state_copies.append(StateCopy(kind, slot, snapshot))
 
     @classmethod
-    def for_model(cls, config: EngineConfig, model: CausalLM, scratch: bool = False) -> "CacheManager":
+    def for_model(
+        cls, config: EngineConfig, model: CausalLM, scratch: bool = False, redis_url: str = ""
+    ) -> "CacheManager":
         """The pools ``config`` asks for, laid out for ``model`` (its shard, on a parallel rank) on
         ``config.device`` (a pipeline stage's layers only); ``scratch``: a spare block and slot for
-        CUDA-graph padding rows."""
+        CUDA-graph padding rows; ``redis_url``: the Redis of the own tier's L3 (``redis_l3_gib``)."""
         dtype = model.dtype
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         layers = stage_position(model.parallel, model.config.num_hidden_layers)[0]  # all at --pp 1
@@ -143,9 +154,15 @@ class CacheManager:
             host = HostCacheConnector.remote(config.host_cache_address, blocks, slots)
         if config.host_cache_gib > 0:
             host = HostCacheConnector.in_process(
-                blocks, slots, config.host_cache_gib, config.host_cache_kda_fraction
+                blocks,
+                slots,
+                config.host_cache_gib,
+                config.host_cache_kda_fraction,
+                redis_url=redis_url,
+                l3_gib=config.redis_l3_gib,
             )
-        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp, host)
+        gate = PrefetchGate(config.prefetch_policy, config.prefetch_timeout_ms)
+        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp, host, gate)
 
     def apply_state_copies(self, copies: tuple[StateCopy, ...]) -> None:
         """A follower rank: make the KDA state copies rank 0's cache manager recorded, in order."""
@@ -208,6 +225,26 @@ class CacheManager:
         """The hashes of the prompt blocks a hit may cover: all full blocks but one token's worth (a
         request computes at least its last prompt token)."""
         return self._hashes(request)[: (request.num_tokens - 1) // self.block_tokens]
+
+    def prefetch(self, request: Request) -> None:
+        """A request arrived: start bringing its prefix from the L3 into the host tier while it queues
+        (nothing without an L3, or when the device pool holds the whole prefix)."""
+        if self.host is None or self.host.prefetcher is None or not self.prefix_caching:
+            return
+        hashes = self._prompt_hashes(request)
+        if len(self._device_blocks(hashes)) == len(hashes):
+            return
+        handle = self.host.start_prefetch(hashes)
+        if handle is not None:
+            self.prefetch_gate.start(request.request_id, handle)
+
+    def ready(self, request: Request) -> bool:
+        """Whether the prefetch policy lets the waiting ``request`` be admitted now."""
+        return self.prefetch_gate.ready(request.request_id)
+
+    def take_prefetch_outcomes(self) -> list[PrefetchOutcome]:
+        """Prefetch outcomes since the last call (for the worker's metrics)."""
+        return self.prefetch_gate.take_outcomes()
 
     def _device_blocks(self, hashes: list[bytes]) -> tuple[int, ...]:
         found = []
@@ -318,6 +355,7 @@ class CacheManager:
 
     def release(self, request: Request) -> None:
         """Return everything the request holds; registered blocks stay cached for later matches."""
+        self.prefetch_gate.forget(request.request_id)
         self.blocks.free(request.block_table)
         request.block_table = []
         if request.slot is not None:

@@ -7,6 +7,7 @@ from services.engine.model.backends import KERNEL_BACKENDS, default_kernels
 from services.engine.parallel.layout import ParallelLayout
 
 DEVICES = ("cpu", "cuda")
+PREFETCH_POLICIES = ("best_effort", "wait", "timeout_ms")  # services/engine/prefetch_gate.py
 PARALLEL_DEGREES = ("tp", "dcp", "pp", "pcp", "ep")
 
 
@@ -43,6 +44,14 @@ class EngineConfig:
             this process ("" for none).
         host_cache_kda_fraction: the share of ``host_cache_gib`` given to KDA snapshots (the rest holds
             KV blocks).
+        redis_l3_gib: a Redis L3 below this engine's own tier (``host_cache_gib``), GiB for the whole
+            cluster; 0: none. The URL is the worker's ``redis_url`` (``EngineCore(redis_url=...)``). A
+            node tier (``host_cache_address``) has its own (``baton cache --redis-l3-gib``).
+        prefetch_policy: when a request waiting for its prefix to come from the L3 into the host tier may
+            be admitted (``docs/hicache.md``, "Prefetch"): ``best_effort`` (whenever the scheduler would),
+            ``wait`` (once the prefetch is over), ``timeout_ms`` (that, or ``prefetch_timeout_ms`` after
+            its arrival).
+        prefetch_timeout_ms: the ``timeout_ms`` policy's longest wait.
         tp, dcp, pp, pcp, ep: the parallel degrees (``services/engine/parallel/layout.py``): tensor,
             decode-context, pipeline and prefill-context parallel ranks (their product is the number
             of processes the engine runs as), and expert parallelism over ranks of one stage.
@@ -67,6 +76,9 @@ class EngineConfig:
     host_cache_gib: float = 0.0
     host_cache_address: str = ""
     host_cache_kda_fraction: float = 0.25
+    redis_l3_gib: float = 0.0
+    prefetch_policy: str = "best_effort"
+    prefetch_timeout_ms: int = 500
     tp: int = 1
     dcp: int = 1
     pp: int = 1
@@ -111,6 +123,7 @@ class EngineConfig:
             raise ValueError(f"host_cache_gib: must be a finite number >= 0 (0: no tier), got {gib!r}")
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
             raise ValueError(f"host_cache_kda_fraction: must be in (0, 1), got {fraction!r}")
+        self._check_l3()
         if not self.host_cache:
             return
         if gib > 0 and self.host_cache_address:
@@ -127,6 +140,27 @@ class EngineConfig:
             raise ValueError(
                 f"host_cache_gib: a host tier is not supported yet on a parallel engine ({self.world_size} "
                 "ranks); set --host-cache-gib 0 (and no --host-cache-address) or run one rank"
+            )
+
+    def _check_l3(self) -> None:
+        l3 = self.redis_l3_gib
+        if isinstance(l3, bool) or not isinstance(l3, (int, float)) or not math.isfinite(l3) or l3 < 0:
+            raise ValueError(f"redis_l3_gib: must be a finite number >= 0 (0: no L3), got {l3!r}")
+        if self.prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(
+                f"prefetch_policy: {self.prefetch_policy!r} is not one of {', '.join(PREFETCH_POLICIES)}"
+            )
+        timeout = self.prefetch_timeout_ms
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+            raise ValueError(f"prefetch_timeout_ms: must be an integer >= 0, got {timeout!r}")
+        if l3 > 0 and self.host_cache_address:
+            raise ValueError(
+                f"redis_l3_gib: the node's tier at host_cache_address {self.host_cache_address!r} has its "
+                "own L3 (baton cache --redis-l3-gib); set --redis-l3-gib 0 here"
+            )
+        if l3 > 0 and self.host_cache_gib == 0:
+            raise ValueError(
+                "redis_l3_gib: an L3 sits below a host tier: give --host-cache-gib too, or set 0"
             )
 
     @property

@@ -45,6 +45,8 @@ class EngineCore:
         config: the validated engine configuration.
         model: an already built model on ``config.device`` (random real-shape presets); None loads
             ``config.model`` from disk.
+        redis_url: the Redis of the L3 below the engine's own host tier (``config.redis_l3_gib``; the
+            worker's ``--redis-url``).
 
     With ``config.world_size > 1`` this process is rank 0 of a ``RankGroup``: the follower ranks start
     here, each loads its shard, and every step's forward runs on all of them; ``close`` stops them.
@@ -54,7 +56,7 @@ class EngineCore:
             that cannot (``check_parallel``, naming the flag), before any weight is read.
     """
 
-    def __init__(self, config: EngineConfig, model: CausalLM | None = None):
+    def __init__(self, config: EngineConfig, model: CausalLM | None = None, redis_url: str = ""):
         self.config = config
         check_kernels(config.kernel_backend, config.device, config.batch_invariant)
         prebuilt = model is not None
@@ -73,7 +75,7 @@ class EngineCore:
             raise
         self.model = model
         use_graphs = self._use_cuda_graphs()
-        self.cache = CacheManager.for_model(config, self.model, scratch=use_graphs)
+        self.cache = CacheManager.for_model(config, self.model, scratch=use_graphs, redis_url=redis_url)
         self.model_fingerprint = (
             checkpoint_fingerprint(config.model) if not prebuilt else f"built:{config.model}"
         )

@@ -43,6 +43,7 @@ class EnginePass:
     expired: tuple[str, ...]  # reservations the TTL freed in this pass
     queue_times: tuple[float, ...]  # arrival-to-first-step seconds of requests started since the last pass
     cache_events: tuple[CacheEvent, ...]  # prefix-cache blocks inserted and evicted in this pass, in order
+    prefetches: tuple = ()  # PrefetchOutcome's since the last pass (services/engine/prefetch_gate.py)
 
 
 @dataclass(frozen=True)

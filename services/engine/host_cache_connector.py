@@ -16,6 +16,10 @@ the request's salted hash chain. Two concerns are kept apart: the tier's bookkee
 ``baton cache`` service for ``remote``) and moving the rows (``host_rows.py``: torch copies, or this
 engine's NIXL agent reading and writing the service's regions).
 
+With a Redis L3 below the tier (``services/hicache/tier_l3.py``: this engine's own ``TierL3``, or the
+``baton cache`` service's), ``start_prefetch`` asks the tier to bring a request's chain from the L3
+into its pages while the request queues; the scheduler's ``PrefetchGate`` decides how long it waits.
+
 A page whose checksum fails is dropped by the tier's ``begin_get``: the lease comes back short, the
 cache manager falls back to the device pool's own hit and the request recomputes the rest. A row
 move that fails (a remote tier died or restarted mid-way) is the same miss: ``copy_in`` answers
@@ -32,7 +36,9 @@ import torch
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.state_pool import StateSlotPool
 from services.hicache.host_tier import KDA, KV, HostTier, TierMatch
-from services.hicache.port import HostTierPort
+from services.hicache.port import HostTierPort, PrefetchHandle, PrefetchPort
+from services.hicache.redis_l3 import RedisL3
+from services.hicache.tier_l3 import TierL3
 
 from .host_rows import LocalRows, RemoteRows
 
@@ -65,6 +71,7 @@ class HostCacheConnector:
         blocks: the device block pool.
         slots: the device KDA state-slot pool (a model without KDA layers has an empty layout).
         reasons_kept: how many snapshots' save reasons to remember (the tier's KDA page count).
+        prefetcher: what starts a prefetch from the tier's L3 (None: the tier has none).
     """
 
     def __init__(
@@ -74,9 +81,11 @@ class HostCacheConnector:
         blocks: BlockPool,
         slots: StateSlotPool,
         reasons_kept: int,
+        prefetcher: PrefetchPort | None = None,
     ):
         self.has_state = bool(slots.layout.fields)
         self.tier = tier
+        self.prefetcher = prefetcher
         self.rows = rows
         self.blocks = blocks
         self.slots = slots
@@ -91,14 +100,24 @@ class HostCacheConnector:
 
     @classmethod
     def in_process(
-        cls, blocks: BlockPool, slots: StateSlotPool, gib: float, kda_fraction: float
+        cls,
+        blocks: BlockPool,
+        slots: StateSlotPool,
+        gib: float,
+        kda_fraction: float,
+        redis_url: str = "",
+        l3_gib: float = 0.0,
     ) -> "HostCacheConnector":
         """A tier of ``gib`` GiB owned by this engine: ``kda_fraction`` of it for KDA snapshots (all of
-        it for KV blocks on a model without KDA layers).
+        it for KV blocks on a model without KDA layers); with ``l3_gib`` > 0, a Redis L3 of that size
+        at ``redis_url`` below it.
 
         Raises:
-            ValueError: a budget too small for one page of a kind, naming ``host_cache_gib``.
+            ValueError: a budget too small for one page of a kind, naming ``host_cache_gib``; an L3
+                without a URL, naming ``redis_l3_gib``.
         """
+        if l3_gib > 0 and not redis_url:
+            raise ValueError("redis_l3_gib: the L3 lives in Redis: give the worker --redis-url, or set 0")
         total = int(gib * GIB)
         has_state = bool(slots.layout.fields)
         kda_budget = int(total * kda_fraction) if has_state else 0
@@ -117,7 +136,10 @@ class HostCacheConnector:
             layout_fingerprint(blocks, slots),
         )
         kda_pages = tier.kda.num_pages if tier.kda is not None else 0
-        return cls(tier, LocalRows(tier, blocks, slots), blocks, slots, kda_pages)
+        l3 = None
+        if l3_gib > 0:
+            l3 = TierL3(tier, RedisL3(redis_url, int(l3_gib * GIB), tier.layout_fingerprint))
+        return cls(tier, LocalRows(tier, blocks, slots), blocks, slots, kda_pages, prefetcher=l3)
 
     @classmethod
     def remote(
@@ -147,13 +169,20 @@ class HostCacheConnector:
             ) from None
         kda = client.stats().get(KDA)
         kept = kda.pages_total if kda is not None else REMOTE_REASONS_KEPT
-        return cls(client, RemoteRows(client, blocks, slots), blocks, slots, kept)
+        return cls(client, RemoteRows(client, blocks, slots), blocks, slots, kept, prefetcher=client)
 
     def match(self, hashes: Sequence[bytes]) -> TierMatch:
         """What the tier holds of ``hashes``; ``usable_depth``: the leading blocks it can restore a
         request to (the hybrid rule: up to its deepest KDA snapshot within its KV depth; the KV depth
         without KDA state)."""
         return self.tier.match(hashes, self.has_state)
+
+    def start_prefetch(self, hashes: Sequence[bytes]) -> PrefetchHandle | None:
+        """Ask the tier to bring what it lacks of ``hashes`` from its L3, without waiting; None when the
+        tier has no L3 or there is nothing to ask."""
+        if self.prefetcher is None or not hashes:
+            return None
+        return self.prefetcher.prefetch(list(hashes), self.has_state)
 
     def lease(self, hashes: Sequence[bytes], first: int, with_state: bool = True) -> HostLeases:
         """Lease the pages of ``hashes[first:]`` and (``with_state``, a model with KDA state) the KDA

@@ -33,6 +33,7 @@ class LLM:
         device: ``cpu`` or ``cuda``.
         batch_invariant: bitwise-reproducible numerics whatever the batch.
         prebuilt: a model already on ``device`` (``build_random_model``); ``model`` then only names it.
+        redis_url: the Redis of the L3 below the engine's own host tier (``redis_l3_gib``).
         **engine_options: other ``EngineConfig`` fields (``max_num_seqs``, ``max_num_batched_tokens``,
             ``block_size``, ``num_blocks``, ``max_model_len``, ``dtype``).
     """
@@ -43,12 +44,13 @@ class LLM:
         device: str = "cpu",
         batch_invariant: bool = False,
         prebuilt: CausalLM | None = None,
+        redis_url: str = "",
         **engine_options,
     ):
         self.config = EngineConfig(
             model=str(model), device=device, batch_invariant=batch_invariant, **engine_options
         )
-        self.engine = EngineCore(self.config, prebuilt)
+        self.engine = EngineCore(self.config, prebuilt, redis_url=redis_url)
         self.tokenizer: Tokenizer | None = None
         if prebuilt is None:
             try:

@@ -84,6 +84,7 @@ class Scheduler:
         self._validate(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.cache.prefetch(request)
 
     def reserve(self, request: Request) -> None:
         """Decode side of a handoff: hold blocks for the prompt and a slot, for a prefill worker to fill.
@@ -200,6 +201,8 @@ class Scheduler:
             budget -= count
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if not self.cache.ready(request):  # its prefetch from the L3 is not over (the policy waits)
+                break
             hit = self.cache.find_prefix(request)
             start = hit.num_blocks * self.cache.block_tokens
             count = self._chunk_size(request, start, budget, self.cache.branch_point(hit))

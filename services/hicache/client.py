@@ -44,12 +44,14 @@ class HostCacheClient:
     Args:
         address: ``HOST:PORT`` of the service.
         timeout_s: deadline of each call.
+        prefetch_timeout_s: deadline of a ``Prefetch`` (nobody waits on it longer than its policy says).
         retry_s: after a failed call, how long calls are answered without the tier before it is tried again.
         clock: monotonic seconds (tests pass their own).
 
     Attributes:
         epoch: how many tier runs this client attached to (1 after the first ``attach`` that reached it).
         skipped_calls: calls answered as a miss or skipped because the tier could not be reached.
+        has_l3: the tier run attached to has a Redis L3 (``prefetch`` asks it only then).
         outages: how many times the tier became unreachable (one log line each).
     """
 
@@ -59,14 +61,17 @@ class HostCacheClient:
         timeout_s: float = 5.0,
         retry_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        prefetch_timeout_s: float = 30.0,
     ):
         self.address = address
         self.timeout_s = timeout_s
+        self.prefetch_timeout_s = prefetch_timeout_s
         self.retry_s = retry_s
         self.layout_fingerprint = ""
         self.epoch = 0
         self.skipped_calls = 0
         self.outages = 0
+        self.has_l3 = False
         self._clock = clock
         self._layout: tuple[str, int, int] | None = None
         self._endpoint: TransferEndpoint | None = None
@@ -162,6 +167,16 @@ class HostCacheClient:
         if tier_lease is not None:
             self._call("EndGet", host_cache_pb2.LeaseRequest(lease_id=tier_lease))
 
+    def prefetch(self, hashes: Sequence[bytes], has_state: bool) -> "RemotePrefetch":
+        """Start the service's ``Prefetch`` without waiting (``PrefetchPort``): done once it answered or
+        failed; at once without the tier (nothing fetched)."""
+        with self._lock:
+            skip = self._layout is None or self._down or not self.has_l3 or not hashes
+        if skip:
+            return RemotePrefetch(None)
+        request = host_cache_pb2.PrefetchRequest(hashes=hashes, has_state=has_state)
+        return RemotePrefetch(self._stub.Prefetch.future(request, timeout=self.prefetch_timeout_s))
+
     def stats(self) -> dict[str, KindStats]:
         """``HostTier.stats`` on the service; empty without the tier."""
         response = self._call("Stats", host_cache_pb2.TierStatsRequest())
@@ -223,6 +238,7 @@ class HostCacheClient:
                 raise ValueError(error.details()) from None
             self._lost(f"Attach: {error.code().name}")
             return False
+        self.has_l3 = response.l3
         if response.tier_id != self._tier_id:
             if self._tier_id:
                 log.warning("host cache %s: attached to a restarted tier (its pages are gone)", self.address)
@@ -246,3 +262,21 @@ class HostCacheClient:
             )
         self._down = True
         self._retry_at = self._clock() + self.retry_s
+
+
+class RemotePrefetch:
+    """A ``Prefetch`` call in flight (``PrefetchHandle``): ``done()`` once it answered or failed (a
+    failure is a prefetch that fetched nothing: the request then misses what it would have loaded)."""
+
+    def __init__(self, future: grpc.Future | None):
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def pages(self) -> tuple[int, int]:
+        """``(kv_pages, kda_pages)`` it brought into the tier; ``(0, 0)`` unfinished or failed."""
+        if not self.done() or self._future is None or self._future.exception() is not None:
+            return 0, 0
+        response = self._future.result()
+        return response.kv_pages, response.kda_pages

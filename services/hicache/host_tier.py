@@ -15,6 +15,9 @@ torch; a worker in another process reads and writes them over NIXL (``services/h
 
 Thread-safe: one lock serializes every index change; the pages' checksums are computed outside it,
 while their lease keeps them in place.
+
+A tier with an L3 below it (``tier_l3.py``) gets the pages it evicts for room through
+``set_eviction_sink``: a copy of each page's bytes, taken before the put that evicted it can write.
 """
 
 import itertools
@@ -24,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .page_arena import PageArena, page_checksum
+from .page_arena import EvictedPage, PageArena, page_checksum
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,19 @@ class TierEvent:
     kind: str
     block_hash: bytes
     inserted: bool
+
+
+@dataclass(frozen=True)
+class EvictedBytes:
+    """A page evicted for room: its hash, a copy of its bytes and the checksum they had when committed
+    (for an L3 to verify before keeping them)."""
+
+    block_hash: bytes
+    page: bytes
+    checksum: int
+
+
+EvictionSink = Callable[[str, list[EvictedBytes]], None]
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,7 @@ class HostTier:
         self._lease_ttl_s = lease_ttl_s
         self._clock = clock
         self._events: list[TierEvent] | None = None  # None: nobody records them
+        self._eviction_sink: EvictionSink | None = None
         self._counters = {kind: {"hits": 0, "misses": 0, "bytes_in": 0, "bytes_out": 0} for kind in KINDS}
 
     def arena(self, kind: str) -> PageArena:
@@ -164,16 +181,25 @@ class HostTier:
     def match(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
         """How much of the chain ``hashes`` the tier holds; changes no page (counts hits and misses)."""
         with self._lock:
-            kv_depth = self.kv.leading_depth(hashes)
-            snapshots = ()
-            if self.kda is not None:
-                snapshots = tuple(d for d in range(1, len(hashes) + 1) if self.kda.holds(hashes[d - 1]))
-            usable = max((d for d in snapshots if d <= kv_depth), default=0) if has_state else kv_depth
-            self._counters[KV]["hits"] += kv_depth
-            self._counters[KV]["misses"] += len(hashes) - kv_depth
+            match = self._match(hashes, has_state)
+            self._counters[KV]["hits"] += match.kv_depth
+            self._counters[KV]["misses"] += len(hashes) - match.kv_depth
             if has_state and self.kda is not None and hashes:
-                self._counters[KDA]["hits" if usable else "misses"] += 1
-            return TierMatch(kv_depth, snapshots, usable)
+                self._counters[KDA]["hits" if match.usable_depth else "misses"] += 1
+            return match
+
+    def peek(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
+        """``match`` without counting a hit or miss (the tier's own L3 prefetch asks what is missing)."""
+        with self._lock:
+            return self._match(hashes, has_state)
+
+    def _match(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
+        kv_depth = self.kv.leading_depth(hashes)
+        snapshots = ()
+        if self.kda is not None:
+            snapshots = tuple(d for d in range(1, len(hashes) + 1) if self.kda.holds(hashes[d - 1]))
+        usable = max((d for d in snapshots if d <= kv_depth), default=0) if has_state else kv_depth
+        return TierMatch(kv_depth, snapshots, usable)
 
     # ---- put ---------------------------------------------------------------------------------
 
@@ -183,7 +209,8 @@ class HostTier:
             self._expire_leases()
             arena = self.arena(kind)
             pages, evicted = arena.reserve(list(hashes))
-            self._record(kind, evicted, inserted=False)
+            self._record(kind, [page.block_hash for page in evicted], inserted=False)
+            self._sink_evicted(kind, arena, evicted)
             given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)
             return PutLease(self._give(_Lease(kind, given, True, self._expiry())), pages)
 
@@ -234,6 +261,12 @@ class HostTier:
             lease = self._pop_lease(lease_id, put=False)
             self.arena(lease.kind).release(lease.hashes)
 
+    def set_eviction_sink(self, sink: EvictionSink | None) -> None:
+        """From now on hand every page evicted for room to ``sink(kind, [EvictedBytes])``, called under
+        the tier's lock: it must only queue them (``TierL3``). ``None``: stop."""
+        with self._lock:
+            self._eviction_sink = sink
+
     # ---- reporting ---------------------------------------------------------------------------
 
     def record_events(self) -> set[tuple[str, bytes]]:
@@ -272,6 +305,15 @@ class HostTier:
     def _record(self, kind: str, hashes: list[bytes], inserted: bool) -> None:
         if self._events is not None:
             self._events += [TierEvent(kind, h, inserted) for h in hashes]
+
+    def _sink_evicted(self, kind: str, arena: PageArena, evicted: list[EvictedPage]) -> None:
+        """Copy the evicted pages out now: the put that took them writes once ``reserve_put`` returns."""
+        if self._eviction_sink is not None and evicted:
+            copies = [
+                EvictedBytes(page.block_hash, arena.storage[page.page].numpy().tobytes(), page.checksum)
+                for page in evicted
+            ]
+            self._eviction_sink(kind, copies)
 
     def _expiry(self) -> float:
         return self._clock() + self._lease_ttl_s if self._lease_ttl_s is not None else float("inf")

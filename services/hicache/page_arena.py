@@ -25,6 +25,7 @@ Not thread-safe: ``HostTier`` serializes every call.
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +33,15 @@ import torch
 def page_checksum(page: torch.Tensor) -> int:
     """CRC-32 of a page's bytes (``page``: a contiguous uint8 host row)."""
     return zlib.crc32(page.numpy())
+
+
+class EvictedPage(NamedTuple):
+    """A held page ``reserve`` took for another hash: its old hash, the page (its bytes stay intact until
+    the put that reserved it writes) and the checksum they had."""
+
+    block_hash: bytes
+    page: int
+    checksum: int
 
 
 class PageArena:
@@ -94,15 +104,15 @@ class PageArena:
 
     # ---- put ---------------------------------------------------------------------------------
 
-    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[bytes]]:
+    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[EvictedPage]]:
         """A page to write for each hash, or ``None`` where it is already held or being written (its
         LRU place is refreshed) or where no page can be freed.
 
         Returns:
-            ``(pages, evicted)``: the pages in ``hashes`` order, and the hashes evicted to make room.
+            ``(pages, evicted)``: the pages in ``hashes`` order, and the pages evicted to make room.
         """
         pages: list[int | None] = [None] * len(hashes)
-        evicted: list[bytes] = []
+        evicted: list[EvictedPage] = []
         for index in range(len(hashes) - 1, -1, -1):  # tail first: see the module docstring
             block_hash = hashes[index]
             if block_hash in self._lru:
@@ -196,15 +206,15 @@ class PageArena:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _take_page(self, evicted: list[bytes]) -> int | None:
+    def _take_page(self, evicted: list[EvictedPage]) -> int | None:
         if self._free:
             return self._free.pop()
         if not self._lru:
             return None
         block_hash, page = self._lru.popitem(last=False)
+        evicted.append(EvictedPage(block_hash, page, self._checksums[page]))
         self._checksums[page] = None
         self.evictions += 1
-        evicted.append(block_hash)
         return page
 
     def _drop(self, block_hash: bytes, page: int) -> None:

@@ -6,6 +6,9 @@ in-process ``HostTier`` a worker copies rows of ``tier.kv.storage`` / ``tier.kda
 with a ``HostCacheClient`` it reads and writes the regions ``"blocks"`` (KV pages) / ``"state"``
 (KDA pages) of ``client.endpoint()`` with its own transfer backend (the same names as its pools'),
 rows numbered by the leases' pages.
+
+A tier with a Redis L3 below it also satisfies ``PrefetchPort``: ``TierL3`` in the engine's process,
+``HostCacheClient`` for ``baton cache`` (its ``Prefetch`` RPC; a service without an L3 answers at once).
 """
 
 from collections.abc import Sequence
@@ -46,4 +49,22 @@ class HostTierPort(Protocol):
 
     def stats(self) -> dict[str, KindStats]:
         """Each kind's counters."""
+        ...
+
+
+@runtime_checkable
+class PrefetchHandle(Protocol):
+    """A prefetch in flight: ``done()`` once it finished, failed or was skipped (never raises)."""
+
+    def done(self) -> bool:
+        """Whether the prefetch is over."""
+        ...
+
+
+@runtime_checkable
+class PrefetchPort(Protocol):
+    """Starts bringing a chain's missing pages from the L3 into the host tier (``tier_l3.TierL3``)."""
+
+    def prefetch(self, hashes: Sequence[bytes], has_state: bool) -> PrefetchHandle:
+        """Start it and return at once."""
         ...

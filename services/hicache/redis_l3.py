@@ -81,6 +81,20 @@ end
 return out
 """
 
+# KEYS: lru, tick. ARGV: page keys, shallowest first. The deepest page present, as {its 1-based index,
+# its value} ({} for none), its LRU refreshed: the one KDA snapshot a prefetch wants (snapshots are
+# sparse, so a leading run says nothing).
+_GET_DEEPEST = """
+for i = #ARGV, 1, -1 do
+  local value = redis.call('GET', ARGV[i])
+  if value then
+    redis.call('ZADD', KEYS[1], redis.call('INCR', KEYS[2]), ARGV[i])
+    return {i, value}
+  end
+end
+return {}
+"""
+
 # KEYS: lru, sizes, used. ARGV: page keys to drop (corrupt). Returns the bytes freed.
 _DROP = """
 local freed = 0
@@ -139,6 +153,7 @@ class RedisL3:
         self._put = self.link.client.register_script(_PUT)
         self._get = self.link.client.register_script(_GET)
         self._drop = self.link.client.register_script(_DROP)
+        self._get_deepest = self.link.client.register_script(_GET_DEEPEST)
         self._pages_put = self._pages_hit = self._checksum_failures = 0
 
     def _key(self, kind: str, block_hash: bytes) -> str:
@@ -182,6 +197,25 @@ class RedisL3:
             pages.append(page)
         self._pages_hit += len(pages)
         return pages
+
+    def get_deepest(self, kind: str, hashes: Sequence[bytes], page_bytes: int) -> tuple[int, bytes] | None:
+        """``(index, page)`` of the deepest of ``hashes`` the L3 holds, or None (none, Redis unavailable,
+        or that page's checksum or size is wrong: dropped and counted, as in ``get``). One round trip."""
+        if not hashes:
+            return None
+        names = [self._key(kind, block_hash) for block_hash in hashes]
+        keys = [self._lru, self._tick]
+        found = self.link.call(lambda client: self._get_deepest(keys=keys, args=names, client=client))
+        if not found:
+            return None
+        index, stored = int(found[0]) - 1, found[1]
+        crc, page = int.from_bytes(stored[:_CRC_BYTES], "little"), stored[_CRC_BYTES:]
+        if len(page) != page_bytes or zlib.crc32(page) != crc:
+            self._checksum_failures += 1
+            self._drop_page(names[index])
+            return None
+        self._pages_hit += 1
+        return index, page
 
     def _drop_page(self, name: str) -> None:
         keys = [self._lru, self._sizes, self._used]

@@ -21,7 +21,9 @@ from common.rpc.errors import ErrorInterceptor
 from proto.baton.v1 import host_cache_pb2_grpc
 from services.transfer import make_backend
 
+from .redis_l3 import RedisL3
 from .servicer import HostCacheServicer
+from .tier_l3 import TierL3
 
 SERVICE = "baton.v1.HostCache"
 GIB = 1 << 30
@@ -45,6 +47,8 @@ class CacheConfig:
             "": the host name, their default too.
         index_ttl_s, index_interval_s: how long the tier's index entries outlive its last publish, and
             how often it publishes (at most a third of the TTL).
+        l3_budget_bytes: the Redis L3 below the tier (``tier_l3.py``: evicted pages written back,
+            prefetches read back), a byte budget for the whole cluster; 0: no L3. Needs ``redis_url``.
     """
 
     kv_budget_bytes: int
@@ -61,6 +65,7 @@ class CacheConfig:
     node: str = ""
     index_ttl_s: float = 30.0
     index_interval_s: float = 1.0
+    l3_budget_bytes: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field that cannot work."""
@@ -75,6 +80,12 @@ class CacheConfig:
         if self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
         check_redis_url("redis_url", self.redis_url)
+        if self.l3_budget_bytes < 0:
+            raise ValueError(
+                f"l3_budget_bytes: must be >= 0 (0: no L3), got {self.l3_budget_bytes} (--redis-l3-gib)"
+            )
+        if self.l3_budget_bytes and not self.redis_url:
+            raise ValueError("l3_budget_bytes: an L3 lives in Redis: give --redis-url with --redis-l3-gib")
         if not 0 < self.index_interval_s <= self.index_ttl_s / 3:
             raise ValueError(
                 f"index_interval_s: must be in (0, index_ttl_s / 3 = {self.index_ttl_s / 3:g}], "
@@ -127,9 +138,15 @@ class HostCacheServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def _tier_made(self, tier) -> None:
-        """The first ``Attach`` made the tier: publish it to the cluster index from now on."""
+        """The first ``Attach`` made the tier: publish it to the cluster index from now on, and put its
+        L3 below it."""
         if self.index is not None:
             self.index.start(tier, self.config.index_interval_s)
+        if self.config.l3_budget_bytes:
+            config = self.config
+            health = self.metrics.redis_health
+            l3 = RedisL3(config.redis_url, config.l3_budget_bytes, tier.layout_fingerprint, health)
+            self.servicer.l3 = TierL3(tier, l3, max_prefetches=max(1, config.threads // 2))
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving and publishing (the index entries expire), then release the arenas'
@@ -139,6 +156,8 @@ class HostCacheServer:
         self._refresher.join()
         if self.index is not None:
             self.index.close()
+        if self.servicer.l3 is not None:
+            self.servicer.l3.close()
         self.backend.close()
 
     def _refresh_metrics(self, interval_s: float) -> None:
@@ -146,3 +165,5 @@ class HostCacheServer:
             tier = self.servicer.tier
             if tier is not None:
                 self.metrics.observe_host_tier(tier.stats())
+            if self.servicer.l3 is not None:
+                self.metrics.observe_l3(self.servicer.l3.stats())

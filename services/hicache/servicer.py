@@ -7,7 +7,8 @@ renaming. A later worker must bring the same layouts (INVALID_ARGUMENT naming th
 holds one block or one state slot byte for byte, so every worker that reads it must lay it out the same way.
 Every call but ``Attach`` and ``Stats`` before the first ``Attach`` is FAILED_PRECONDITION. ``Attach`` and
 ``Match`` answer with ``tier_id``, random per servicer: a worker whose tier was restarted (its pages, leases
-and NIXL agent gone) sees another id and attaches again.
+and NIXL agent gone) sees another id and attaches again. ``Prefetch`` waits for the tier's L3 (``l3``, set by
+the server once the tier has one) to bring a chain in; without an L3 it answers at once with nothing.
 """
 
 import threading
@@ -21,8 +22,10 @@ from services.rpc.convert import endpoint_to_pb
 from services.transfer import BLOCKS, STATE, TransferBackend
 
 from .host_tier import KDA, KV, HostTier
+from .tier_l3 import TierL3
 
 HASH_BYTES = 32  # a SHA-256 block hash (common/prefix_hash.py)
+PREFETCH_WAIT_S = 30.0  # the most a Prefetch call waits for the L3 (a worker does not wait on it)
 
 
 class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
@@ -53,6 +56,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         self.lease_ttl_s = lease_ttl_s
         self.pin = pin
         self.tier: HostTier | None = None
+        self.l3: TierL3 | None = None  # the tier's Redis L3, if the server gives it one
         self.tier_id = uuid.uuid4().hex
         self._attach_lock = threading.Lock()
         self._endpoint = None
@@ -66,7 +70,9 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             if self.tier is None:
                 self._create(request)
             self._check_same_layout(request)
-            return host_cache_pb2.AttachResponse(endpoint=self._endpoint, tier_id=self.tier_id)
+            return host_cache_pb2.AttachResponse(
+                endpoint=self._endpoint, tier_id=self.tier_id, l3=self.l3 is not None
+            )
 
     def Match(self, request, context):  # noqa: N802
         match = self._attached(context).match(_hashes(request.hashes), request.has_state)
@@ -106,6 +112,15 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             host_cache_pb2.TierKindStats(kind=kind, **vars(stats)) for kind, stats in tier.stats().items()
         ]
         return host_cache_pb2.TierStatsResponse(layout_fingerprint=tier.layout_fingerprint, kinds=kinds)
+
+    def Prefetch(self, request, context):  # noqa: N802
+        self._attached(context)
+        l3 = self.l3
+        if l3 is None:
+            return host_cache_pb2.PrefetchResponse()
+        ticket = l3.prefetch(_hashes(request.hashes), request.has_state)
+        ticket.wait(PREFETCH_WAIT_S)
+        return host_cache_pb2.PrefetchResponse(kv_pages=ticket.kv_pages, kda_pages=ticket.kda_pages)
 
     # ---- internals ---------------------------------------------------------------------------
 

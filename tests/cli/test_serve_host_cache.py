@@ -64,3 +64,21 @@ def test_the_launcher_hands_workers_the_tier_address():
     assert math.isclose(
         config.engine.host_cache_kda_fraction, configs["decode"].engine.host_cache_kda_fraction
     )
+
+
+def test_the_l3_goes_to_the_node_tier_and_no_redis_turns_it_off():
+    from cli.serve_command import check_node_l3
+
+    args = serve("--host-cache-gib", "8", "--redis-l3-gib", "2")
+    assert all(c.engine.redis_l3_gib == 0 for c in worker_configs(args).values())  # not each worker's
+    worker = replace(worker_configs(args)["decode"], redis_url="redis://127.0.0.1:6390/0")
+    cache = node_cache(args, worker)
+    assert cache.argv()[-3:-1] == ["--redis-l3-gib", "2.0"] and cache.l3_gib == 2.0
+    assert build_parser().parse_args(cache.argv()).redis_l3_gib == 2.0
+    assert node_cache(args, worker_configs(args)["decode"]).l3_gib == 0  # no Redis (--no-redis): no L3
+    ray = serve("--host-cache-gib", "8", "--redis-l3-gib", "2", "--redis-url", "redis://r:1")
+    assert node_cache_config(ray).l3_budget_bytes == 2 * GIB
+    with pytest.raises(ValueError, match=r"--redis-l3-gib: the L3 sits below the node's tier"):
+        check_node_l3(serve("--redis-l3-gib", "2"))
+    with pytest.raises(ValueError, match=r"--redis-l3-gib: must be a finite number >= 0"):
+        check_node_l3(serve("--host-cache-gib", "8", "--redis-l3-gib", "-1"))

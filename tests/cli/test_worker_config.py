@@ -23,6 +23,7 @@ STRINGS = {
     "fault_delays": ("reserve=0.5",),
     "adapters": ("tuned=/adapters/tuned",),
     "redis_url": "redis://cache:6379/0",
+    "prefetch_policy": "wait",
 }
 # A valid value other than the default for numbers whose range excludes the generic one.
 NUMBERS = {"host_cache_kda_fraction": 0.5}
@@ -62,6 +63,8 @@ def test_every_field_is_reachable_from_baton_worker_flags(section, name):
     argv = [w for key, flag in base.items() if key != name for w in flag] + words
     if name == "ep":  # expert parallelism regroups tp x dcp ranks: it needs that many
         argv += ["--tp", str(value)]
+    if name == "redis_l3_gib":  # an L3 sits below the engine's own tier, in the worker's Redis
+        argv += ["--host-cache-gib", "1", "--redis-url", "redis://cache:6379/0"]
     config = worker(argv)
     got = getattr(config if section == "worker" else config.engine, name)
     assert got == value and got != default

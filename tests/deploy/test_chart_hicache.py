@@ -28,6 +28,12 @@ def test_the_daemonset_runs_baton_cache_on_the_node_port_with_its_budgets():
     with_redis = chart.render("default", *ON, "--set", "redis.enabled=true")
     args = chart.args(_pod(with_redis, "hicache")["spec"]["containers"][0])
     assert args["--redis-url"] == "redis://baton-redis:6379/0"  # publishes to the cluster index
+    assert "--redis-l3-gib" not in args  # no L3 by default
+    l3 = chart.render("default", *ON, "--set", "redis.enabled=true", "--set", "hicache.redisL3Gib=16")
+    container = _pod(l3, "hicache")["spec"]["containers"][0]
+    assert config_from(build_parser().parse_args(container["args"])).l3_budget_bytes == 16 * GIB
+    no_redis = chart.render("default", *ON, "--set", "hicache.redisL3Gib=16")  # no Redis: no L3
+    assert "--redis-l3-gib" not in chart.args(_pod(no_redis, "hicache")["spec"]["containers"][0])
     objects = chart.render("default", *ON, "--set-json", "hicache.kvGib=2.5", "--set", "hicache.kdaGib=1")
     pod = _pod(objects, "hicache")["spec"]
     assert "hostNetwork" not in pod and pod["automountServiceAccountToken"] is False
@@ -103,9 +109,10 @@ def test_off_by_default():
         (["--set", "hicache.kvGib=0"], "at '/hicache/kvGib': exclusiveMinimum"),
         (["--set", "hicache.kdaGib=-1"], "at '/hicache/kdaGib': minimum"),
         (["--set", "hicache.port=0"], "at '/hicache/port'"),
+        (["--set", "hicache.redisL3Gib=-1"], "at '/hicache/redisL3Gib': minimum"),
         (["--set", "hicache.cache=1"], "additional properties 'cache' not allowed"),
     ],
-    ids=["kv-zero", "kda-negative", "port", "unknown-key"],
+    ids=["kv-zero", "kda-negative", "port", "l3-negative", "unknown-key"],
 )
 def test_schema_refuses(flags, message):
     error = chart.render_error("default", *ON, *flags)

@@ -23,6 +23,9 @@ ENGINE_VALUES = {
     "hostCacheGib": ("host_cache_gib", 0.0),
     "hostCacheKdaFraction": ("host_cache_kda_fraction", 0.5),
     "hostCacheAddress": ("host_cache_address", "cache.local:50070"),
+    "redisL3Gib": ("redis_l3_gib", 0.0),  # an L3 needs the worker's own tier, off here
+    "prefetchPolicy": ("prefetch_policy", "wait"),
+    "prefetchTimeoutMs": ("prefetch_timeout_ms", 250),
     "snapshotStride": ("snapshot_stride", 2),
     "numSnapshots": ("num_snapshots", 3),
     "kernels": ("kernels", "reference"),
