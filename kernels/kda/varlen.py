@@ -17,17 +17,23 @@ state before the read, ``beta`` multiplies the correction, ``o = scale * S^T q``
 (fla's default, not V-first), ``q``/``k`` L2-normalised by the caller (fla's in-kernel option uses
 the same ``x / sqrt(sum x^2 + 1e-6)``), ``g`` and ``beta`` already activated.
 
+fla's chunk kernels take ``tl.dot``'s default input precision, TF32 for float32 inputs (about 1e-3
+relative per product: enough to flip a DSA or expert top-k downstream); a float32 model's calls
+compile with full float32 dots (``ieee``), as Baton's own kernels do for float32.
+
 fla's kernels do not run under the Triton interpreter (its autotuner needs a driver and its
 scalar loads trip the interpreter), so on CPU this module runs the float32 reference
 ``kernels.kda.naive.kda_varlen`` and says so once in the log.
 """
 
+import contextlib
 import functools
 import logging
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from kernels.kda import naive
 from kernels.triton_env import require_triton_device
@@ -163,4 +169,16 @@ def kda_varlen(
     # in float32): everything but the float32 gate goes to v's dtype.
     q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
     args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh)
-    return _decode(*args) if max_query_len <= 1 else _prefill(*args)
+    with _float32_dots(v.dtype):
+        return _decode(*args) if max_query_len <= 1 else _prefill(*args)
+
+
+@contextlib.contextmanager
+def _float32_dots(dtype: torch.dtype):
+    """Compile the kernels launched inside with ``ieee`` float32 dots when ``dtype`` is float32."""
+    if dtype != torch.float32:
+        yield
+        return
+    with knobs.language.scope():
+        knobs.language.fp32_default = "ieee"
+        yield

@@ -34,13 +34,22 @@ def ragged_chunks(seed: int = 5) -> list[list[list[int]]]:
 
 
 def run_ragged(
-    model, kernels: KernelSet, chunks: list[list[list[int]]], kv_format: str = "auto"
-) -> tuple[list[torch.Tensor], torch.Tensor]:
+    model,
+    kernels: KernelSet,
+    chunks: list[list[list[int]]],
+    kv_format: str = "auto",
+    forced_inputs: list[list[torch.Tensor]] | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor, list[list[torch.Tensor]]]:
     """Run ``chunks`` with ``kernels`` on a fresh paged cache in ``kv_format``.
 
+    ``forced_inputs`` (another run's ``inputs``): every decoder layer takes that run's input of each
+    step instead of its predecessor's output, so each layer is compared on equal input (a small
+    difference upstream cannot flip a DSA or expert top-k and show up as this layer's error).
+
     Returns:
-        ``(layers, logits)``: every decoder layer's output rows of all steps (float32, ``[rows, D]``
-        each) and the logits of every row (float32).
+        ``(layers, logits, inputs)``: every decoder layer's output rows of all steps (float32,
+        ``[rows, D]`` each), the logits of every row (float32), and every layer's input per step (in
+        the model dtype, for ``forced_inputs``).
     """
     model.kernels = kernels
     weight = model.lm_head.weight
@@ -61,8 +70,19 @@ def run_ragged(
     seq_slots = [slots.allocate() for _ in range(seqs)]
     cache = PagedModelCache(blocks, slots, model.config, dtype)
     outputs: list[list[torch.Tensor]] = [[] for _ in model.model.layers]
+    inputs: list[list[torch.Tensor]] = [[] for _ in model.model.layers]
+
+    def take_input(index, args):
+        if forced_inputs is not None:
+            args = (forced_inputs[index][len(inputs[index])], *args[1:])
+        inputs[index].append(args[0])
+        return args
+
     hooks = [
         layer.register_forward_hook(lambda _m, _a, out, i=i: outputs[i].append(out.float()))
+        for i, layer in enumerate(model.model.layers)
+    ] + [
+        layer.register_forward_pre_hook(lambda _m, args, i=i: take_input(i, args))
         for i, layer in enumerate(model.model.layers)
     ]
     past, logits = [0] * seqs, []
@@ -81,4 +101,4 @@ def run_ragged(
     finally:
         for hook in hooks:
             hook.remove()
-    return [torch.cat(o) for o in outputs], torch.cat(logits)
+    return [torch.cat(o) for o in outputs], torch.cat(logits), inputs
