@@ -66,8 +66,8 @@ def test_a_tier_killed_mid_way_costs_only_misses(engines, cache):
     prompt = turn_one(remote, "killed", "filler")
     lease = host.lease
 
-    def lease_then_kill(*args):  # the tier dies after leasing the pages, before they are read
-        leases = lease(*args)
+    def lease_then_kill(*args, **kwargs):  # the tier dies after leasing the pages, before they are read
+        leases = lease(*args, **kwargs)
         cache.process.kill()
         cache.process.wait()
         return leases
