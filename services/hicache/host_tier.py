@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .page_arena import PageArena, page_checksum
+from .page_arena import PageArena
+from .page_checksum import page_checksum
 
 log = logging.getLogger(__name__)
 

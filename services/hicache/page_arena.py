@@ -12,7 +12,7 @@ written or read are never evicted, so an arena full of them answers "no room" (`
 failing. ``commit`` records each written page's checksum and makes it findable; ``acquire`` hands a
 reader the pages with the checksums they must have, and ``reject`` takes back the run from the first
 page whose bytes do not match: that page is dropped (counted in ``checksum_failures``). The caller
-computes the checksums (``page_checksum``) between the calls, while the pages are leased, so a slow
+computes the checksums (``page_checksum.py``) between the calls, while the pages are leased, so a slow
 checksum never holds the caller's lock.
 
 Within one call, deeper hashes of a chain are made *less* recent than their ancestors (pages are
@@ -22,16 +22,10 @@ prefix that later requests can still match survives longest.
 Not thread-safe: ``HostTier`` serializes every call.
 """
 
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
-
-
-def page_checksum(page: torch.Tensor) -> int:
-    """CRC-32 of a page's bytes (``page``: a contiguous uint8 host row)."""
-    return zlib.crc32(page.numpy())
 
 
 class PageArena:
