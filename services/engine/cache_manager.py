@@ -22,6 +22,10 @@ asks how deep the tier can restore the chain, ``admit`` leases those pages, copi
 blocks and the KDA snapshot into the request's slot (or, if a page went missing or failed its
 checksum, falls back to the device hit). Every block and snapshot registered is written through to the
 tier, and a cached block the pool is about to reuse is offloaded first if the tier lacks it.
+
+``admit`` counts where each admitted request's cached prefix came from (``counters``,
+``cache_counters.py``) and, with a tier, the tier's hits and misses for the match it was admitted on:
+once per admission, however many passes the request waited (each pass calls ``find_prefix``).
 """
 
 import dataclasses
@@ -37,7 +41,9 @@ from services.engine.cache.state_pool import StateSlotPool
 from services.engine.model.causal_lm import CausalLM
 from services.engine.parallel.pipeline import stage_position
 from services.engine.parallel.rank_step import RESTORE, SAVE, StateCopy
+from services.hicache.host_tier import KDA, KV, TierMatch
 
+from .cache_counters import DEVICE, HOST, CacheCounters, CacheCounts
 from .engine_config import EngineConfig
 from .host_cache_connector import HostCacheConnector
 from .request import Request
@@ -50,13 +56,17 @@ class PrefixHit:
     ``block_ids`` are device blocks shared from the pool. With ``from_host`` the host tier supplies the
     rest: ``host_blocks`` more blocks after them and the snapshot under ``snapshot_hash`` (else that
     snapshot is the device store's). ``kv_blocks``: how deep the prompt matched cached KV (device or
-    tier), where it branches off a cached prefix (a snapshot is taken there)."""
+    tier), where it branches off a cached prefix (a snapshot is taken there). ``tier_match``: the tier's
+    answer for the first ``tier_blocks`` blocks of the chain (None: the tier was not asked), counted
+    in its hits and misses if the request is admitted from this hit."""
 
     block_ids: tuple[int, ...] = ()
     snapshot_hash: bytes | None = None
     host_blocks: int = 0
     from_host: bool = False
     kv_blocks: int = 0
+    tier_match: TierMatch | None = None
+    tier_blocks: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -93,6 +103,7 @@ class CacheManager:
         self.has_state = bool(slots.layout.fields)
         self._state_copies: list[StateCopy] | None = None  # None: not recorded (one rank)
         self.host = host
+        self.counters = host.counters if host is not None else CacheCounters()
         if host is not None:
             blocks.on_evict = host.offload
 
@@ -181,13 +192,15 @@ class CacheManager:
             return hit
         match = self.host.match(hashes)
         depth = match.usable_depth
+        kv_blocks = max(hit.kv_blocks, match.kv_depth)
         if depth <= hit.num_blocks:
-            return dataclasses.replace(hit, kv_blocks=max(hit.kv_blocks, match.kv_depth))
+            return dataclasses.replace(hit, kv_blocks=kv_blocks, tier_match=match, tier_blocks=len(hashes))
         # The tier restores the chain to ``depth``: share the device's leading blocks, load the rest.
         shared = self._device_blocks(hashes[:depth])
         snapshot = hashes[depth - 1] if self.has_state else None
-        kv_blocks = max(hit.kv_blocks, match.kv_depth)
-        return PrefixHit(shared, snapshot, depth - len(shared), from_host=True, kv_blocks=kv_blocks)
+        return PrefixHit(
+            shared, snapshot, depth - len(shared), True, kv_blocks, tier_match=match, tier_blocks=len(hashes)
+        )
 
     def _device_blocks(self, hashes: list[bytes]) -> tuple[int, ...]:
         found = []
@@ -229,6 +242,8 @@ class CacheManager:
         request.num_registered = len(hit.block_ids)
         request.slot = self.slots.allocate()
         request.num_cached_tokens_host = 0
+        if hit.tier_match is not None:
+            self.host.record_lookup(hit.tier_match, hit.tier_blocks)
         if hit.from_host and not self._load_from_host(request, hit):
             fallback = self._device_hit(self._hashes(request)[: hit.num_blocks])
             self.blocks.free(request.block_table[len(fallback.block_ids) :])
@@ -237,6 +252,7 @@ class CacheManager:
             hit = fallback
         request.num_computed = request.num_cached_tokens = len(request.block_table) * self.block_tokens
         request.branch_tokens = self.branch_point(hit)
+        self._count_hit(hit)
         if hit.snapshot_hash is not None and not hit.from_host:
             snapshot = self.snapshots.restore(hit.snapshot_hash, self.slots.storage[request.slot])
             self._copied(RESTORE, request.slot, snapshot)
@@ -249,6 +265,7 @@ class CacheManager:
         leases = self.host.lease(hashes, len(hit.block_ids))
         try:
             if not self.host.complete(leases, hit.host_blocks):
+                self.host.fell_back(leases)
                 return False
             loaded = self.blocks.allocate(hit.host_blocks)  # may offload device blocks: pages are leased
             if not self.host.copy_in(leases, loaded, request.slot):  # the rows did not move: a miss
@@ -259,6 +276,18 @@ class CacheManager:
         request.block_table.extend(loaded)
         request.num_cached_tokens_host = hit.host_blocks * self.block_tokens
         return True
+
+    def _count_hit(self, hit: PrefixHit) -> None:
+        """Count the tokens an admitted request starts from, by where their KV and KDA state came from."""
+        size = self.block_tokens
+        self.counters.hit(DEVICE, KV, len(hit.block_ids) * size)
+        self.counters.hit(HOST, KV, hit.host_blocks * size)
+        if self.has_state and hit.snapshot_hash is not None:
+            self.counters.hit(HOST if hit.from_host else DEVICE, KDA, hit.num_blocks * size)
+
+    def counts(self) -> CacheCounts:
+        """The prefix cache's counters now (``cache_counters.py``), with the tier's reachability."""
+        return self.host.counts() if self.host is not None else self.counters.counts()
 
     def record_progress(self, request: Request) -> None:
         """Register the request's newly completed blocks; snapshot its state where the snapshot policy

@@ -342,6 +342,7 @@ class EngineService:
             tuple(expired),
             tuple(engine.scheduler.take_queue_times()),
             tuple(engine.cache.blocks.take_events()),
+            engine.cache.counts(),
         )
         for observer in self._observers:
             observer(report)

@@ -51,6 +51,8 @@ class HostCacheClient:
         epoch: how many tier runs this client attached to (1 after the first ``attach`` that reached it).
         skipped_calls: calls answered as a miss or skipped because the tier could not be reached.
         outages: how many times the tier became unreachable (one log line each).
+        reconnects: how many times this client attached again after having attached once: to the same
+            run after an outage, or to a restarted run.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class HostCacheClient:
         self.epoch = 0
         self.skipped_calls = 0
         self.outages = 0
+        self.reconnects = 0
         self._clock = clock
         self._layout: tuple[str, int, int] | None = None
         self._endpoint: TransferEndpoint | None = None
@@ -135,7 +138,7 @@ class HostCacheClient:
         if response is None:
             return PutLease(NO_LEASE, (None,) * len(hashes))
         pages = tuple(None if page < 0 else page for page in response.pages)
-        return PutLease(self._client_lease(response.lease_id), pages)
+        return PutLease(self._client_lease(response.lease_id), pages, response.no_room)
 
     def commit_put(self, lease_id: int) -> None:
         """``HostTier.commit_put`` on the service (skipped for a lease of a tier run that is gone)."""
@@ -154,13 +157,21 @@ class HostCacheClient:
         response = self._call("BeginGet", host_cache_pb2.LeaseHashesRequest(kind=kind, hashes=hashes))
         if response is None:
             return GetLease(NO_LEASE, ())
-        return GetLease(self._client_lease(response.lease_id), tuple(response.pages))
+        lease_id = self._client_lease(response.lease_id)
+        return GetLease(lease_id, tuple(response.pages), response.checksum_failures)
 
     def end_get(self, lease_id: int) -> None:
         """``HostTier.end_get`` on the service (skipped for a lease of a tier run that is gone)."""
         tier_lease = self._tier_lease(lease_id)
         if tier_lease is not None:
             self._call("EndGet", host_cache_pb2.LeaseRequest(lease_id=tier_lease))
+
+    def record_lookup(self, kv_hits: int, kv_misses: int, kda_hits: int, kda_misses: int) -> None:
+        """``HostTier.record_lookup`` on the service (skipped without the tier)."""
+        request = host_cache_pb2.RecordLookupRequest(
+            kv_hits=kv_hits, kv_misses=kv_misses, kda_hits=kda_hits, kda_misses=kda_misses
+        )
+        self._call("RecordLookup", request)
 
     def stats(self) -> dict[str, KindStats]:
         """``HostTier.stats`` on the service; empty without the tier."""
@@ -223,6 +234,8 @@ class HostCacheClient:
                 raise ValueError(error.details()) from None
             self._lost(f"Attach: {error.code().name}")
             return False
+        if self._tier_id and (self._down or response.tier_id != self._tier_id):
+            self.reconnects += 1
         if response.tier_id != self._tier_id:
             if self._tier_id:
                 log.warning("host cache %s: attached to a restarted tier (its pages are gone)", self.address)

@@ -88,15 +88,17 @@ class PageArena:
 
     # ---- put ---------------------------------------------------------------------------------
 
-    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[bytes]]:
+    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[bytes], int]:
         """A page to write for each hash, or ``None`` where it is already held or being written (its
         LRU place is refreshed) or where no page can be freed.
 
         Returns:
-            ``(pages, evicted)``: the pages in ``hashes`` order, and the hashes evicted to make room.
+            ``(pages, evicted, no_room)``: the pages in ``hashes`` order, the hashes evicted to make
+            room, and how many hashes got no page because none could be freed.
         """
         pages: list[int | None] = [None] * len(hashes)
         evicted: list[bytes] = []
+        no_room = 0
         for index in range(len(hashes) - 1, -1, -1):  # tail first: see the module docstring
             block_hash = hashes[index]
             if block_hash in self._lru:
@@ -106,10 +108,11 @@ class PageArena:
                 continue
             page = self._take_page(evicted)
             if page is None:
+                no_room += 1
                 continue
             self._writing[block_hash] = page
             pages[index] = page
-        return tuple(pages), evicted
+        return tuple(pages), evicted, no_room
 
     def writing_pages(self, hashes: Sequence[bytes]) -> list[int]:
         """The pages ``reserve`` gave ``hashes`` (still being written)."""
