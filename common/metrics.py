@@ -252,9 +252,12 @@ class Metrics:
 
     def observe_prefix_cache(self, counts, events) -> None:
         """Refresh the worker's prefix-cache metrics from an engine pass: ``counts`` (a ``CacheCounts``
-        of totals) and the pass's prefix-cache ``events`` (``CacheEvent``s; evictions counted)."""
+        of totals; with a tier in the worker's process, that tier's ``baton_hicache_*`` too) and the
+        pass's prefix-cache ``events`` (``CacheEvent``s; evictions counted)."""
         self.prefix_evictions.inc(sum(1 for event in events if not event.inserted))
         totals = [(self.prefix_hit_tokens, labels, n) for labels, n in counts.hit_tokens.items()]
+        if counts.host_tier:  # a tier in this worker's process: nobody else exports it
+            self.observe_host_tier(counts.host_tier)
         if counts.tier_up is not None:  # the rest exists only with a tier
             self.hicache_tier_up.labels(self.role).set(int(counts.tier_up))
             totals += [(self.hicache_moved_bytes, labels, n) for labels, n in counts.moved_bytes.items()]

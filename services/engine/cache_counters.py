@@ -37,6 +37,8 @@ class CacheCounts:
         load_fallbacks: ``reason -> loads`` from the tier that fell back to recomputing.
         tier_up: whether the tier answered its last call (``None``: no tier).
         tier_reconnects: times the engine attached to its tier again after an outage or a restart.
+        host_tier: an in-process tier's own ``HostTier.stats()`` (kind -> ``KindStats``), which no
+            ``baton cache`` exports for it; ``None`` for a remote tier or none.
     """
 
     hit_tokens: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -46,6 +48,7 @@ class CacheCounts:
     load_fallbacks: dict[str, int] = field(default_factory=dict)
     tier_up: bool | None = None
     tier_reconnects: int = 0
+    host_tier: dict | None = None
 
 
 class CacheCounters:
@@ -70,8 +73,11 @@ class CacheCounters:
         if nbytes:
             self.moved_bytes[kind, direction] += nbytes
 
-    def counts(self, tier_up: bool | None = None, tier_reconnects: int = 0) -> CacheCounts:
-        """A copy of the totals, with the tier's reachability as the caller sees it."""
+    def counts(
+        self, tier_up: bool | None = None, tier_reconnects: int = 0, host_tier: dict | None = None
+    ) -> CacheCounts:
+        """A copy of the totals, with the tier's reachability as the caller sees it (and an in-process
+        tier's stats)."""
         return CacheCounts(
             dict(self.hit_tokens),
             dict(self.moved_bytes),
@@ -80,4 +86,5 @@ class CacheCounters:
             dict(self.load_fallbacks),
             tier_up,
             tier_reconnects,
+            host_tier,
         )

@@ -256,10 +256,11 @@ class HostCacheConnector:
             self.counters.moved(KV, TO_HOST, self.blocks.layout.nbytes)
 
     def counts(self) -> CacheCounts:
-        """The counters' totals, with the tier's reachability: an in-process tier is always up; a
-        ``baton cache`` is up while its client's last call reached it."""
+        """The counters' totals, with the tier's reachability: an in-process tier is always up (and its
+        stats come along: no ``baton cache`` exports them); a ``baton cache`` is up while its client's
+        last call reached it."""
         if isinstance(self.tier, HostTier):
-            return self.counters.counts(tier_up=True)
+            return self.counters.counts(tier_up=True, host_tier=self.tier.stats())
         return self.counters.counts(tier_up=self.tier.available, tier_reconnects=self.tier.reconnects)
 
     def _put(self, lease_id: int, write: Callable[[], bool]) -> bool:

@@ -79,6 +79,8 @@ def test_a_tier_hit_counts_host_tokens_and_a_second_request_counts_device(llm):
     to_device = float(after_again.moved_bytes[KV, TO_DEVICE])
     assert f'baton_hicache_moved_bytes_total{{direction="to_device",kind="kv"}} {to_device}' in text
     assert 'baton_hicache_tier_up{role="prefill"} 1.0' in text
+    capacity = float(cache.host.tier.kv.num_pages)  # the in-process tier's own gauges, from the worker
+    assert f'baton_hicache_pages_capacity{{kind="kv"}} {capacity}' in text
 
 
 def test_tier_hits_and_misses_count_once_per_admitted_request(llm):
