@@ -199,7 +199,13 @@ class CacheManager:
         shared = self._device_blocks(hashes[:depth])
         snapshot = hashes[depth - 1] if self.has_state else None
         return PrefixHit(
-            shared, snapshot, depth - len(shared), True, kv_blocks, tier_match=match, tier_blocks=len(hashes)
+            shared,
+            snapshot,
+            depth - len(shared),
+            from_host=True,
+            kv_blocks=kv_blocks,
+            tier_match=match,
+            tier_blocks=len(hashes),
         )
 
     def _device_blocks(self, hashes: list[bytes]) -> tuple[int, ...]:
