@@ -148,6 +148,7 @@ class Metrics:
         )
         self._init_host_tier_metrics()
         self._init_l3_metrics()
+        self._init_worker_cache_metrics()
 
     def _init_host_tier_metrics(self) -> None:
         """The ``baton_hicache_*`` metrics of the node's host tier (``baton cache``), by ``kind``."""
@@ -271,6 +272,77 @@ class Metrics:
             self.hicache_prefetches.labels(outcome.outcome).inc()
             if outcome.wait_s is not None:
                 self.hicache_prefetch_wait.labels(outcome.policy).observe(outcome.wait_s)
+
+    def _init_worker_cache_metrics(self) -> None:
+        """A worker's prefix cache: where hits came from, and its traffic with its host tier."""
+        r = self.registry
+        self.prefix_hit_tokens = Counter(
+            "baton_prefix_cache_hit_tokens_total",
+            "Prompt tokens of admitted requests whose cached KV or KDA state came from a cache tier",
+            ["tier", "kind"],
+            registry=r,
+        )
+        self.prefix_evictions = Counter(
+            "baton_prefix_cache_evictions_total",
+            "Cached device blocks reused for other requests (evicted from the device prefix cache)",
+            registry=r,
+        )
+        self.hicache_moved_bytes = Counter(
+            "baton_hicache_moved_bytes_total",
+            "Page bytes a worker moved to its host tier and from it to the device",
+            ["kind", "direction"],
+            registry=r,
+        )
+        self.hicache_offloads = Counter(
+            "baton_hicache_offloads_total",
+            "Cached device blocks copied to the host tier as the device pool reused them",
+            registry=r,
+        )
+        self.hicache_saves_skipped = Counter(
+            "baton_hicache_saves_skipped_total",
+            "Pages a worker did not save because the host tier had no room (every page leased)",
+            ["kind"],
+            registry=r,
+        )
+        self.hicache_load_fallbacks = Counter(
+            "baton_hicache_load_fallbacks_total",
+            "Loads from the host tier given up for recomputing, by why",
+            ["reason"],
+            registry=r,
+        )
+        self.hicache_tier_up = Gauge(
+            "baton_hicache_tier_up",
+            "1 while the worker's host tier answers, 0 while it does not",
+            ["role"],
+            registry=r,
+        )
+        self.hicache_tier_reconnects = Counter(
+            "baton_hicache_tier_reconnects_total",
+            "Times the worker attached to its host tier again (after an outage, or to a restarted tier)",
+            registry=r,
+        )
+        self._cache_seen: dict[tuple, int] = {}  # (metric, labels) -> the total last observed
+
+    def observe_prefix_cache(self, counts, events) -> None:
+        """Refresh the worker's prefix-cache metrics from an engine pass: ``counts`` (a ``CacheCounts``
+        of totals; with a tier in the worker's process, that tier's ``baton_hicache_*`` too) and the
+        pass's prefix-cache ``events`` (``CacheEvent``s; evictions counted)."""
+        self.prefix_evictions.inc(sum(1 for event in events if not event.inserted))
+        totals = [(self.prefix_hit_tokens, labels, n) for labels, n in counts.hit_tokens.items()]
+        if counts.host_tier:  # a tier in this worker's process: nobody else exports it
+            self.observe_host_tier(counts.host_tier)
+        if counts.tier_up is not None:  # the rest exists only with a tier
+            self.hicache_tier_up.labels(self.role).set(int(counts.tier_up))
+            totals += [(self.hicache_moved_bytes, labels, n) for labels, n in counts.moved_bytes.items()]
+            totals += [(self.hicache_saves_skipped, (kind,), n) for kind, n in counts.saves_skipped.items()]
+            totals += [(self.hicache_load_fallbacks, (why,), n) for why, n in counts.load_fallbacks.items()]
+            totals += [(self.hicache_offloads, (), counts.offloads)]
+            totals += [(self.hicache_tier_reconnects, (), counts.tier_reconnects)]
+        for counter, labels, total in totals:
+            child = counter.labels(*labels) if labels else counter
+            key = (counter, labels)
+            child.inc(total - self._cache_seen.get(key, 0))
+            self._cache_seen[key] = total
 
     def redis_health(self, up: bool) -> None:
         """``baton_hicache_redis_up`` for this process's role (a ``RedisLink``'s ``on_health``)."""

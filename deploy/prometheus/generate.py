@@ -26,6 +26,9 @@ HANDOFF_FALLBACK_RATIO = 0.05  # fallbacks per request
 QUEUE_SATURATION = 0.9  # router queue depth / capacity
 POOL_EXHAUSTION = 0.95  # KV blocks or KDA slots used / total
 BATON_JOBS = "router|prefill|decode"  # scrape jobs whose `up` is watched
+HICACHE_JOB = "hicache"  # the node tiers' scrape job (the chart's component name)
+HICACHE_DOWN_FOR = "2m"  # a tier not answering this long alerts (its loads are recomputed meanwhile)
+CHECKSUM_WINDOW = "10m"  # any page failing its checksum within this alerts
 RATE_WINDOW = "5m"
 NOT_FAILED = "stop|length|invalid_argument|cancelled"  # outcomes left out of the failed-request ratio
 
@@ -110,6 +113,23 @@ def recording_rules() -> dict:
         _rate_rule("job, target", "baton_handoff_fallbacks_total"),
         _rate_rule("job, reason", "baton_local_prefills_total"),
     ]
+    hicache = [
+        _rate_rule("job, tier, kind", "baton_prefix_cache_hit_tokens_total"),
+        _record(
+            f"job_kind:baton_hicache_hit:ratio_rate{w}",
+            _rate("baton_hicache_hits_total", "job, kind")
+            + "\n/\n("
+            + _rate("baton_hicache_hits_total", "job, kind")
+            + " + "
+            + _rate("baton_hicache_misses_total", "job, kind")
+            + ")",
+        ),
+        _rate_rule("job, kind, direction", "baton_hicache_moved_bytes_total"),
+        _record(
+            "instance_kind:baton_hicache_pages_used:ratio",
+            "baton_hicache_pages_used / baton_hicache_pages_capacity",
+        ),
+    ]
     capacity = [
         _record("instance:baton_kv_blocks_used:ratio", "baton_kv_blocks_used / baton_kv_blocks_capacity"),
         _record("instance:baton_kda_slots_used:ratio", "baton_kda_slots_used / baton_kda_slots_capacity"),
@@ -142,6 +162,7 @@ def recording_rules() -> dict:
         ("baton-latency", latency),
         ("baton-traffic", traffic),
         ("baton-transfer", transfer),
+        ("baton-hicache", hicache),
         ("baton-capacity", capacity),
         ("baton-slo-errors", slo_errors),
     ]
@@ -181,6 +202,29 @@ def alerting_rules() -> dict:
             "warning",
             "{{ $labels.job }} {{ $labels.instance }} cannot reach Redis",
             "HiCache's cluster index and L3 are off for it: routing uses device pools, serving goes on.",
+        ),
+        _alert(
+            "BatonHicacheTierDown",
+            f'baton_hicache_tier_up == 0\nor\nup{{job="{HICACHE_JOB}"}} == 0',
+            HICACHE_DOWN_FOR,
+            "warning",
+            "{{ $labels.job }} {{ $labels.instance }}: the HiCache host tier is not answering",
+            "A worker that cannot reach its node's tier (baton_hicache_tier_up), or a tier Prometheus "
+            "cannot scrape (up), for "
+            + HICACHE_DOWN_FOR
+            + ": prefixes are recomputed instead of loaded (no request fails). The tier's supervisor "
+            "restarts it; workers attach again by themselves.",
+        ),
+        _alert(
+            "BatonHicacheChecksumFailures",
+            "sum by (job, instance, kind) "
+            f"(increase(baton_hicache_checksum_failures_total[{CHECKSUM_WINDOW}])) > 0",
+            "0m",
+            "warning",
+            "{{ $labels.job }} {{ $labels.instance }}: HiCache {{ $labels.kind }} pages fail their checksum",
+            "{{ $value | humanize }} pages failed in the last "
+            + CHECKSUM_WINDOW
+            + ": dropped and recomputed (no request fails), but host memory or a writer is corrupting pages.",
         ),
         _alert(
             "BatonTargetDown",

@@ -26,6 +26,10 @@ tier, and a cached block the pool is about to reuse is offloaded first if the ti
 With a Redis L3 below the tier, ``prefetch`` (when a request arrives) starts bringing its prefix from
 the L3 into the tier, and ``ready`` (the scheduler, before admitting it) answers by the worker's
 prefetch policy (``prefetch_gate.py``).
+
+``admit`` counts where each admitted request's cached prefix came from (``counters``,
+``cache_counters.py``) and, with a tier, the tier's hits and misses for the match it was admitted on:
+once per admission, however many passes the request waited (each pass calls ``find_prefix``).
 """
 
 import dataclasses
@@ -41,7 +45,9 @@ from services.engine.cache.state_pool import StateSlotPool
 from services.engine.model.causal_lm import CausalLM
 from services.engine.parallel.pipeline import stage_position
 from services.engine.parallel.rank_step import RESTORE, SAVE, StateCopy
+from services.hicache.host_tier import KDA, KV, TierMatch
 
+from .cache_counters import DEVICE, HOST, CacheCounters, CacheCounts
 from .engine_config import EngineConfig
 from .host_cache_connector import HostCacheConnector
 from .prefetch_gate import BEST_EFFORT, PrefetchGate, PrefetchOutcome
@@ -56,7 +62,9 @@ class PrefixHit:
     rest: ``host_blocks`` more blocks after them and the snapshot under ``snapshot_hash`` (else that
     snapshot is the device store's). ``kv_blocks``: how deep the prompt matched cached KV (device or
     tier), where it branches off a cached prefix (a snapshot is taken there). ``kv_only``: a hit on KV
-    blocks alone, for a reservation whose KDA state a handoff brings (``find_held_prefix``)."""
+    blocks alone, for a reservation whose KDA state a handoff brings (``find_held_prefix``).
+    ``tier_match``: the tier's answer for the first ``tier_blocks`` blocks of the chain (None: the tier
+    was not asked), counted in its hits and misses if the request is admitted from this hit."""
 
     block_ids: tuple[int, ...] = ()
     snapshot_hash: bytes | None = None
@@ -64,6 +72,8 @@ class PrefixHit:
     from_host: bool = False
     kv_blocks: int = 0
     kv_only: bool = False
+    tier_match: TierMatch | None = None
+    tier_blocks: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -103,6 +113,7 @@ class CacheManager:
         self.has_state = bool(slots.layout.fields)
         self._state_copies: list[StateCopy] | None = None  # None: not recorded (one rank)
         self.host = host
+        self.counters = host.counters if host is not None else CacheCounters()
         if host is not None:
             blocks.on_evict = host.offload
         self.prefetch_gate = prefetch_gate or PrefetchGate(BEST_EFFORT, 0)
@@ -200,13 +211,21 @@ class CacheManager:
             return hit
         match = self.host.match(hashes)
         depth = match.usable_depth
+        kv_blocks = max(hit.kv_blocks, match.kv_depth)
         if depth <= hit.num_blocks:
-            return dataclasses.replace(hit, kv_blocks=max(hit.kv_blocks, match.kv_depth))
+            return dataclasses.replace(hit, kv_blocks=kv_blocks, tier_match=match, tier_blocks=len(hashes))
         # The tier restores the chain to ``depth``: share the device's leading blocks, load the rest.
         shared = self._device_blocks(hashes[:depth])
         snapshot = hashes[depth - 1] if self.has_state else None
-        kv_blocks = max(hit.kv_blocks, match.kv_depth)
-        return PrefixHit(shared, snapshot, depth - len(shared), from_host=True, kv_blocks=kv_blocks)
+        return PrefixHit(
+            shared,
+            snapshot,
+            depth - len(shared),
+            from_host=True,
+            kv_blocks=kv_blocks,
+            tier_match=match,
+            tier_blocks=len(hashes),
+        )
 
     def find_held_prefix(self, request: Request) -> PrefixHit:
         """A reservation's hit: the leading prompt blocks whose KV the device pool or, after it, the
@@ -216,10 +235,12 @@ class CacheManager:
             return PrefixHit(kv_only=True)
         hashes = self._prompt_hashes(request)
         shared = self._device_blocks(hashes)
-        depth = self.host.match(hashes).kv_depth if self.host is not None and hashes else 0
+        match = self.host.match(hashes) if self.host is not None and hashes else None
+        depth, counted = (match.kv_depth, len(hashes)) if match is not None else (0, 0)
+        hit = PrefixHit(shared, kv_blocks=len(shared), kv_only=True, tier_match=match, tier_blocks=counted)
         if depth <= len(shared):
-            return PrefixHit(shared, kv_blocks=len(shared), kv_only=True)
-        return PrefixHit(shared, None, depth - len(shared), from_host=True, kv_blocks=depth, kv_only=True)
+            return hit
+        return dataclasses.replace(hit, host_blocks=depth - len(shared), from_host=True, kv_blocks=depth)
 
     def _prompt_hashes(self, request: Request) -> list[bytes]:
         """The hashes of the prompt blocks a hit may cover: all full blocks but one token's worth (a
@@ -286,6 +307,8 @@ class CacheManager:
         request.num_registered = len(hit.block_ids)
         request.slot = self.slots.allocate()
         request.num_cached_tokens_host = 0
+        if hit.tier_match is not None:
+            self.host.record_lookup(hit.tier_match, hit.tier_blocks)
         if hit.from_host and not self._load_from_host(request, hit):
             hashes = self._hashes(request)[: hit.num_blocks]
             fallback = PrefixHit(hit.block_ids, kv_only=True) if hit.kv_only else self._device_hit(hashes)
@@ -295,6 +318,7 @@ class CacheManager:
             hit = fallback
         request.num_computed = request.num_cached_tokens = len(request.block_table) * self.block_tokens
         request.branch_tokens = self.branch_point(hit)
+        self._count_hit(hit)
         if hit.snapshot_hash is not None and not hit.from_host:
             snapshot = self.snapshots.restore(hit.snapshot_hash, self.slots.storage[request.slot])
             self._copied(RESTORE, request.slot, snapshot)
@@ -307,6 +331,7 @@ class CacheManager:
         leases = self.host.lease(hashes, len(hit.block_ids), with_state=not hit.kv_only)
         try:
             if not self.host.complete(leases, hit.host_blocks):
+                self.host.fell_back(leases)
                 return False
             loaded = self.blocks.allocate(hit.host_blocks)  # may offload device blocks: pages are leased
             if not self.host.copy_in(leases, loaded, request.slot):  # the rows did not move: a miss
@@ -317,6 +342,18 @@ class CacheManager:
         request.block_table.extend(loaded)
         request.num_cached_tokens_host = hit.host_blocks * self.block_tokens
         return True
+
+    def _count_hit(self, hit: PrefixHit) -> None:
+        """Count the tokens an admitted request starts from, by where their KV and KDA state came from."""
+        size = self.block_tokens
+        self.counters.hit(DEVICE, KV, len(hit.block_ids) * size)
+        self.counters.hit(HOST, KV, hit.host_blocks * size)
+        if self.has_state and hit.snapshot_hash is not None:
+            self.counters.hit(HOST if hit.from_host else DEVICE, KDA, hit.num_blocks * size)
+
+    def counts(self) -> CacheCounts:
+        """The prefix cache's counters now (``cache_counters.py``), with the tier's reachability."""
+        return self.host.counts() if self.host is not None else self.counters.counts()
 
     def record_progress(self, request: Request) -> None:
         """Register the request's newly completed blocks; snapshot its state where the snapshot policy

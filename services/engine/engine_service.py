@@ -344,6 +344,7 @@ class EngineService:
             tuple(expired),
             tuple(engine.scheduler.take_queue_times()),
             tuple(engine.cache.blocks.take_events()),
+            engine.cache.counts(),
             tuple(engine.cache.take_prefetch_outcomes()),
         )
         for observer in self._observers:

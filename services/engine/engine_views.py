@@ -7,6 +7,7 @@ none holds a reference into the scheduler or the cache.
 from dataclasses import dataclass
 
 from .cache.block_pool import CacheEvent
+from .cache_counters import CacheCounts
 from .engine_core import EngineCore
 
 MAX_LISTED_IDS = 64  # request ids a ``PoolState`` names at most
@@ -43,6 +44,7 @@ class EnginePass:
     expired: tuple[str, ...]  # reservations the TTL freed in this pass
     queue_times: tuple[float, ...]  # arrival-to-first-step seconds of requests started since the last pass
     cache_events: tuple[CacheEvent, ...]  # prefix-cache blocks inserted and evicted in this pass, in order
+    cache_counts: CacheCounts  # the prefix cache's and host tier's counters since start (totals)
     prefetches: tuple = ()  # PrefetchOutcome's since the last pass (services/engine/prefetch_gate.py)
 
 

@@ -24,6 +24,10 @@ A page whose checksum fails is dropped by the tier's ``begin_get``: the lease co
 cache manager falls back to the device pool's own hit and the request recomputes the rest. A row
 move that fails (a remote tier died or restarted mid-way) is the same miss: ``copy_in`` answers
 False, a save is aborted; no request fails.
+
+What happens is counted in ``counters`` (``cache_counters.py``: bytes each way, offloads, saves
+skipped for lack of room, loads that fell back and why); the tier's own hits and misses are counted
+once per admitted request (``record_lookup``), not per ``match``.
 """
 
 from collections import Counter, OrderedDict
@@ -40,6 +44,7 @@ from services.hicache.port import HostTierPort, PrefetchHandle, PrefetchPort
 from services.hicache.redis_l3 import RedisL3
 from services.hicache.tier_l3 import TierL3
 
+from .cache_counters import CHECKSUM, MOVE_FAILED, SHORT_LEASE, TO_DEVICE, TO_HOST, CacheCounters, CacheCounts
 from .host_rows import LocalRows, RemoteRows
 
 if TYPE_CHECKING:  # the client imports services.rpc, which imports the engine
@@ -53,13 +58,15 @@ REMOTE_REASONS_KEPT = 1 << 16  # snapshot reasons remembered when the tier's KDA
 class HostLeases:
     """Pages leased (checksums verified) for one admission: ``kv_pages`` for the blocks asked for, in
     order (fewer when one was missing or corrupt), ``kda_page`` the snapshot at their end (None: not
-    held; ``kda_lease`` None too: not asked for, or a model without KDA state)."""
+    held; ``kda_lease`` None too: not asked for, or a model without KDA state); ``checksum_failures``:
+    pages the tier dropped as corrupt."""
 
     kv_lease: int
     kv_pages: tuple[int, ...]
     kda_lease: int | None
     kda_page: int | None
     snapshot_hash: bytes
+    checksum_failures: int = 0
 
 
 class HostCacheConnector:
@@ -96,7 +103,7 @@ class HostCacheConnector:
         self._snapshot_reason: OrderedDict[bytes, str] = OrderedDict()
         self.snapshots_saved: Counter[str] = Counter()
         self.snapshots_restored: Counter[str] = Counter()
-        self.offloaded_blocks = 0
+        self.counters = CacheCounters()
 
     @classmethod
     def in_process(
@@ -184,6 +191,13 @@ class HostCacheConnector:
             return None
         return self.prefetcher.prefetch(list(hashes), self.has_state)
 
+    def record_lookup(self, match: TierMatch, num_hashes: int) -> None:
+        """Count an admitted request's ``match`` of its ``num_hashes``-block chain in the tier's hits and
+        misses (once per admission: a waiting request is matched on every scheduler pass)."""
+        kda_hit = int(match.usable_depth > 0) if self.has_state else 0
+        kda_miss = int(self.has_state and not kda_hit)
+        self.tier.record_lookup(match.kv_depth, num_hashes - match.kv_depth, kda_hit, kda_miss)
+
     def lease(self, hashes: Sequence[bytes], first: int, with_state: bool = True) -> HostLeases:
         """Lease the pages of ``hashes[first:]`` and (``with_state``, a model with KDA state) the KDA
         snapshot under ``hashes[-1]`` (checksums verified by the tier); pages stay put until
@@ -197,6 +211,7 @@ class HostCacheConnector:
             kda.lease_id if kda is not None else None,
             kda.pages[0] if kda is not None and kda.pages else None,
             hashes[-1],
+            kv.checksum_failures + (kda.checksum_failures if kda is not None else 0),
         )
 
     def complete(self, leases: HostLeases, num_blocks: int) -> bool:
@@ -205,14 +220,21 @@ class HostCacheConnector:
         state_came = leases.kda_lease is None or leases.kda_page is not None
         return len(leases.kv_pages) == num_blocks and state_came
 
+    def fell_back(self, leases: HostLeases) -> None:
+        """Count a load given up because ``leases`` were not ``complete`` (a page corrupt, or gone)."""
+        self.counters.load_fallbacks[CHECKSUM if leases.checksum_failures else SHORT_LEASE] += 1
+
     def copy_in(self, leases: HostLeases, block_ids: Sequence[int], slot: int) -> bool:
         """Copy the leased pages into ``block_ids`` (one each) and the snapshot into ``slot``; False
         when the rows could not be moved (the blocks and slot then hold nothing usable: a miss)."""
         if len(leases.kv_pages) != len(block_ids):
             raise ValueError(f"block_ids: {len(block_ids)} given for {len(leases.kv_pages)} leased pages")
         if not self.rows.read(leases.kv_pages, block_ids, leases.kda_page, slot):
+            self.counters.load_fallbacks[MOVE_FAILED] += 1
             return False
+        self.counters.moved(KV, TO_DEVICE, len(block_ids) * self.blocks.layout.nbytes)
         if leases.kda_page is not None:
+            self.counters.moved(KDA, TO_DEVICE, self.slots.layout.nbytes)
             self.snapshots_restored[self._snapshot_reason.get(leases.snapshot_hash, "unknown")] += 1
         return True
 
@@ -230,9 +252,11 @@ class HostCacheConnector:
         if not hashes:
             return
         lease = self.tier.reserve_put(KV, list(hashes))
+        self.counters.saves_skipped[KV] += lease.no_room
         kept = [(page, block) for page, block in zip(lease.pages, block_ids, strict=True) if page is not None]
         pages, blocks = zip(*kept, strict=True) if kept else ((), ())
-        self._put(lease.lease_id, lambda: self.rows.write_blocks(pages, blocks))
+        if self._put(lease.lease_id, lambda: self.rows.write_blocks(pages, blocks)):
+            self.counters.moved(KV, TO_HOST, len(pages) * self.blocks.layout.nbytes)
 
     def save_state(self, block_hash: bytes, state_row: torch.Tensor, reason: str) -> None:
         """Write-through of a KDA snapshot: ``state_row`` (a slot's bytes) is the state after the block
@@ -241,10 +265,12 @@ class HostCacheConnector:
         if not self.has_state:
             return
         lease = self.tier.reserve_put(KDA, [block_hash])
+        self.counters.saves_skipped[KDA] += lease.no_room
         (page,) = lease.pages
         moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_state(page, state_row))
         if page is None or not moved:
             return
+        self.counters.moved(KDA, TO_HOST, self.slots.layout.nbytes)
         self._snapshot_reason[block_hash] = reason
         self._snapshot_reason.move_to_end(block_hash)
         if len(self._snapshot_reason) > self._reasons_kept:
@@ -254,10 +280,20 @@ class HostCacheConnector:
     def offload(self, block: int, block_hash: bytes) -> None:
         """A cached device block is about to be reused: keep its bytes in the tier unless it holds them."""
         lease = self.tier.reserve_put(KV, [block_hash])
+        self.counters.saves_skipped[KV] += lease.no_room
         (page,) = lease.pages
         moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_blocks([page], [block]))
         if page is not None and moved:
-            self.offloaded_blocks += 1
+            self.counters.offloads += 1
+            self.counters.moved(KV, TO_HOST, self.blocks.layout.nbytes)
+
+    def counts(self) -> CacheCounts:
+        """The counters' totals, with the tier's reachability: an in-process tier is always up (and its
+        stats come along: no ``baton cache`` exports them); a ``baton cache`` is up while its client's
+        last call reached it."""
+        if isinstance(self.tier, HostTier):
+            return self.counters.counts(tier_up=True, host_tier=self.tier.stats())
+        return self.counters.counts(tier_up=self.tier.available, tier_reconnects=self.tier.reconnects)
 
     def _put(self, lease_id: int, write: Callable[[], bool]) -> bool:
         """Finish a put: ``write`` its pages (whether they were written, True with none to write), then

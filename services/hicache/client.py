@@ -53,6 +53,8 @@ class HostCacheClient:
         skipped_calls: calls answered as a miss or skipped because the tier could not be reached.
         has_l3: the tier run attached to has a Redis L3 (``prefetch`` asks it only then).
         outages: how many times the tier became unreachable (one log line each).
+        reconnects: how many times this client attached again after having attached once: to the same
+            run after an outage, or to a restarted run.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class HostCacheClient:
         self.skipped_calls = 0
         self.outages = 0
         self.has_l3 = False
+        self.reconnects = 0
         self._clock = clock
         self._layout: tuple[str, int, int] | None = None
         self._endpoint: TransferEndpoint | None = None
@@ -140,7 +143,7 @@ class HostCacheClient:
         if response is None:
             return PutLease(NO_LEASE, (None,) * len(hashes))
         pages = tuple(None if page < 0 else page for page in response.pages)
-        return PutLease(self._client_lease(response.lease_id), pages)
+        return PutLease(self._client_lease(response.lease_id), pages, response.no_room)
 
     def commit_put(self, lease_id: int) -> None:
         """``HostTier.commit_put`` on the service (skipped for a lease of a tier run that is gone)."""
@@ -159,7 +162,8 @@ class HostCacheClient:
         response = self._call("BeginGet", host_cache_pb2.LeaseHashesRequest(kind=kind, hashes=hashes))
         if response is None:
             return GetLease(NO_LEASE, ())
-        return GetLease(self._client_lease(response.lease_id), tuple(response.pages))
+        lease_id = self._client_lease(response.lease_id)
+        return GetLease(lease_id, tuple(response.pages), response.checksum_failures)
 
     def end_get(self, lease_id: int) -> None:
         """``HostTier.end_get`` on the service (skipped for a lease of a tier run that is gone)."""
@@ -176,6 +180,13 @@ class HostCacheClient:
             return RemotePrefetch(None)
         request = host_cache_pb2.PrefetchRequest(hashes=hashes, has_state=has_state)
         return RemotePrefetch(self._stub.Prefetch.future(request, timeout=self.prefetch_timeout_s))
+
+    def record_lookup(self, kv_hits: int, kv_misses: int, kda_hits: int, kda_misses: int) -> None:
+        """``HostTier.record_lookup`` on the service (skipped without the tier)."""
+        request = host_cache_pb2.RecordLookupRequest(
+            kv_hits=kv_hits, kv_misses=kv_misses, kda_hits=kda_hits, kda_misses=kda_misses
+        )
+        self._call("RecordLookup", request)
 
     def stats(self) -> dict[str, KindStats]:
         """``HostTier.stats`` on the service; empty without the tier."""
@@ -239,6 +250,8 @@ class HostCacheClient:
             self._lost(f"Attach: {error.code().name}")
             return False
         self.has_l3 = response.l3
+        if self._tier_id and (self._down or response.tier_id != self._tier_id):
+            self.reconnects += 1
         if response.tier_id != self._tier_id:
             if self._tier_id:
                 log.warning("host cache %s: attached to a restarted tier (its pages are gone)", self.address)

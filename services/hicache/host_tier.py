@@ -10,6 +10,9 @@ its bytes move::
     put:  reserve_put(kind, hashes) -> PutLease.pages   write the rows   commit_put  (or abort_put)
     get:  match(hashes) -> TierMatch   begin_get(kind, hashes) -> GetLease.pages   read   end_get
 
+``match`` counts nothing (a waiting request is matched on every scheduler pass); the worker counts an
+admitted request's lookup once with ``record_lookup``.
+
 Who moves the bytes: a worker in this process copies rows of ``kv.storage`` / ``kda.storage`` with
 torch; a worker in another process reads and writes them over NIXL (``services/hicache/server.py``).
 
@@ -27,7 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .page_arena import EvictedPage, PageArena, page_checksum
+from .page_arena import EvictedPage, PageArena
+from .page_checksum import page_checksum
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +59,21 @@ class TierMatch:
 @dataclass(frozen=True)
 class PutLease:
     """Pages to write, one per hash asked for; ``None``: skip it (already held, being written, or no
-    room because every page is leased)."""
+    room because every page is leased). ``no_room``: how many of the ``None`` are for lack of room."""
 
     lease_id: int
     pages: tuple[int | None, ...]
+    no_room: int = 0
 
 
 @dataclass(frozen=True)
 class GetLease:
-    """Pages to read: the leading hashes asked for that are held and passed their checksum."""
+    """Pages to read: the leading hashes asked for that are held and passed their checksum;
+    ``checksum_failures`` 1 when the lease stopped at a page whose checksum failed (it was dropped)."""
 
     lease_id: int
     pages: tuple[int, ...]
+    checksum_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,9 @@ EvictionSink = Callable[[str, list[EvictedBytes]], None]
 
 @dataclass(frozen=True)
 class KindStats:
-    """One kind's counters since start. ``hits`` / ``misses``: for KV, blocks found / not found by
-    ``match``; for KDA, ``match`` calls of models with state that found a usable snapshot / none.
+    """One kind's counters since start. ``hits`` / ``misses`` (``record_lookup``: once per admitted
+    request): for KV, leading blocks of its chain held / not held; for KDA, requests of models with
+    state that found a usable snapshot / none.
     ``bytes_in`` / ``bytes_out``: page bytes committed into / leased out of the tier."""
 
     pages_used: int
@@ -179,27 +187,31 @@ class HostTier:
     # ---- lookup ------------------------------------------------------------------------------
 
     def match(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
-        """How much of the chain ``hashes`` the tier holds; changes no page (counts hits and misses)."""
+        """How much of the chain ``hashes`` the tier holds; changes nothing, counts nothing."""
         with self._lock:
-            match = self._match(hashes, has_state)
-            self._counters[KV]["hits"] += match.kv_depth
-            self._counters[KV]["misses"] += len(hashes) - match.kv_depth
-            if has_state and self.kda is not None and hashes:
-                self._counters[KDA]["hits" if match.usable_depth else "misses"] += 1
-            return match
+            kv_depth = self.kv.leading_depth(hashes)
+            snapshots = ()
+            if self.kda is not None:
+                snapshots = tuple(d for d in range(1, len(hashes) + 1) if self.kda.holds(hashes[d - 1]))
+            usable = max((d for d in snapshots if d <= kv_depth), default=0) if has_state else kv_depth
+            return TierMatch(kv_depth, snapshots, usable)
 
-    def peek(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
-        """``match`` without counting a hit or miss (the tier's own L3 prefetch asks what is missing)."""
+    def record_lookup(self, kv_hits: int, kv_misses: int, kda_hits: int, kda_misses: int) -> None:
+        """Count one admitted request's lookup (the ``match`` it was admitted on) in ``hits`` and
+        ``misses``: KV blocks held / not held; with KDA state, 1 in ``kda_hits`` or ``kda_misses``.
+
+        Raises:
+            ValueError: a negative count, naming it.
+        """
+        counts = {"kv_hits": kv_hits, "kv_misses": kv_misses, "kda_hits": kda_hits, "kda_misses": kda_misses}
+        for field, count in counts.items():
+            if count < 0:
+                raise ValueError(f"{field}: must be >= 0, got {count}")
         with self._lock:
-            return self._match(hashes, has_state)
-
-    def _match(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
-        kv_depth = self.kv.leading_depth(hashes)
-        snapshots = ()
-        if self.kda is not None:
-            snapshots = tuple(d for d in range(1, len(hashes) + 1) if self.kda.holds(hashes[d - 1]))
-        usable = max((d for d in snapshots if d <= kv_depth), default=0) if has_state else kv_depth
-        return TierMatch(kv_depth, snapshots, usable)
+            self._counters[KV]["hits"] += kv_hits
+            self._counters[KV]["misses"] += kv_misses
+            self._counters[KDA]["hits"] += kda_hits
+            self._counters[KDA]["misses"] += kda_misses
 
     # ---- put ---------------------------------------------------------------------------------
 
@@ -208,11 +220,11 @@ class HostTier:
         with self._lock:
             self._expire_leases()
             arena = self.arena(kind)
-            pages, evicted = arena.reserve(list(hashes))
+            pages, evicted, no_room = arena.reserve(list(hashes))
             self._record(kind, [page.block_hash for page in evicted], inserted=False)
             self._sink_evicted(kind, arena, evicted)
             given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)
-            return PutLease(self._give(_Lease(kind, given, True, self._expiry())), pages)
+            return PutLease(self._give(_Lease(kind, given, True, self._expiry())), pages, no_room)
 
     def commit_put(self, lease_id: int) -> None:
         """The put's pages are written: checksum them and make them findable."""
@@ -247,13 +259,14 @@ class HostTier:
             len(pages),
         )
         with self._lock:
-            if good < len(pages):
+            failed = int(good < len(pages))
+            if failed:
                 if arena.reject(hashes[good : len(pages)], expected[good]):
                     self._record(kind, [hashes[good]], inserted=False)
                 pages = pages[:good]
             self._counters[kind]["bytes_out"] += len(pages) * arena.page_bytes
             lease_id = self._give(_Lease(kind, tuple(hashes[: len(pages)]), False, self._expiry()))
-            return GetLease(lease_id, tuple(pages))
+            return GetLease(lease_id, tuple(pages), failed)
 
     def end_get(self, lease_id: int) -> None:
         """The get's pages have been read: they may be evicted again."""

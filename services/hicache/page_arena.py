@@ -12,7 +12,7 @@ written or read are never evicted, so an arena full of them answers "no room" (`
 failing. ``commit`` records each written page's checksum and makes it findable; ``acquire`` hands a
 reader the pages with the checksums they must have, and ``reject`` takes back the run from the first
 page whose bytes do not match: that page is dropped (counted in ``checksum_failures``). The caller
-computes the checksums (``page_checksum``) between the calls, while the pages are leased, so a slow
+computes the checksums (``page_checksum.py``) between the calls, while the pages are leased, so a slow
 checksum never holds the caller's lock.
 
 Within one call, deeper hashes of a chain are made *less* recent than their ancestors (pages are
@@ -22,17 +22,11 @@ prefix that later requests can still match survives longest.
 Not thread-safe: ``HostTier`` serializes every call.
 """
 
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
-
-
-def page_checksum(page: torch.Tensor) -> int:
-    """CRC-32 of a page's bytes (``page``: a contiguous uint8 host row)."""
-    return zlib.crc32(page.numpy())
 
 
 class EvictedPage(NamedTuple):
@@ -104,15 +98,17 @@ class PageArena:
 
     # ---- put ---------------------------------------------------------------------------------
 
-    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[EvictedPage]]:
+    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[EvictedPage], int]:
         """A page to write for each hash, or ``None`` where it is already held or being written (its
         LRU place is refreshed) or where no page can be freed.
 
         Returns:
-            ``(pages, evicted)``: the pages in ``hashes`` order, and the pages evicted to make room.
+            ``(pages, evicted, no_room)``: the pages in ``hashes`` order, the pages evicted to make
+            room, and how many hashes got no page because none could be freed.
         """
         pages: list[int | None] = [None] * len(hashes)
         evicted: list[EvictedPage] = []
+        no_room = 0
         for index in range(len(hashes) - 1, -1, -1):  # tail first: see the module docstring
             block_hash = hashes[index]
             if block_hash in self._lru:
@@ -122,10 +118,11 @@ class PageArena:
                 continue
             page = self._take_page(evicted)
             if page is None:
+                no_room += 1
                 continue
             self._writing[block_hash] = page
             pages[index] = page
-        return tuple(pages), evicted
+        return tuple(pages), evicted, no_room
 
     def writing_pages(self, hashes: Sequence[bytes]) -> list[int]:
         """The pages ``reserve`` gave ``hashes`` (still being written)."""

@@ -47,6 +47,10 @@ class HostTierPort(Protocol):
         """The get's pages have been read."""
         ...
 
+    def record_lookup(self, kv_hits: int, kv_misses: int, kda_hits: int, kda_misses: int) -> None:
+        """Count one admitted request's lookup in the tier's hits and misses."""
+        ...
+
     def stats(self) -> dict[str, KindStats]:
         """Each kind's counters."""
         ...

@@ -2,9 +2,10 @@
 byte budget.
 
 A page is stored byte for byte as it sits in a host-tier page (``docs/hicache.md``), keyed by the
-tier's layout fingerprint, its kind and its block hash, with its CRC-32 in front::
+tier's layout fingerprint, its kind and its block hash, with its checksum (XXH3-64,
+``page_checksum.py``) in front::
 
-    {prefix}page:{fingerprint}:{kind}:{hex hash}   <crc32 little-endian, 4 bytes><page bytes>
+    {prefix}page:{fingerprint}:{kind}:{hex hash}   <XXH3-64 little-endian, 8 bytes><page bytes>
     {prefix}lru      zset: page key -> tick of its last put or get (oldest evicted first)
     {prefix}sizes    hash: page key -> its stored bytes
     {prefix}used     the bytes the L3's pages take, against ``budget_bytes``
@@ -22,14 +23,13 @@ a get finds nothing. One round trip per batch. Torch-free: pages are ``bytes`` (
 ``storage[page].numpy()`` rows and reads into them).
 """
 
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from common.cluster_index import KINDS
 from common.redis_link import RedisLink
 
-_CRC_BYTES = 4
+from .page_checksum import CHECKSUM_BYTES, page_checksum
 
 # KEYS: lru, sizes, used, tick. ARGV[1]: the budget; then (key, value) pairs. Returns pages stored.
 _PUT = """
@@ -124,7 +124,7 @@ class RedisL3:
 
     Args:
         redis_url: ``redis://HOST:PORT``.
-        budget_bytes: the most bytes the L3's pages (with their 4-byte checksums) may take in Redis.
+        budget_bytes: the most bytes the L3's pages (with their 8-byte checksums) may take in Redis.
         layout_fingerprint: the host tier's layout fingerprint (pages of another layout never match).
         on_health: the ``RedisLink`` callback (``baton_hicache_redis_up``).
         prefix: the Redis key prefix.
@@ -171,7 +171,7 @@ class RedisL3:
         for block_hash, page in pages:
             args += [
                 self._key(kind, block_hash),
-                zlib.crc32(page).to_bytes(_CRC_BYTES, "little") + bytes(page),
+                page_checksum(page).to_bytes(CHECKSUM_BYTES, "little") + bytes(page),
             ]
         keys = [self._lru, self._sizes, self._used, self._tick]
         stored = self.link.call(lambda client: self._put(keys=keys, args=args, client=client))
@@ -189,8 +189,8 @@ class RedisL3:
         found = self.link.call(lambda client: self._get(keys=keys, args=names, client=client))
         pages = []
         for name, stored in zip(names, found or [], strict=False):
-            crc, page = int.from_bytes(stored[:_CRC_BYTES], "little"), stored[_CRC_BYTES:]
-            if len(page) != page_bytes or zlib.crc32(page) != crc:
+            stored_sum, page = int.from_bytes(stored[:CHECKSUM_BYTES], "little"), stored[CHECKSUM_BYTES:]
+            if len(page) != page_bytes or page_checksum(page) != stored_sum:
                 self._checksum_failures += 1
                 self._drop_page(name)
                 break
@@ -209,8 +209,8 @@ class RedisL3:
         if not found:
             return None
         index, stored = int(found[0]) - 1, found[1]
-        crc, page = int.from_bytes(stored[:_CRC_BYTES], "little"), stored[_CRC_BYTES:]
-        if len(page) != page_bytes or zlib.crc32(page) != crc:
+        stored_sum, page = int.from_bytes(stored[:CHECKSUM_BYTES], "little"), stored[CHECKSUM_BYTES:]
+        if len(page) != page_bytes or page_checksum(page) != stored_sum:
             self._checksum_failures += 1
             self._drop_page(names[index])
             return None

@@ -86,7 +86,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
     def ReservePut(self, request, context):  # noqa: N802
         lease = self._attached(context).reserve_put(request.kind, _hashes(request.hashes))
         pages = [-1 if page is None else page for page in lease.pages]
-        return host_cache_pb2.ReservePutResponse(lease_id=lease.lease_id, pages=pages)
+        return host_cache_pb2.ReservePutResponse(lease_id=lease.lease_id, pages=pages, no_room=lease.no_room)
 
     def CommitPut(self, request, context):  # noqa: N802
         self._attached(context).commit_put(request.lease_id)
@@ -98,10 +98,17 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
 
     def BeginGet(self, request, context):  # noqa: N802
         lease = self._attached(context).begin_get(request.kind, _hashes(request.hashes))
-        return host_cache_pb2.BeginGetResponse(lease_id=lease.lease_id, pages=lease.pages)
+        return host_cache_pb2.BeginGetResponse(
+            lease_id=lease.lease_id, pages=lease.pages, checksum_failures=lease.checksum_failures
+        )
 
     def EndGet(self, request, context):  # noqa: N802
         self._attached(context).end_get(request.lease_id)
+        return host_cache_pb2.LeaseResponse()
+
+    def RecordLookup(self, request, context):  # noqa: N802
+        counts = (request.kv_hits, request.kv_misses, request.kda_hits, request.kda_misses)
+        self._attached(context).record_lookup(*counts)
         return host_cache_pb2.LeaseResponse()
 
     def Stats(self, request, context):  # noqa: N802

@@ -28,7 +28,6 @@ is done with what it stored, possibly nothing.
 
 import logging
 import threading
-import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .host_tier import KDA, KV, EvictedBytes, HostTier
+from .page_checksum import page_checksum
 from .redis_l3 import RedisL3
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class TierL3:
                     self._lock.notify_all()
 
     def _write(self, kind: str, batch: list[EvictedBytes]) -> None:
-        intact = [(page.block_hash, page.page) for page in batch if zlib.crc32(page.page) == page.checksum]
+        intact = [(page.block_hash, page.page) for page in batch if page_checksum(page.page) == page.checksum]
         self.l3.put(kind, intact)
         stats = self._stats[kind]
         with self._lock:
@@ -220,7 +220,7 @@ class TierL3:
 
     def _load(self, hashes: Sequence[bytes], has_state: bool) -> tuple[int, int]:
         """Bring the chain's missing KV pages, then its deepest missing snapshot; pages stored of each."""
-        held = self.tier.peek(hashes, has_state)
+        held = self.tier.match(hashes, has_state)
         wanted = hashes[held.kv_depth :]
         kv_pages = self.l3.get(KV, wanted, self.tier.kv.page_bytes) if wanted else []
         self._count(KV, hits=len(kv_pages), misses=len(wanted) - len(kv_pages))

@@ -81,6 +81,8 @@ def test_pages_written_by_one_worker_are_read_back_bitwise_by_another(service):
 
         match = reader.client.match(hashes, has_state=True)
         assert (match.kv_depth, match.snapshot_depths, match.usable_depth) == (4, (4,), 4)
+        reader.client.record_lookup(kv_hits=0, kv_misses=4, kda_hits=0, kda_misses=1)  # the first match
+        reader.client.record_lookup(kv_hits=4, kv_misses=0, kda_hits=1, kda_misses=0)  # this one
         blocks = reader.client.begin_get(KV, hashes)
         state = reader.client.begin_get(KDA, hashes[-1:])
         reader.backend.read(reader.peer, {BLOCKS: [(5 - i, page) for i, page in enumerate(blocks.pages)]})

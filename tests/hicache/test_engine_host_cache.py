@@ -14,6 +14,7 @@ from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.snapshot_policy import SnapshotPolicy
 from services.engine.cache.state_pool import StateSlotPool
+from services.engine.cache_counters import CHECKSUM, TO_HOST
 from services.engine.checkpoint.presets import preset_config
 from services.engine.engine_config import EngineConfig
 from services.engine.host_cache_connector import HostCacheConnector
@@ -143,12 +144,14 @@ def test_a_corrupt_page_is_recomputed(engines):
     host = tier.engine.cache.host.tier
     failures = host.stats()[KV].checksum_failures
     cache = tier.engine.cache
+    fallbacks = cache.counts().load_fallbacks[CHECKSUM]
     block_hash = cache._hashes(tier.engine._new_request(TURN1, GREEDY, None, "corrupt", ""))[1]
     host.kv.storage[_page_of(host, block_hash), 0] ^= 0xFF  # turn 1's second block, flipped in host memory
     second, computed = counted_generate(tier, prompt, "corrupt")
     assert second.num_cached_tokens == second.num_cached_tokens_host == 0
     assert computed == TURN2_TOKENS + DECODES
     assert host.stats()[KV].checksum_failures == failures + 1
+    assert cache.counts().load_fallbacks[CHECKSUM] == fallbacks + 1  # the worker's view of it
     cold, _ = counted_generate(plain, prompt, "cold-corrupt")
     assert second.token_ids == cold.token_ids and bits(second.logprobs) == bits(cold.logprobs)
     tier.engine.check_integrity()
@@ -179,7 +182,8 @@ def test_device_eviction_offloads_a_block_the_tier_lacks_once():
     connector.save_blocks([b"a"], [ids[0]])  # written through already: not offloaded again
     blocks.free(ids)
     blocks.allocate(3)  # evicts a, b, c
-    assert connector.offloaded_blocks == 2
+    assert connector.counters.offloads == 2
+    assert connector.counters.moved_bytes[KV, TO_HOST] == 3 * blocks.layout.nbytes  # a (saved), b, c
     assert connector.match([b"a"]).kv_depth == 1
     lease = connector.tier.begin_get(KV, [b"b", b"c"])
     assert [int(connector.tier.kv.storage[p][0]) for p in lease.pages] == [ids[1] + 1, ids[2] + 1]

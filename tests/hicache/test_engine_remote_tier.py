@@ -11,6 +11,7 @@ import pytest
 from deploy.local.launcher import ManagedCache
 from deploy.local.supervisor import Supervisor
 from services.engine import LLM
+from services.engine.cache_counters import MOVE_FAILED
 from services.engine.host_rows import RemoteRows
 from services.hicache.host_tier import KDA, KV
 from tests.hicache.test_engine_host_cache import (
@@ -78,10 +79,12 @@ def test_a_tier_killed_mid_way_costs_only_misses(engines, cache):
     finally:
         host.lease = lease
     assert host.rows.transfer_errors == 1  # the read failed: a miss, the request recomputed
+    assert host.counts().load_fallbacks[MOVE_FAILED] == 1  # baton_hicache_load_fallbacks_total
     assert killed.num_cached_tokens_host == 0 and computed == TURN2_TOKENS + DECODES
     remote.engine.check_integrity()
     again, _ = counted_generate(remote, prompt, "killed-again")  # the tier gone: misses, skipped saves
     assert host.tier.outages == 1 and host.tier.skipped_calls > 0
+    assert host.counts().tier_up is False  # baton_hicache_tier_up 0
     remote.engine.check_integrity()
     full, _ = counted_generate(plain, turn_one(plain, "full", "take"), "full")  # recomputed from scratch
     assert killed.token_ids == again.token_ids == full.token_ids
@@ -104,5 +107,7 @@ def test_a_restarted_tier_is_used_again(engines, cache):
     finally:
         supervisor.stop()
     assert cache.restarts == 1 and host.rows.connected_epoch == 2  # the agent connected to the new run
+    counts = host.counts()
+    assert (counts.tier_up, counts.tier_reconnects) == (True, 1)
     assert loaded.num_cached_tokens_host == LOADED and computed == TURN2_TOKENS - LOADED + DECODES
     remote.engine.check_integrity()

@@ -72,7 +72,10 @@ def test_put_then_get_round_trips_bytes_and_counts(tier):
     hashes = chain(list(range(16)))  # 4 blocks
     written = put(tier, KV, hashes)
     assert tier.take_events() == [TierEvent(KV, h, True) for h in hashes]
-    assert tier.match(hashes, has_state=False).kv_depth == 4
+    for _ in range(3):  # a waiting request is matched on every scheduler pass: counted by none
+        assert tier.match(hashes, has_state=False).kv_depth == 4
+    assert tier.stats()[KV].hits == 0
+    tier.record_lookup(kv_hits=4, kv_misses=0, kda_hits=0, kda_misses=0)  # once, when it is admitted
     lease = tier.begin_get(KV, hashes)
     assert len(lease.pages) == 4
     for block_hash, page in zip(hashes, lease.pages, strict=True):
@@ -119,7 +122,7 @@ def test_a_tier_full_of_leased_pages_answers_no_room(tier):
     put(tier, KV, hashes)
     reading = tier.begin_get(KV, hashes)
     writing = tier.reserve_put(KV, chain(list(range(300, 308))))
-    assert writing.pages == (None, None)
+    assert (writing.pages, writing.no_room) == ((None, None), 2)
     assert tier.stats()[KV].evictions == 0
     tier.commit_put(writing.lease_id)  # nothing to commit: a no-op
     tier.end_get(reading.lease_id)
@@ -133,7 +136,7 @@ def test_corrupt_page_is_dropped_counted_and_the_get_stops_before_it(tier):
     tier.end_get(page.lease_id)
     tier.kv.storage[page.pages[0], 5] ^= 0xFF  # flip one byte of block 2's page
     lease = tier.begin_get(KV, hashes)
-    assert len(lease.pages) == 2
+    assert (len(lease.pages), lease.checksum_failures) == (2, 1)
     tier.end_get(lease.lease_id)
     assert tier.stats()[KV].checksum_failures == 1
     assert tier.take_events() == [TierEvent(KV, hashes[2], False)]

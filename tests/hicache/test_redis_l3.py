@@ -7,10 +7,11 @@ import pytest
 
 from common.cluster_index import KDA, KV
 from deploy.local.redis_server import free_port
+from services.hicache.page_checksum import CHECKSUM_BYTES
 from services.hicache.redis_l3 import RedisL3
 
 PAGE = 64
-STORED = PAGE + 4  # a page and its CRC-32
+STORED = PAGE + CHECKSUM_BYTES  # a page and its checksum
 
 
 def chain(count: int) -> list[bytes]:

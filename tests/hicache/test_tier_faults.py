@@ -24,6 +24,7 @@ def test_a_killed_tier_is_a_miss_then_restarted_on_its_port_and_attached_again(c
     hashes = extend_chain([], list(range(16)), 4, chain_root("model"))
     try:
         assert client.attach(FINGERPRINT, KV_PAGE, KDA_PAGE) is not None and client.epoch == 1
+        assert (client.available, client.reconnects) == (True, 0)  # the first attach is no reconnect
         first = client.endpoint()
         put = client.reserve_put(KV, hashes)
         client.commit_put(put.lease_id)
@@ -50,6 +51,7 @@ def test_a_killed_tier_is_a_miss_then_restarted_on_its_port_and_attached_again(c
             assert time.monotonic() < deadline, "the client did not attach to the restarted tier"
             time.sleep(0.1)
         assert (client.available, client.epoch) == (True, 2) and client.endpoint() != first
+        assert client.reconnects == 1  # baton_hicache_tier_reconnects_total
 
         put = client.reserve_put(KV, hashes)
         assert None not in put.pages

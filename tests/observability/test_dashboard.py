@@ -87,3 +87,33 @@ def test_latency_panels_draw_the_slo_targets(dashboard):
         "baton_worker_up",
     ):
         assert wanted in read, f"no panel shows {wanted}"
+
+
+def test_the_hicache_row_shows_hits_traffic_pages_failures_and_health(dashboard):
+    rows = [panel for panel in dashboard["panels"] if panel["type"] == "row"]
+    assert "HiCache" in [row["title"] for row in rows]
+    start = dashboard["panels"].index(next(row for row in rows if row["title"] == "HiCache"))
+    end = next((i for i, p in enumerate(dashboard["panels"]) if i > start and p["type"] == "row"), None)
+    row_panels = dashboard["panels"][start + 1 : end]
+    read = set().union(*(metric_names(t["expr"]) for panel in row_panels for t in panel["targets"]))
+    for wanted in (
+        "job_tier_kind:baton_prefix_cache_hit_tokens:rate5m",  # hits by tier and kind
+        "job_kind:baton_hicache_hit:ratio_rate5m",  # the tier's hit ratio
+        "job_kind_direction:baton_hicache_moved_bytes:rate5m",  # bytes/s each way
+        "baton_hicache_pages_used",
+        "baton_hicache_pages_capacity",
+        "baton_hicache_evictions_total",
+        "baton_prefix_cache_evictions_total",
+        "baton_hicache_offloads_total",
+        "baton_hicache_checksum_failures_total",
+        "baton_hicache_load_fallbacks_total",
+        "baton_hicache_prefetch_wait_seconds_bucket",
+        "baton_hicache_tier_up",
+        "baton_hicache_redis_up",
+    ):
+        assert wanted in read, f"the HiCache row shows no {wanted}"
+    hits = next(panel for panel in row_panels if panel["title"] == "Prefix hit tokens by tier")
+    assert "by (tier, kind)" in hits["targets"][0]["expr"], "hits must be split by tier and by kind"
+    traffic = next(panel for panel in row_panels if panel["title"] == "Worker <-> tier bytes/s")
+    assert "direction" in traffic["targets"][0]["expr"]
+    assert traffic["fieldConfig"]["defaults"]["unit"] == "Bps"

@@ -68,6 +68,15 @@ def test_promtool_unit_tests_pass():
     assert result.stdout.count("SUCCESS") == len(tests), result.stdout
 
 
+def test_alert_tests_evaluate_every_recording_group_before_the_alerts():
+    """Without ``group_eval_order`` promtool orders groups at random, and an alert may read the previous
+    step's recorded ratio (a test that passes only sometimes)."""
+    recording = [group["name"] for group in rule_groups("recording.rules.yml")]
+    alerting = [group["name"] for group in rule_groups("alerts.rules.yml")]
+    order = yaml.safe_load((RULES / "tests" / "alerts_test.yaml").read_text())["group_eval_order"]
+    assert order == recording + alerting
+
+
 def test_every_alert_is_tested_firing_and_quiet():
     alerts = {rule["alert"] for group in rule_groups("alerts.rules.yml") for rule in group["rules"]}
     firing, quiet = set(), set()

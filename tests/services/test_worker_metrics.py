@@ -29,6 +29,9 @@ def test_decode_worker_gauges_follow_the_pools(tiny_checkpoint):
         assert idle[("baton_kv_blocks_capacity", role)] == 64
         assert idle[("baton_kda_slots_capacity", role)] == 4
         assert idle[("baton_kv_blocks_used", role)] == 0
+        # The prefix cache's counters come with every pass; without a tier, none of the tier's series.
+        assert idle[("baton_prefix_cache_hit_tokens_total", (("kind", "kv"), ("tier", "device")))] == 0
+        assert ("baton_hicache_tier_up", role) not in idle
         server.engine.loop.call(lambda e: e.reserve(list(range(40)), SamplingParams(), "held-open"))
         server.engine.loop.call(lambda e: None)  # one more loop pass refreshes the gauges
         busy = scrape(server.metrics_port)
