@@ -2,8 +2,10 @@
 over this engine's NIXL agent from the tier's regions, with the log-prob bits of a device hit; a tier
 killed mid-way (between the lease and the read, then for good) only costs misses: every request still
 completes, with the bits of a full recompute, and nothing is left leased or allocated; restarted on
-its port, the tier is attached again and the engine's agent reconnects to its new run."""
+its port, the tier is attached again and the engine's agent reconnects to its new run. A tier holding
+another layout (the FP8 KV format's) refuses the engine, which serves without it."""
 
+import logging
 import time
 
 import pytest
@@ -13,12 +15,14 @@ from deploy.local.supervisor import Supervisor
 from services.engine import LLM
 from services.engine.host_rows import RemoteRows
 from services.hicache.host_tier import KDA, KV
+from services.hicache.server import CacheConfig, HostCacheServer
 from tests.hicache.test_engine_host_cache import (
     DECODES,
     ENGINE_ARGS,
     HOST_GIB,
     LOADED,
     SMALL_POOL,
+    TURN1,
     TURN2_TOKENS,
     bits,
     counted_generate,
@@ -106,3 +110,30 @@ def test_a_restarted_tier_is_used_again(engines, cache):
     assert cache.restarts == 1 and host.rows.connected_epoch == 2  # the agent connected to the new run
     assert loaded.num_cached_tokens_host == LOADED and computed == TURN2_TOKENS - LOADED + DECODES
     remote.engine.check_integrity()
+
+
+def test_a_tier_holding_another_layout_is_refused_and_the_engine_serves_without_it(
+    tiny_checkpoint, engines, caplog
+):
+    """A tier attached first by the same model in another KV format (FP8 blocks: other page bytes and
+    fingerprint) refuses this engine at its attach: the engine logs it naming the field and serves
+    without a tier, with the tokens and bits of an engine that never had one."""
+    _, plain = engines
+    path = str(tiny_checkpoint("k3"))
+    tier = HostCacheServer(CacheConfig(1 << 20, 1 << 20, port=0))
+    address = f"127.0.0.1:{tier.port}"
+    try:
+        fp8 = LLM(path, kv_format="fp8", host_cache_address=address, **ENGINE_ARGS)
+        assert fp8.engine.cache.host is not None  # the first to attach: the tier takes its layout
+        with caplog.at_level(logging.ERROR, logger="services.engine.host_cache_connector"):
+            refused = LLM(path, host_cache_address=address, **ENGINE_ARGS)
+        (line,) = [r.message for r in caplog.records if "refused this engine" in r.message]
+        assert f"host_cache_address: '{address}'" in line and "layout_fingerprint:" in line
+        assert refused.engine.cache.host is None and refused.engine.cache.blocks.on_evict is None
+        served, computed = counted_generate(refused, TURN1, "refused")  # both cold: the same steps
+        alone, _ = counted_generate(plain, TURN1, "alone")
+        assert served.num_cached_tokens == 0 and computed == len(TURN1) + DECODES
+        assert served.token_ids == alone.token_ids and bits(served.logprobs) == bits(alone.logprobs)
+        refused.engine.check_integrity()
+    finally:
+        tier.stop(grace_s=0)
