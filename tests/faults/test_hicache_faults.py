@@ -57,3 +57,21 @@ def test_redis_down_is_a_metric_and_a_log_line_and_back_it_is_used_again(report)
 def test_every_worker_holds_nothing_at_the_end(report):
     assert len(report.leaks.workers) == 2
     assert report.leaks.clean, [w for w in report.leaks.workers if not w.clean]
+
+
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (lambda: SessionPlan(sessions=0), "sessions: must be >= 1"),
+        (lambda: SessionPlan(max_prompt_tokens=20), "max_prompt_tokens: 20 cannot hold a first turn"),
+        (
+            lambda: TierFaultScenario(kv_blocks=8),
+            r"kv_blocks: 8 blocks of 8 tokens cannot hold 2 \(max_num_seqs\)",
+        ),
+        (lambda: TierFaultScenario(warm_turns=0), "warm_turns: must be > 0"),
+    ],
+    ids=["no-sessions", "short-prompt", "small-pool", "no-warm-up"],
+)
+def test_a_scenario_out_of_range_is_refused_naming_the_field(make, error):
+    with pytest.raises(ValueError, match=error):
+        make()

@@ -28,8 +28,6 @@ import grpc
 import redis
 from grpc_health.v1 import health_pb2_grpc
 
-from cli.main import build_parser
-from cli.serve_command import node_cache, worker_configs
 from deploy.local.launcher import LocalCluster, ManagedCache
 from deploy.local.redis_server import RedisServer
 from services.engine.model.config_loader import load_model_config
@@ -110,6 +108,10 @@ def tier_fault_cluster(
     Raises:
         FileNotFoundError: no ``redis-server`` on PATH.
     """
+    # Here, not at the top: the CLI's ``bench faults`` imports this package.
+    from cli.main import build_parser
+    from cli.serve_command import node_cache, worker_configs
+
     server = RedisServer().start()
     try:
         args = build_parser().parse_args(scenario.serve_flags(model, server.url))
