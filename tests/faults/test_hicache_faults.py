@@ -39,11 +39,14 @@ def test_the_tier_is_restarted_and_the_workers_load_from_its_new_run(report):
     kill = report.tier_kill
     assert kill.restarts == 1 and kill.restarted_s is not None, report.format_table()
     assert kill.tier_hit_s is not None and kill.tier_hit_s > kill.restarted_s
-    # Each worker saw the outage (one line per outage) and attached to the new run by itself.
-    for worker in ("prefill-0", "decode-0"):
-        lines = [line for line in report.worker_lines if line.startswith(f"[{worker}]")]
-        assert len([line for line in lines if "unreachable" in line]) == 1, lines
-        assert any("attached to a restarted tier" in line for line in lines), lines
+    # Each worker attached to the new run by itself; one that called the tier during the outage logged
+    # it once (a worker may have had no call to make meanwhile).
+    assert kill.workers_reattached == ("prefill-0", "decode-0"), report.worker_lines
+    outages = {
+        worker: sum(line.startswith(f"[{worker}]") and "unreachable" in line for line in report.worker_lines)
+        for worker in kill.workers_reattached
+    }
+    assert set(outages.values()) <= {0, 1} and sum(outages.values()) >= 1, report.worker_lines
 
 
 def test_redis_down_is_a_metric_and_a_log_line_and_back_it_is_used_again(report):

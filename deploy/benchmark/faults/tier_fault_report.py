@@ -17,8 +17,10 @@ class TierKill:
     """The tier's SIGKILL (``killed_at``: ``time.monotonic()``). Seconds are from the kill; None: not
     within the run's bound. ``restarted_s``: the supervisor's restart answered health SERVING on the same
     port; ``tier_hit_s``: a turn sent after that loaded part of its prefix from the new run (the workers
-    attached again and moved pages over NIXL); ``restarts``: the tier's restart count at the end."""
+    attached again and moved pages over NIXL); ``restarts``: the tier's restart count at the end;
+    ``workers_reattached``: the workers that logged attaching to the new run."""
 
+    workers_reattached: tuple[str, ...]
     killed_at: float
     restarted_s: float | None
     restarted_at: float | None
@@ -84,6 +86,7 @@ class TierFaultReport:
             "turns_loading_from_tier": sum(o.cached_tokens_host > 0 for o in self.outcomes),
             "tier_restarted_s": kill.restarted_s,
             "tier_hit_after_restart_s": kill.tier_hit_s,
+            "workers_reattached": list(kill.workers_reattached),
             "turns_during_tier_outage": len(self.tier_outage_turns()),
             "redis_reported_down_s": outage.reported_down_s,
             "redis_reported_up_s": outage.reported_up_s,

@@ -179,7 +179,8 @@ def run_tier_faults(cluster: TierFaultCluster, model: str, scenario: TierFaultSc
 
         if not _wait(warm, scenario.recovery_timeout_s):
             raise TimeoutError(f"no turn of the first {traffic.finished()} loaded from the tier in time")
-        tier_kill = _kill_tier(cluster.tier, traffic, scenario.recovery_timeout_s)
+        workers = [worker.name for worker in cluster.local.workers]
+        tier_kill = _kill_tier(cluster.tier, traffic, logs, workers, scenario.recovery_timeout_s)
         outage = _kill_redis(cluster, router_metrics, scenario.recovery_timeout_s)
     finally:
         outcomes = traffic.stop()
@@ -199,9 +200,11 @@ def run_tier_faults(cluster: TierFaultCluster, model: str, scenario: TierFaultSc
     )
 
 
-def _kill_tier(tier: ManagedCache, traffic: SessionTraffic, timeout_s: float) -> TierKill:
+def _kill_tier(
+    tier: ManagedCache, traffic: SessionTraffic, logs: LogLines, workers: list[str], timeout_s: float
+) -> TierKill:
     """SIGKILL the tier; wait for the supervisor's restart to serve, then for a turn sent after it that
-    loaded from the new run."""
+    loaded from the new run and for every worker's line saying it attached to the new run."""
     process = tier.process
     os.kill(process.pid, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -217,7 +220,13 @@ def _kill_tier(tier: ManagedCache, traffic: SessionTraffic, timeout_s: float) ->
             return any(turn.cached_tokens_host > 0 for turn in traffic.since(restarted))
 
         hit = time.monotonic() - killed_at if _wait(loaded, timeout_s) else None
+
+        def reattached() -> list[str]:
+            return [name for name in workers if logs.matching(f"[{name}]", "attached to a restarted tier")]
+
+        _wait(lambda: len(reattached()) == len(workers), timeout_s)
     return TierKill(
+        workers_reattached=tuple(reattached()) if restarted is not None else (),
         killed_at=killed_at,
         restarted_s=None if restarted is None else restarted - killed_at,
         restarted_at=restarted,
