@@ -1,5 +1,7 @@
 """``baton bench faults``: hundreds of streaming requests while workers are SIGKILLed, handoffs fail,
-clients cancel and deadlines expire; reports outcomes, leaks, router availability and recovery."""
+clients cancel and deadlines expire; reports outcomes, leaks, router availability and recovery. With
+``--hicache``: HiCache's faults instead, the node's tier and then Redis SIGKILLed under multi-turn sessions
+(``deploy/benchmark/faults/tier_faults.py``)."""
 
 import argparse
 import json
@@ -7,7 +9,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from deploy.benchmark.faults import FaultScenario, measure_faults
+from deploy.benchmark.faults import (
+    FaultScenario,
+    SessionPlan,
+    TierFaultScenario,
+    measure_faults,
+    run_tier_faults,
+    tier_fault_cluster,
+)
+from deploy.benchmark.worker_threads import worker_threads
 from services.engine.checkpoint.init_folder import init_checkpoint
 
 
@@ -58,6 +68,16 @@ def register_faults(kinds: argparse._SubParsersAction) -> None:
     )
     faults.add_argument("--seed", type=int, default=0, help="fixes every prompt, cancel point and deadline")
     faults.add_argument("--json", type=Path, help="also write the whole report as JSON here")
+    hicache = faults.add_argument_group(
+        "HiCache's faults (--hicache: one prefill and one decode worker, the node tier, a redis-server; the "
+        "request, kill, cancel and deadline flags above do not apply)"
+    )
+    hicache.add_argument(
+        "--hicache",
+        action="store_true",
+        help="kill the node's HiCache tier, then Redis, under multi-turn sessions (needs redis-server)",
+    )
+    hicache.add_argument("--sessions", type=int, default=4, help="sessions running at once (default 4)")
     faults.set_defaults(run=run_bench_faults)
 
 
@@ -71,6 +91,8 @@ def _numbers(text: str, flag: str, kind=int) -> tuple:
 def run_bench_faults(args: argparse.Namespace) -> int:
     """Exit 0 when the run met every expectation (acceptable statuses, nothing leaked, the router
     always answered in time, the cluster served afterwards), else 1; the table says what failed."""
+    if args.hicache:
+        return run_bench_tier_faults(args)
     prompt_tokens = _numbers(args.prompt_tokens, "--prompt-tokens")
     if len(prompt_tokens) != 2:
         raise ValueError(f"--prompt-tokens: expected MIN,MAX, got {args.prompt_tokens!r}")
@@ -117,5 +139,36 @@ def run_bench_faults(args: argparse.Namespace) -> int:
         and report.leaks.clean
         and summary["router_availability"] == 1.0
         and summary["served_after"] == "OK"
+    )
+    return 0 if met else 1
+
+
+def run_bench_tier_faults(args: argparse.Namespace) -> int:
+    """``--hicache``: exit 0 when no turn failed, the tier came back and was loaded from again, Redis down
+    and back showed on both gauges with the index written back, and the workers held nothing; else 1."""
+    scenario = TierFaultScenario(sessions=SessionPlan(sessions=args.sessions, seed=args.seed))
+    with tempfile.TemporaryDirectory() as scratch, worker_threads(1):
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = Path(scratch) / f"{args.family}-{args.preset}"
+            init_checkpoint(model_dir, args.family, args.preset, seed=0)
+        cluster = tier_fault_cluster(str(model_dir), scenario)
+        try:
+            report = run_tier_faults(cluster, str(model_dir), scenario)
+        finally:
+            cluster.stop()
+    if args.model is None:
+        report = replace(report, model=f"random {args.family} ({args.preset})")
+    print(report.format_table())
+    if args.json:
+        args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    kill, outage = report.tier_kill, report.redis_outage
+    met = (
+        not report.failed()
+        and kill.tier_hit_s is not None
+        and outage.reported_down_s is not None
+        and outage.reported_up_s is not None
+        and outage.index_republished
+        and report.leaks.clean
     )
     return 0 if met else 1

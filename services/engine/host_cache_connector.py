@@ -30,6 +30,7 @@ skipped for lack of room, loads that fell back and why); the tier's own hits and
 once per admitted request (``record_lookup``), not per ``match``.
 """
 
+import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from .host_rows import LocalRows, RemoteRows
 if TYPE_CHECKING:  # the client imports services.rpc, which imports the engine
     from services.hicache.client import HostCacheClient
 
+log = logging.getLogger(__name__)
 GIB = 1 << 30
 REMOTE_REASONS_KEPT = 1 << 16  # snapshot reasons remembered when the tier's KDA page count is unknown
 
@@ -151,13 +153,14 @@ class HostCacheConnector:
     @classmethod
     def remote(
         cls, address: str, blocks: BlockPool, slots: StateSlotPool, client: "HostCacheClient | None" = None
-    ) -> "HostCacheConnector":
+    ) -> "HostCacheConnector | None":
         """The ``baton cache`` service at ``address`` (``HOST:PORT``), attached with the pools' layout
         fingerprint and row sizes; a tier not reachable yet is attached to when it is (misses till
         then). ``client``: one already made for ``address`` (tests pass theirs).
 
-        Raises:
-            ValueError: the tier holds another layout or page sizes (naming ``host_cache_address``).
+        None when the tier refuses this engine (another model's or KV format's layout, other page
+        sizes): the engine serves without a tier, and the error is logged naming
+        ``host_cache_address`` and the tier's field.
         """
         if client is None:
             from services.hicache.client import HostCacheClient  # here: it imports the engine
@@ -171,9 +174,13 @@ class HostCacheConnector:
                 slots.layout.nbytes if has_state else 0,
             )
         except ValueError as error:
-            raise ValueError(
-                f"host_cache_address: {address!r}: the tier refused this engine: {error}"
-            ) from None
+            log.error(
+                "host_cache_address: %r: the tier refused this engine (%s): serving without the tier",
+                address,
+                error,
+            )
+            client.close()
+            return None
         kda = client.stats().get(KDA)
         kept = kda.pages_total if kda is not None else REMOTE_REASONS_KEPT
         return cls(client, RemoteRows(client, blocks, slots), blocks, slots, kept, prefetcher=client)

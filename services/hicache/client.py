@@ -14,8 +14,12 @@ to reconnect its transfer backend to the new ``endpoint()``. The lease ids this 
 epoch (``epoch << 40 | the tier's id``): a lease call naming a lease of a run that is gone is skipped, so it
 can never end a lease of the new run that happens to have the same number.
 
-Errors that remain: INVALID_ARGUMENT (and FAILED_PRECONDITION from ``Attach``) become ``ValueError`` naming
-the field -- a worker bug or another layout, not an outage.
+A restarted run that another layout attached to first refuses this client's layouts: the client then answers
+as while the tier is down (misses, no room), logs the refusal once (naming the field), counts it in
+``refusals`` and asks again every ``retry_s`` (the tier may be restarted once more, for this layout).
+
+Errors that remain: INVALID_ARGUMENT (and FAILED_PRECONDITION from an explicit ``attach``) become
+``ValueError`` naming the field -- a worker bug or another layout at the first attach, not an outage.
 """
 
 import logging
@@ -55,6 +59,7 @@ class HostCacheClient:
         outages: how many times the tier became unreachable (one log line each).
         reconnects: how many times this client attached again after having attached once: to the same
             run after an outage, or to a restarted run.
+        refusals: how many times a restarted run refused this client's layouts (one log line each).
     """
 
     def __init__(
@@ -75,11 +80,13 @@ class HostCacheClient:
         self.outages = 0
         self.has_l3 = False
         self.reconnects = 0
+        self.refusals = 0
         self._clock = clock
         self._layout: tuple[str, int, int] | None = None
         self._endpoint: TransferEndpoint | None = None
         self._tier_id = ""
         self._down = False
+        self._refused = ""  # why the run now answering refused this client's layouts ("": it did not)
         self._retry_at = 0.0
         self._lock = threading.Lock()
         # gRPC's reconnect backoff grows to minutes; keep it at our retry period so a restarted tier is
@@ -108,7 +115,7 @@ class HostCacheClient:
             held = self._layout
             self._layout = (layout_fingerprint, kv_page_bytes, kda_page_bytes)
             try:
-                self._attach()
+                self._attach(explicit=True)
             except ValueError:
                 self._layout = held  # refused: keep the layouts this client attached with
                 raise
@@ -236,8 +243,12 @@ class HostCacheClient:
                 self.skipped_calls += 1
             return None
 
-    def _attach(self) -> bool:
-        """Attach with the recorded layouts (under the lock); whether the tier answered."""
+    def _attach(self, explicit: bool = False) -> bool:
+        """Attach with the recorded layouts (under the lock); whether the tier answered and took them.
+
+        Raises:
+            ValueError: ``explicit`` (``attach()``) and the tier refused the layouts or a field.
+        """
         fingerprint, kv_page_bytes, kda_page_bytes = self._layout
         request = host_cache_pb2.AttachRequest(
             layout_fingerprint=fingerprint, kv_page_bytes=kv_page_bytes, kda_page_bytes=kda_page_bytes
@@ -245,13 +256,18 @@ class HostCacheClient:
         try:
             response = self._stub.Attach(request, timeout=self.timeout_s)
         except grpc.RpcError as error:
-            if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+            refused = error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+            if refused and explicit:
                 raise ValueError(error.details()) from None
-            self._lost(f"Attach: {error.code().name}")
+            if refused:
+                self._refuse(error.details())
+            else:
+                self._lost(f"Attach: {error.code().name}")
             return False
         self.has_l3 = response.l3
         if self._tier_id and (self._down or response.tier_id != self._tier_id):
             self.reconnects += 1
+        self._refused = ""
         if response.tier_id != self._tier_id:
             if self._tier_id:
                 log.warning("host cache %s: attached to a restarted tier (its pages are gone)", self.address)
@@ -262,6 +278,22 @@ class HostCacheClient:
             log.warning("host cache %s: reachable again", self.address)
         self._down = False
         return True
+
+    def _refuse(self, details: str) -> None:
+        """A run (restarted, attached first by another layout) refused this client's layouts: answer misses
+        and ask again in ``retry_s`` (under the lock); logged once per refusal."""
+        if details != self._refused:
+            self.refusals += 1
+            log.error(
+                "host cache %s refused this worker's layouts after a restart (%s): answering misses, "
+                "asking again every %.1f s",
+                self.address,
+                details,
+                self.retry_s,
+            )
+        self._refused = details
+        self._down = True
+        self._retry_at = self._clock() + self.retry_s
 
     def _lost(self, what: str) -> None:
         """The tier did not answer: calls are misses until ``retry_s`` from now (under the lock)."""

@@ -1,9 +1,12 @@
 """The engine with its own host tier (``--host-cache-gib``): a later turn whose prefix the device pool
-lost loads it from the tier instead of recomputing, with the same tokens and log-prob bits.
+lost loads it from the tier instead of recomputing, with the same tokens and log-prob bits; a corrupt
+page and a tier full of pinned pages cost only recomputation, with the bits of a run without the tier.
 
 Each family builds two engines, reused across cases by tenant (the salt keeps their chains apart):
 one with an 8-block device pool and a tier, one with a large pool and no tier. Turn 1 leaves the device
 pool by a filler request's pressure (k3) or, cheaper, by taking every free block once (the others)."""
+
+import hashlib
 
 import numpy as np
 import pytest
@@ -99,11 +102,12 @@ def turn_one(llm, tenant, evict="take"):
 
 def blocks_of(llm, prompt, tenant):
     """The device blocks registered under the prompt's full blocks (None where not held)."""
-    cache = llm.engine.cache
-    return [
-        cache.blocks.lookup(h)
-        for h in cache._hashes(llm.engine._new_request(prompt, GREEDY, None, tenant, ""))
-    ]
+    return [llm.engine.cache.blocks.lookup(h) for h in blocks_hashes(llm, prompt, tenant)]
+
+
+def blocks_hashes(llm, prompt, tenant):
+    """The salted hash chain of ``prompt``'s full blocks under ``tenant``."""
+    return llm.engine.cache._hashes(llm.engine._new_request(prompt, GREEDY, None, tenant, ""))
 
 
 @pytest.mark.parametrize(
@@ -145,7 +149,7 @@ def test_a_corrupt_page_is_recomputed(engines):
     failures = host.stats()[KV].checksum_failures
     cache = tier.engine.cache
     fallbacks = cache.counts().load_fallbacks[CHECKSUM]
-    block_hash = cache._hashes(tier.engine._new_request(TURN1, GREEDY, None, "corrupt", ""))[1]
+    block_hash = blocks_hashes(tier, TURN1, "corrupt")[1]
     host.kv.storage[_page_of(host, block_hash), 0] ^= 0xFF  # turn 1's second block, flipped in host memory
     second, computed = counted_generate(tier, prompt, "corrupt")
     assert second.num_cached_tokens == second.num_cached_tokens_host == 0
@@ -224,3 +228,38 @@ def test_snapshot_points():
     assert policy.cut_point(request, 8, 20, 8) == 16  # the last stride point inside
     assert policy.cut_point(request, 17, 20, 8) is None  # no point inside: run it whole
     assert policy.cut_point(request, 8, 16, 8) is None  # it ends on one: no cut either
+
+
+def _pin_every_page(tier):
+    """Fill each arena of ``tier`` with pages of another chain and lease them all to a reader; returns the
+    leases (nothing can be evicted, so the tier has no room)."""
+    leases = []
+    for kind in tier.kinds:
+        arena = tier.arena(kind)
+        hashes = [hashlib.sha256(f"pinned-{kind}-{i}".encode()).digest() for i in range(arena.num_pages)]
+        put = tier.reserve_put(kind, hashes)
+        assert None not in put.pages
+        tier.commit_put(put.lease_id)
+        leases.append(tier.begin_get(kind, hashes))
+        assert len(leases[-1].pages) == arena.num_pages
+    return leases
+
+
+def test_a_tier_full_of_pinned_pages_skips_saves_and_misses_without_failing(engines):
+    tier, plain = engines("k3")
+    host = tier.engine.cache.host
+    leases = _pin_every_page(host.tier)
+    saved, offloaded = host.snapshots_saved.total(), host.offloaded_blocks
+    try:
+        prompt = turn_one(tier, "pinned", "take")  # turn 1's saves, then its eviction's offloads: skipped
+        assert host.match(blocks_hashes(tier, TURN1, "pinned")).kv_depth == 0
+        assert (host.snapshots_saved.total(), host.offloaded_blocks) == (saved, offloaded)
+        second, computed = counted_generate(tier, prompt, "pinned")  # evicted, not in the tier: recomputed
+        assert second.num_cached_tokens == second.num_cached_tokens_host == 0
+        assert computed == TURN2_TOKENS + DECODES
+    finally:
+        for lease in leases:
+            host.tier.end_get(lease.lease_id)
+    cold, _ = counted_generate(plain, prompt, "cold-pinned")
+    assert second.token_ids == cold.token_ids and bits(second.logprobs) == bits(cold.logprobs)
+    tier.engine.check_integrity()

@@ -2,9 +2,13 @@
 over this engine's NIXL agent from the tier's regions, with the log-prob bits of a device hit; a tier
 killed mid-way (between the lease and the read, then for good) only costs misses: every request still
 completes, with the bits of a full recompute, and nothing is left leased or allocated; restarted on
-its port, the tier is attached again and the engine's agent reconnects to its new run."""
+its port, the tier is attached again and the engine's agent reconnects to its new run. A tier holding
+another layout (the FP8 KV format's) refuses the engine, which serves without it; a corrupt page in the
+tier is dropped, recomputed and counted in ``baton_hicache_checksum_failures_total``."""
 
+import logging
 import time
+import urllib.request
 
 import pytest
 
@@ -14,14 +18,18 @@ from services.engine import LLM
 from services.engine.cache_counters import MOVE_FAILED
 from services.engine.host_rows import RemoteRows
 from services.hicache.host_tier import KDA, KV
+from services.hicache.server import CacheConfig, HostCacheServer
 from tests.hicache.test_engine_host_cache import (
     DECODES,
     ENGINE_ARGS,
     HOST_GIB,
     LOADED,
     SMALL_POOL,
+    TURN1,
     TURN2_TOKENS,
+    _page_of,
     bits,
+    blocks_hashes,
     counted_generate,
     turn_one,
 )
@@ -111,3 +119,64 @@ def test_a_restarted_tier_is_used_again(engines, cache):
     assert (counts.tier_up, counts.tier_reconnects) == (True, 1)
     assert loaded.num_cached_tokens_host == LOADED and computed == TURN2_TOKENS - LOADED + DECODES
     remote.engine.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def fp8_tier(tiny_checkpoint):
+    """A ``baton cache`` service in this process whose first worker is k3 in the FP8 KV format (an 8-block
+    pool): the tier holds that layout. Yields (the service, the FP8 engine)."""
+    tier = HostCacheServer(CacheConfig(1 << 20, 1 << 20, port=0, metrics_interval_s=0.1))
+    address = f"127.0.0.1:{tier.port}"
+    fp8 = LLM(
+        str(tiny_checkpoint("k3")),
+        kv_format="fp8",
+        num_blocks=SMALL_POOL,
+        host_cache_address=address,
+        **ENGINE_ARGS,
+    )
+    yield tier, fp8
+    tier.stop(grace_s=0)
+
+
+def test_a_corrupt_page_of_the_node_tier_is_recomputed_and_counted(fp8_tier):
+    tier, fp8 = fp8_tier
+    prompt = turn_one(fp8, "corrupt", "filler")
+    page = _page_of(tier.servicer.tier, blocks_hashes(fp8, TURN1, "corrupt")[1])
+    tier.servicer.tier.kv.storage[page, 0] ^= 0xFF  # turn 1's second block, flipped in the tier's memory
+    second, computed = counted_generate(fp8, prompt, "corrupt")
+    assert second.num_cached_tokens == second.num_cached_tokens_host == 0  # only block 0: no snapshot there
+    assert computed == TURN2_TOKENS + DECODES
+    cold, _ = counted_generate(fp8, prompt, "cold")  # the same steps without the tier's pages
+    assert second.token_ids == cold.token_ids and bits(second.logprobs) == bits(cold.logprobs)
+    fp8.engine.check_integrity()
+    metrics = f"http://127.0.0.1:{tier.metrics_port}/metrics"
+    deadline = time.monotonic() + 10
+    while 'baton_hicache_checksum_failures_total{kind="kv"} 1.0' not in scrape(metrics):
+        assert time.monotonic() < deadline, scrape(metrics)
+        time.sleep(0.1)
+
+
+def test_a_tier_holding_another_layout_is_refused_and_the_engine_serves_without_it(
+    tiny_checkpoint, engines, fp8_tier, caplog
+):
+    """A tier attached first by the same model in another KV format (FP8 blocks: other page bytes and
+    fingerprint) refuses this engine at its attach: the engine logs it naming the field and serves
+    without a tier, with the tokens and bits of an engine that never had one."""
+    _, plain = engines
+    tier, fp8 = fp8_tier
+    address = f"127.0.0.1:{tier.port}"
+    assert fp8.engine.cache.host is not None  # the first to attach: the tier took its layout
+    with caplog.at_level(logging.ERROR, logger="services.engine.host_cache_connector"):
+        refused = LLM(str(tiny_checkpoint("k3")), host_cache_address=address, **ENGINE_ARGS)
+    (line,) = [r.message for r in caplog.records if "refused this engine" in r.message]
+    assert f"host_cache_address: '{address}'" in line and "layout_fingerprint:" in line
+    assert refused.engine.cache.host is None and refused.engine.cache.blocks.on_evict is None
+    served, computed = counted_generate(refused, TURN1, "refused")  # both cold: the same steps
+    alone, _ = counted_generate(plain, TURN1, "alone")
+    assert served.num_cached_tokens == 0 and computed == len(TURN1) + DECODES
+    assert served.token_ids == alone.token_ids and bits(served.logprobs) == bits(alone.logprobs)
+    refused.engine.check_integrity()
+
+
+def scrape(url: str) -> str:
+    return urllib.request.urlopen(url).read().decode()

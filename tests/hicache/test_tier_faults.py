@@ -1,7 +1,9 @@
 """The node's tier dies and comes back: a client answers misses and no room meanwhile (never an error), logs
 the outage once, attaches again to the restarted run (on the same port, as the launcher restarts it), forgets
-the leases of the dead run, and the new run holds and finds pages again. The service runs in this process
-(starting ``baton cache`` twice costs ~10 s); ``test_cache_service.py`` runs it as the launcher does."""
+the leases of the dead run, and the new run holds and finds pages again; a restarted run that another
+layout attached to first is refused soft (misses, one log line naming the field), never an error. The
+service runs in this process (starting ``baton cache`` twice costs ~10 s); ``test_cache_service.py`` runs
+it as the launcher does."""
 
 import logging
 import time
@@ -88,4 +90,33 @@ def test_a_tier_full_of_pinned_pages_answers_no_room_not_an_error():
         assert client.match(other, has_state=False).kv_depth == 2
     finally:
         client.close()
+        cache.stop(grace_s=0)
+
+
+def test_a_restarted_tier_attached_first_by_another_layout_is_a_miss_not_an_error(caplog):
+    config = CacheConfig(PAGES * KV_PAGE, PAGES * KDA_PAGE, port=0)
+    cache = HostCacheServer(config)
+    address = f"127.0.0.1:{cache.port}"
+    client = HostCacheClient(address, timeout_s=2.0, retry_s=0.2)
+    other = HostCacheClient(address, timeout_s=2.0)
+    hashes = extend_chain([], list(range(8)), 4, chain_root("model"))
+    try:
+        client.attach(FINGERPRINT, KV_PAGE, KDA_PAGE)
+        cache.stop(grace_s=0)
+        cache = HostCacheServer(replace(config, port=cache.port))  # restarted on its port...
+        other.attach("another-model", KV_PAGE, KDA_PAGE)  # ...and attached first by another layout
+        with caplog.at_level(logging.ERROR, logger="services.hicache.client"):
+            for _ in range(3):  # the run is seen, refused (logged once), asked again after retry_s
+                assert client.match(hashes, has_state=False) == MISS
+                time.sleep(0.25)
+            lease = client.reserve_put(KV, hashes)
+            assert (lease.lease_id, lease.pages) == (NO_LEASE, (None,) * 2)  # the save is skipped
+            assert client.begin_get(KV, hashes).pages == ()
+        refused = [r.message for r in caplog.records if "refused" in r.message]
+        assert len(refused) == 1 and "layout_fingerprint: 'layout-faults'" in refused[0], refused
+        assert (client.available, client.epoch, client.refusals) == (False, 1, 1)
+        assert other.stats()[KV].pages_used == 0  # nothing of this client's reached the other layout's tier
+    finally:
+        client.close()
+        other.close()
         cache.stop(grace_s=0)

@@ -1,4 +1,5 @@
-"""The two router figures a fault run reads from its ``/metrics``: outcomes by status, workers up."""
+"""The figures a fault run reads from a ``/metrics`` page: the router's outcomes by status and workers up;
+the router's or the tier's Redis link up."""
 
 from urllib.request import urlopen
 
@@ -39,3 +40,11 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {
         key: after.get(key, 0) - before.get(key, 0) for key in keys if after.get(key, 0) != before.get(key, 0)
     }
+
+
+def redis_up(metrics_url: str, role: str) -> float | None:
+    """``baton_hicache_redis_up`` of ``role`` (1: its Redis link answers, 0: down), None if absent."""
+    for sample in _samples(metrics_url, "baton_hicache_redis_up"):
+        if sample.labels.get("role") == role:
+            return sample.value
+    return None

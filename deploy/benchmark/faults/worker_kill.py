@@ -54,13 +54,14 @@ def kill_and_watch(worker: ManagedWorker, metrics_url: str, timeout_s: float = 3
             now = time.monotonic()
             if reported_down is None and worker_up(metrics_url, worker.role, worker.address) == 0:
                 reported_down = now - killed_at
-            if worker.process is not process and _serving(health):
+            if worker.process is not process and serving(health):
                 restarted = time.monotonic() - killed_at
             time.sleep(_POLL_S)
     return KillRecord(worker.role, worker.name, worker.address, pid, killed_at, reported_down, restarted)
 
 
-def _serving(health) -> bool:
+def serving(health) -> bool:
+    """Whether the process behind ``health`` (a gRPC health stub) answers SERVING now."""
     try:
         reply = health.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
     except grpc.RpcError:
