@@ -249,11 +249,11 @@ def test_a_tier_full_of_pinned_pages_skips_saves_and_misses_without_failing(engi
     tier, plain = engines("k3")
     host = tier.engine.cache.host
     leases = _pin_every_page(host.tier)
-    saved, offloaded = host.snapshots_saved.total(), host.offloaded_blocks
+    saved, offloaded = host.snapshots_saved.total(), host.counters.offloads
     try:
         prompt = turn_one(tier, "pinned", "take")  # turn 1's saves, then its eviction's offloads: skipped
         assert host.match(blocks_hashes(tier, TURN1, "pinned")).kv_depth == 0
-        assert (host.snapshots_saved.total(), host.offloaded_blocks) == (saved, offloaded)
+        assert (host.snapshots_saved.total(), host.counters.offloads) == (saved, offloaded)
         second, computed = counted_generate(tier, prompt, "pinned")  # evicted, not in the tier: recomputed
         assert second.num_cached_tokens == second.num_cached_tokens_host == 0
         assert computed == TURN2_TOKENS + DECODES
