@@ -53,6 +53,17 @@ def register_hicache(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument("--scale", type=int, default=32, help="trace token divisor (default 32)")
     bench.add_argument("--requests", type=int, default=120, help="first requests of each trace (default 120)")
     bench.add_argument(
+        "--copies", type=int, default=8, help="WEKA: salted copies of each session, taking turns (default 8)"
+    )
+    bench.add_argument(
+        "--all-requests",
+        action="store_true",
+        help="Mooncake: the first --requests lines (default: only conversations with a later turn)",
+    )
+    bench.add_argument(
+        "--max-tokens", type=int, default=4, help="generated tokens per request at most (default 4)"
+    )
+    bench.add_argument(
         "--modes",
         default="disaggregated",
         help=f"comma-separated, from {','.join(MODES)} (default disaggregated)",
@@ -129,6 +140,9 @@ def _run_replays(args: argparse.Namespace) -> int:
     setup = HicacheSetup(
         scale=args.scale,
         requests=args.requests,
+        copies=args.copies,
+        multi_turn_only=not args.all_requests,
+        max_tokens=args.max_tokens,
         block_size=args.block_size,
         pool_share=args.pool_share,
         snapshot_stride=args.snapshot_stride,

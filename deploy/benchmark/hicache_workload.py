@@ -18,8 +18,8 @@ the same system block.
 
 Two ways to give a short CPU replay the shape of a busy server:
 
-- ``multi_turn_only``: keep only the requests of conversations that have a later turn (a later turn,
-  or an earlier request a later turn continues). The Mooncake conversation trace has a later turn in
+- ``multi_turn_only``: keep only the requests of conversations that have a later turn: each later
+  turn in order, with the request it continues. The Mooncake conversation trace has a later turn in
   about one line of six; a replay of its first lines would be mostly unrelated first turns.
 - ``copies`` (WEKA): a WEKA file is one agent session whose context is about half of its working set,
   so a device pool that holds its longest request holds its whole working set. ``copies`` sessions of
@@ -122,10 +122,8 @@ def replay_plan(
     ]
     timed.sort(key=lambda item: (item[0], item[1]))
     if multi_turn_only:
-        in_conversation = conversation_members(
-            [item[3].prompt_ids for item in timed], trace_block_tokens(workload)
-        )
-        timed = [item for item, member in zip(timed, in_conversation, strict=True) if member]
+        prompts = [item[3].prompt_ids for item in timed]
+        timed = [timed[i] for i in conversation_requests(prompts, trace_block_tokens(workload), max_requests)]
     kept = timed[:max_requests]
     if not kept:
         raise ValueError(f"--requests: the trace {workload.name} has no request to replay")
@@ -169,19 +167,21 @@ def working_set_blocks(prompts: list[tuple[int, ...]], block_size: int) -> int:
     return len({block for prompt in prompts for block in _chain(prompt, block_size)})
 
 
-def conversation_members(prompts: list[tuple[int, ...]], trace_block: int) -> tuple[bool, ...]:
-    """Per prompt, whether it is a later turn or an earlier prompt that a later turn continues (the
-    first prompt that held the later turn's second trace block)."""
+def conversation_requests(prompts: list[tuple[int, ...]], trace_block: int, limit: int | None) -> list[int]:
+    """Indices (ascending) of the requests of conversations with a later turn: each later turn, in
+    order, with the request it continues (the first that held its second trace block), until ``limit``
+    requests (None: all)."""
     owner: dict[int, int] = {}
-    member = [False] * len(prompts)
+    chosen: set[int] = set()
     for index, (prompt, later) in enumerate(zip(prompts, later_turns(prompts, trace_block), strict=True)):
+        if limit is not None and len(chosen) >= limit:
+            break
         chain = _chain(prompt, trace_block)
         if later:
-            member[index] = True
-            member[owner[chain[1]]] = True
+            chosen.update((owner[chain[1]], index))
         for block in chain:
             owner.setdefault(block, index)
-    return tuple(member)
+    return sorted(chosen)
 
 
 def later_turns(prompts: list[tuple[int, ...]], trace_block: int) -> tuple[bool, ...]:
