@@ -11,7 +11,7 @@ import torch
 from deploy.benchmark.hicache_bandwidth import measure_load_bandwidth
 from deploy.benchmark.hicache_bench import HicacheSetup, load_replay, measure_hicache
 from deploy.benchmark.hicache_report import format_comparison
-from deploy.benchmark.hicache_workload import later_turns, working_set_blocks
+from deploy.benchmark.hicache_workload import conversation_requests, later_turns, working_set_blocks
 from services.engine.checkpoint.presets import preset_config
 from services.engine.model.config_loader import load_model_config
 
@@ -56,6 +56,19 @@ def test_later_turns_need_more_than_one_shared_trace_block():
     prompts = [system + (1,) * 8, system + (2,) * 8, system + (1,) * 8 + (3,) * 4]
     assert later_turns(prompts, 4) == (False, False, True)
     assert working_set_blocks(prompts, 4) == 3 + 2 + 1  # block 0 shared, (1,1,1,1) twice under one prefix
+
+
+def test_conversation_requests_pair_each_later_turn_with_the_request_it_continues():
+    system = (7, 7, 7, 7)
+    prompts = [
+        system + (1,) * 8,  # 0: continued by 2 and 4
+        system + (2,) * 8,  # 1: nobody continues it
+        system + (1,) * 8 + (3,) * 4,  # 2: later turn of 0
+        system + (5,) * 8,  # 3: nobody continues it
+        system + (1,) * 8 + (3,) * 4 + (6,) * 4,  # 4: later turn of 0 (and 2)
+    ]
+    assert conversation_requests(prompts, 4, None) == [0, 2, 4]
+    assert conversation_requests(prompts, 4, 2) == [0, 2]  # stops once the limit is reached
 
 
 def test_tier_arm_loads_later_turns_from_the_tier_and_the_other_does_not(tiny_checkpoint, trace):
