@@ -151,30 +151,31 @@ def _run_replays(args: argparse.Namespace) -> int:
         worker_args=("--device", args.device),
         dtype=args.dtype,
     )
-    progress = (lambda line: None) if args.json else (lambda line: print(f"... {line}", flush=True))
+    name = args.model or f"random {args.family} ({args.preset})"
+    if args.json:
+        progress = on_comparison = lambda found: None
+    else:
+        print(
+            f"model: {name}, device {args.device}, scale {args.scale}, {args.requests} requests per trace, "
+            f"concurrency {args.concurrency}",
+            flush=True,
+        )
+
+        def progress(line: str) -> None:
+            print(f"... {line}", flush=True)
+
+        def on_comparison(comparison) -> None:  # each table as soon as it is done
+            print(format_comparison(comparison), flush=True)
+
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model
         if model is None:
             model = Path(scratch) / f"{args.family}-{args.preset}"
             overrides = _config(args) if args.preset == "full" else None
             init_checkpoint(model, args.family, args.preset, seed=0, overrides=overrides)
-        comparisons = measure_hicache(str(model), traces, modes, setup, progress)
+        comparisons = measure_hicache(str(model), traces, modes, setup, progress, on_comparison)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": str(args.model or f"random {args.family} ({args.preset})"),
-                    "comparisons": [c.as_dict() for c in comparisons],
-                }
-            )
-        )
-    else:
-        print(
-            f"model: {args.model or f'random {args.family} ({args.preset})'}, device {args.device}, "
-            f"scale {args.scale}, {args.requests} requests per trace, concurrency {args.concurrency}"
-        )
-        for comparison in comparisons:
-            print(format_comparison(comparison))
+        print(json.dumps({"model": str(name), "comparisons": [c.as_dict() for c in comparisons]}))
     return 0
 
 

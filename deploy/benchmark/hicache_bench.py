@@ -47,7 +47,7 @@ class HicacheSetup:
         requests: the first this many requests of each trace (None: all).
         copies: WEKA traces: sessions of each file, salted apart, taking turns (``hicache_workload``).
         multi_turn_only: Mooncake traces: only the requests of conversations with a later turn, from
-            the first ``10 x requests`` lines.
+            the first ``max(10 x requests, 2000)`` lines.
         max_tokens: generated tokens per request at most (None: the trace's, scaled).
         block_size: the workers' ``--block-size``.
         pool_share: the device pool as a share of the working set (at least the longest request).
@@ -92,7 +92,12 @@ class HicacheSetup:
 
 
 def measure_hicache(
-    model: str, traces: list[str], modes: tuple[str, ...], setup: HicacheSetup, progress=print
+    model: str,
+    traces: list[str],
+    modes: tuple[str, ...],
+    setup: HicacheSetup,
+    progress=print,
+    on_comparison=lambda comparison: None,
 ) -> list[Comparison]:
     """Replay each trace on each mode's clusters, without the tier and with it.
 
@@ -102,6 +107,7 @@ def measure_hicache(
         modes: from ``MODES``.
         setup: see ``HicacheSetup``.
         progress: called with a line as each arm starts.
+        on_comparison: called with each ``Comparison`` as soon as both its arms ran.
 
     Raises:
         ValueError: a bad argument, naming its flag.
@@ -110,9 +116,9 @@ def measure_hicache(
     if unknown or not modes:
         raise ValueError(f"--modes: expected some of {', '.join(MODES)}, got {','.join(modes)!r}")
     config = load_model_config(model)
+    plans = [load_replay(trace, setup) for trace in traces]  # every trace read before any cluster starts
     comparisons = []
-    for trace in traces:
-        plan = load_replay(trace, setup)
+    for plan in plans:
         workload = plan.workload
         kv_gib, kda_gib = tier_size(config, plan, setup)
         for mode in modes:
@@ -122,17 +128,17 @@ def measure_hicache(
                     f"{workload.name}, {mode}, {'tier' if tier else 'no tier'}: {len(plan.later)} requests"
                 )
                 arms[tier] = run_arm(model, plan, mode, setup, (kv_gib, kda_gib) if tier else None)
-            comparisons.append(
-                Comparison(
-                    workload.name,
-                    mode,
-                    plan.working_set_blocks,
-                    plan.pool_blocks(setup.pool_share),
-                    kv_gib + kda_gib,
-                    arms[False],
-                    arms[True],
-                )
+            comparison = Comparison(
+                workload.name,
+                mode,
+                plan.working_set_blocks,
+                plan.pool_blocks(setup.pool_share),
+                kv_gib + kda_gib,
+                arms[False],
+                arms[True],
             )
+            on_comparison(comparison)
+            comparisons.append(comparison)
     return comparisons
 
 
@@ -152,7 +158,8 @@ def load_replay(trace: str, setup: HicacheSetup) -> ReplayPlan:
     if len(paths) > 1:
         raise ValueError(f"--trace: give one Mooncake .jsonl per --trace, got {trace!r}")
     multi = setup.multi_turn_only
-    lines = None if setup.requests is None else setup.requests * (10 if multi else 1)
+    # Mooncake's first later turn is line 133: read at least 2000 lines when choosing conversations.
+    lines = None if setup.requests is None else (max(10 * setup.requests, 2000) if multi else setup.requests)
     workload = load_trace(paths[0], VOCAB, setup.scale, max_requests=lines)
     return replay_plan(workload, setup.requests, setup.block_size, multi, setup.max_tokens)
 
