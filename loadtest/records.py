@@ -16,6 +16,7 @@ class RequestRecord:
         input_tokens: prompt tokens sent.
         output_tokens: tokens received.
         cached_tokens: prompt tokens the server reported as served from its prefix cache.
+        cached_tokens_host: of ``cached_tokens``, those loaded from a worker's host tier (HiCache).
         error: None on success, else ``CODE: details``.
         concurrency: the sweep level (live sessions) or None; rate: the request rate or None.
         warmup: sent during warm-up: excluded from every metric.
@@ -29,6 +30,7 @@ class RequestRecord:
     end_s: float | None = None
     output_tokens: int = 0
     cached_tokens: int = 0
+    cached_tokens_host: int = 0
     error: str | None = None
     concurrency: int | None = None
     rate: float | None = None

@@ -42,6 +42,7 @@ class GrpcClient(Client):
                     record.output_tokens += len(chunk.token_ids)
                     if chunk.usage is not None:
                         record.cached_tokens = chunk.usage.cached_tokens
+                        record.cached_tokens_host = chunk.usage.cached_tokens_host
         except BatonError as error:
             record.error = f"{error.code.name}: {one_line(error.details)}"
         except Exception as error:  # a client-side failure still ends only this request

@@ -115,6 +115,7 @@ async def _read_chunks(reply: aiohttp.ClientResponse, record: RequestRecord, sta
     if usage is not None:
         details = usage.get("prompt_tokens_details") or {}
         record.cached_tokens = int(details.get("cached_tokens") or 0)
+        record.cached_tokens_host = int(details.get("cached_tokens_host") or 0)
         times, want = record.token_times_s, int(usage.get("completion_tokens") or 0)
         del times[want:]
         times.extend([times[-1] if times else stamp.now()] * (want - len(times)))
