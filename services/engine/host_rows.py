@@ -32,6 +32,33 @@ log = logging.getLogger(__name__)
 STAGING = "staging"  # RemoteRows' one-slot region a snapshot row is written from
 
 
+def copy_rows(dst: torch.Tensor, dst_rows: Sequence[int], src: torch.Tensor, src_rows: Sequence[int]) -> None:
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` for every ``i``, one copy per run of rows consecutive on
+    both sides (a device <-> pinned host copy is then one DMA per run, issued without waiting; byte-row
+    indexing would move the rows one byte at a time: 0.03x a plain copy on the CPU box, 0.75x this way).
+    """
+    if len(dst_rows) != len(src_rows):
+        raise ValueError(f"dst_rows: {len(dst_rows)} rows for {len(src_rows)} source rows")
+    start = 0
+    for index in range(1, len(src_rows) + 1):
+        run_ends = (
+            index == len(src_rows)
+            or src_rows[index] != src_rows[index - 1] + 1
+            or dst_rows[index] != dst_rows[index - 1] + 1
+        )
+        if run_ends:
+            count = index - start
+            first_dst, first_src = dst_rows[start], src_rows[start]
+            dst[first_dst : first_dst + count].copy_(src[first_src : first_src + count], non_blocking=True)
+            start = index
+
+
+def _wait_for_copies(device_storage: torch.Tensor) -> None:
+    """Wait for the copies ``copy_rows`` issued without waiting on ``device_storage``'s device."""
+    if device_storage.is_cuda:
+        torch.cuda.current_stream(device_storage.device).synchronize()
+
+
 class LocalRows:
     """Rows of an in-process ``HostTier``'s arenas, copied with torch.
 
@@ -57,17 +84,16 @@ class LocalRows:
         self, kv_pages: Sequence[int], block_ids: Sequence[int], kda_page: int | None, slot: int
     ) -> bool:
         """Copy ``kv_pages`` into ``block_ids`` (one each) and ``kda_page`` (if any) into ``slot``."""
-        if block_ids:  # one gather and one scatter, not a copy per block
-            rows = self.tier.kv.storage[list(kv_pages)]
-            self.blocks.storage[list(block_ids)] = rows.to(self.blocks.storage.device)
+        copy_rows(self.blocks.storage, block_ids, self.tier.kv.storage, kv_pages)
         if kda_page is not None:
-            self.slots.storage[slot].copy_(self.tier.kda.storage[kda_page])
+            self.slots.storage[slot].copy_(self.tier.kda.storage[kda_page], non_blocking=True)
+        _wait_for_copies(self.blocks.storage)  # the pages may be evicted once the lease ends
         return True
 
     def write_blocks(self, pages: Sequence[int], block_ids: Sequence[int]) -> bool:
         """Copy the device blocks ``block_ids`` into ``pages`` (one each)."""
-        if pages:
-            self.tier.kv.storage[list(pages)] = self.blocks.storage[list(block_ids)].cpu()
+        copy_rows(self.tier.kv.storage, pages, self.blocks.storage, block_ids)
+        _wait_for_copies(self.blocks.storage)  # the put's commit checksums the pages next
         return True
 
     def write_state(self, page: int, state_row: torch.Tensor) -> bool:
