@@ -21,6 +21,7 @@ class ArmResult:
     Attributes:
         tier: whether the cluster had a node tier (``baton cache``).
         requests, failed: requests sent, and of those failed.
+        first_error: the first failed request's error (``CODE: details``), "" when none failed.
         later_requests: later turns among them (``hicache_workload``).
         later_ttft_p50_ms, later_ttft_p99_ms: TTFT of the completed later turns.
         prompt_tokens: prompt tokens of the completed requests.
@@ -37,6 +38,7 @@ class ArmResult:
     tier: bool
     requests: int
     failed: int
+    first_error: str
     later_requests: int
     later_ttft_p50_ms: float
     later_ttft_p99_ms: float
@@ -77,6 +79,7 @@ def arm_result(
         tier=tier,
         requests=len(records),
         failed=len(records) - len(done),
+        first_error=next((r.error or "did not end" for r in ordered if not r.ok), ""),
         later_requests=sum(1 for _, is_later in done if is_later),
         later_ttft_p50_ms=later_ttft.p50 * 1e3,
         later_ttft_p99_ms=later_ttft.p99 * 1e3,
@@ -193,6 +196,9 @@ def format_comparison(comparison: Comparison) -> str:
         if goal is not None and np.isfinite(ratio):
             shown += " ok" if ratio >= goal else f" <{goal:g}x"
         lines.append(f"  {name:<26}{cell(c.without):>16}{cell(c.with_tier):>16}{shown:>10}")
+    for arm in (c.without, c.with_tier):
+        if arm.first_error:
+            lines.append(f"  first failure ({'tier' if arm.tier else 'no tier'}): {arm.first_error[:300]}")
     source = c.with_tier.computed_from
     lines.append(
         f"  (prefill tokens computed: from the {source}; ratios are no tier / tier, goodput tier / no tier)"
