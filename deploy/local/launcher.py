@@ -142,6 +142,8 @@ class LocalCluster:
                     slo_ttft_s=slo_ttft_s,
                     slo_tpot_s=slo_tpot_s,
                     redis_url=redis_url,
+                    # the router refuses what no worker could take (--max-model-len reaches both)
+                    max_model_len=min(w.config.engine.max_model_len for w in self.workers),
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
                     decode=tuple(w.address for w in self.workers if w.role == "decode"),
                 )

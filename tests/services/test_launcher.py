@@ -54,6 +54,7 @@ def test_serve_engine_flags_reach_the_workers_through_their_config_files(tiny_ch
     model = str(tiny_checkpoint("k3"))
     argv = ["serve", "--model", model, "--port", "0", "--dtype", "float32", "--kv-format", "fp8"]
     argv += ["--block-size", "32", "--kv-blocks", "48", "--max-num-seqs", "3", "--no-cuda-graphs"]
+    argv += ["--max-model-len", "64"]
     configs = worker_configs(build_parser().parse_args(argv))
     assert {role: c.engine.kv_format for role, c in configs.items()} == {"prefill": "fp8", "decode": "fp8"}
     cluster = LocalCluster(model, 0, 1, 1, configs=configs)
@@ -68,8 +69,13 @@ def test_serve_engine_flags_reach_the_workers_through_their_config_files(tiny_ch
                 sampling=generation_pb2.SamplingParameters(max_tokens=3, ignore_eos=True),
             )
             replies = list(generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120))
-        assert sum(len(r.token_ids) for r in replies) == 3
-        assert replies[-1].route.transfer_bytes > 0  # handed off: fp8 blocks crossed between workers
+            assert sum(len(r.token_ids) for r in replies) == 3
+            assert replies[-1].route.transfer_bytes > 0  # handed off: fp8 blocks crossed between workers
+            too_long = generation_pb2.GenerateRequest(token_ids=generation_pb2.TokenIds(ids=[7] * 70))
+            with pytest.raises(grpc.RpcError) as refused:  # by the router: --max-model-len reached it too
+                list(generation_pb2_grpc.GenerationStub(channel).Generate(too_long, timeout=60))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "token_ids: 70 tokens leave no room under max_model_len (64)" in refused.value.details()
     finally:
         cluster.stop()
 
