@@ -33,6 +33,12 @@ from kernels.invariant.reproducible_blas import request_strict_mkl  # noqa: E402
 from services.engine.checkpoint.init_folder import init_checkpoint  # noqa: E402
 
 request_strict_mkl()  # before any test multiplies: MKL reads its reproducibility mode once, at its first call
+# One compute thread per process (and, through the environment, per worker process a test starts):
+# ``make test`` runs two pytest workers on two cores, and every CPU matrix product's thread barrier
+# stalls while another process holds the core (a tiny model's forward measured 8x slower with 2
+# threads than with 1 on a loaded 2-core box). An OMP_NUM_THREADS set by the user is kept; the tests
+# that are about thread counts set their own.
+torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 # Engine tests run on this device; the GPU run sets BATON_TEST_DEVICE=cuda.
