@@ -224,7 +224,7 @@ def test_bench_engine_compares_backends_side_by_side(tmp_path):
             "--contexts",
             "16",
             "--decode-tokens",
-            "2",
+            "1",
             "--kernels",
             "reference,triton",
             "--json",
