@@ -67,25 +67,26 @@ def tiny_checkpoint(tmp_path_factory):
     return make
 
 
-# The files that take longest on a 2-core runner, longest first (a run with --durations=0 on a shared
-# 2-core box, 2026-12-01; the rolling restart did not finish there but is one of the longest in CI).
+# The files that take longest on a 2-core runner, longest first (each file alone with -p no:xdist on a
+# shared 2-core box under load 7-12, 2026-12-01, after the suite went to one thread per process; the
+# rolling restart and the rank group were not measured then but are among the longest in CI).
 # ``make test`` runs files whole on 2 workers (``--dist loadfile --no-loadscope-reorder``): a long
 # file handed out last would run on alone at the end, so these go first, the rest as collected.
 SLOWEST_FIRST = (
-    "tests/cli/test_cli.py",
     "tests/kernels/device/test_sample_batch.py",
-    "tests/services/test_rolling_restart.py",
     "tests/trainer/test_trainer_bitwise.py",
-    "tests/trainer/test_trainer_gradients.py",
-    "tests/engine/test_llm.py",
-    "tests/services/test_end_to_end.py",
+    "tests/cli/test_cli.py",
+    "tests/services/test_rolling_restart.py",
+    "tests/faults/test_fault_suite.py",
     "tests/engine/test_batch_invariance.py",
+    "tests/services/test_end_to_end.py",
+    "tests/parallel/test_rank_group.py",
+    "tests/engine/test_lora_adapters.py",
+    "tests/engine/test_llm.py",
+    "tests/services/test_dispatch.py",
+    "tests/trainer/test_trainer_gradients.py",
     "tests/engine/test_handoff.py",
     "tests/model/test_incremental_forward.py",
-    "tests/faults/test_fault_suite.py",
-    "tests/engine/test_lora_adapters.py",
-    "tests/services/test_dispatch.py",
-    "tests/parallel/test_rank_group.py",
 )
 
 
