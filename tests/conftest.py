@@ -33,6 +33,12 @@ from kernels.invariant.reproducible_blas import request_strict_mkl  # noqa: E402
 from services.engine.checkpoint.init_folder import init_checkpoint  # noqa: E402
 
 request_strict_mkl()  # before any test multiplies: MKL reads its reproducibility mode once, at its first call
+# One compute thread per process (and, through the environment, per worker process a test starts):
+# ``make test`` runs two pytest workers on two cores, and every CPU matrix product's thread barrier
+# stalls while another process holds the core (a tiny model's forward measured 8x slower with 2
+# threads than with 1 on a loaded 2-core box). An OMP_NUM_THREADS set by the user is kept; the tests
+# that are about thread counts set their own.
+torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 # Engine tests run on this device; the GPU run sets BATON_TEST_DEVICE=cuda.
@@ -61,25 +67,26 @@ def tiny_checkpoint(tmp_path_factory):
     return make
 
 
-# The files that take longest on a 2-core runner, longest first (a run with --durations=0 on a shared
-# 2-core box, 2026-12-01; the rolling restart did not finish there but is one of the longest in CI).
+# The files that take longest on a 2-core runner, longest first (each file alone with -p no:xdist on a
+# shared 2-core box under load 7-12, 2026-12-01, after the suite went to one thread per process; the
+# rolling restart and the rank group were not measured then but are among the longest in CI).
 # ``make test`` runs files whole on 2 workers (``--dist loadfile --no-loadscope-reorder``): a long
 # file handed out last would run on alone at the end, so these go first, the rest as collected.
 SLOWEST_FIRST = (
-    "tests/cli/test_cli.py",
     "tests/kernels/device/test_sample_batch.py",
-    "tests/services/test_rolling_restart.py",
     "tests/trainer/test_trainer_bitwise.py",
-    "tests/trainer/test_trainer_gradients.py",
-    "tests/engine/test_llm.py",
-    "tests/services/test_end_to_end.py",
+    "tests/cli/test_cli.py",
+    "tests/services/test_rolling_restart.py",
+    "tests/faults/test_fault_suite.py",
     "tests/engine/test_batch_invariance.py",
+    "tests/services/test_end_to_end.py",
+    "tests/parallel/test_rank_group.py",
+    "tests/engine/test_lora_adapters.py",
+    "tests/engine/test_llm.py",
+    "tests/services/test_dispatch.py",
+    "tests/trainer/test_trainer_gradients.py",
     "tests/engine/test_handoff.py",
     "tests/model/test_incremental_forward.py",
-    "tests/faults/test_fault_suite.py",
-    "tests/engine/test_lora_adapters.py",
-    "tests/services/test_dispatch.py",
-    "tests/parallel/test_rank_group.py",
 )
 
 

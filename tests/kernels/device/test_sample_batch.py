@@ -113,9 +113,9 @@ FILTERS = {  # name: (temperature, top_k, top_p, min_p)
 
 @pytest.mark.parametrize("name", FILTERS, ids=list(FILTERS))
 def test_samples_follow_the_filtered_distribution(name, device):
-    # The interpreter runs a program in ~50 ms, so on CPU the draws come from the reference (equal to
+    # The interpreter runs a program in ~70 ms, so on CPU the draws come from the reference (equal to
     # the kernel's tokens by test_matches_the_reference_tokens_and_logprobs) and the kernel checks
-    # a few hundred against it; on CUDA the kernel draws them all.
+    # the first 48 of each filter against it (240 over the five); on CUDA the kernel draws them all.
     draws = 3000
     temperature, top_k, top_p, min_p = FILTERS[name]
     row = torch.randn(16, generator=torch.Generator().manual_seed(6)) * 1.5
@@ -135,7 +135,7 @@ def test_samples_follow_the_filtered_distribution(name, device):
         tokens = fast.sample_batch(*_to(device, *args), 0)[0].cpu()
     else:
         tokens = naive.sample_batch(*args, 0)[0]
-        few = 150
+        few = 48
         checked = fast.sample_batch(*(a[:few] for a in args), 0)[0]
         assert checked.tolist() == tokens[:few].tolist()
     assert keep[tokens].all(), "a token outside the reference's allowed set"
