@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--sessions", type=int, default=16, help="conversations replayed, every turn")
     parser.add_argument("--scale", type=int, default=32, help="token divisor (512-token blocks -> 16)")
-    parser.add_argument("--snapshot-stride", type=int, default=4)
+    parser.add_argument("--snapshot-stride", type=int, default=1, help="the engine's default: 1")
     parser.add_argument("--pool-share", type=float, default=0.1, help="device pool / working set")
     args = parser.parse_args(argv)
     result = replay(args.trace, args.sessions, args.scale, args.snapshot_stride, args.pool_share)
