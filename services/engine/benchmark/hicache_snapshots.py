@@ -1,7 +1,8 @@
 """How often each kind of KDA snapshot is read back from the host tier, on a trace replay.
 
 ``python -m services.engine.benchmark.hicache_snapshots [--trace FILE] [--sessions N] [--scale S]``
-replays every turn of the first ``N`` multi-turn conversations of a Mooncake conversation trace
+(or ``--weka FILE``: every turn of one WEKA agent session, a subagent's turns after the turn that
+spawned it) replays every turn of the first ``N`` multi-turn conversations of a Mooncake conversation trace
 (``../shared/traces``; lines grouped by ``load_mooncake(conversations=True)``; one request at a time,
 in file order, so other conversations' turns come between two turns of one) through a random tiny
 ``k3`` engine whose device pool holds a small share of the replay's working set and whose host tier
@@ -13,11 +14,14 @@ they were restored from it (the numbers behind ``docs/hicache.md``, "Snapshot pl
 import argparse
 import json
 import tempfile
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from common.sampling_params import SamplingParams
-from loadtest.workload import Turn
+from loadtest.workload import Session, Turn
 from loadtest.workloads.mooncake import load_mooncake
+from loadtest.workloads.weka import load_weka
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.llm import LLM
 
@@ -38,13 +42,25 @@ def conversation_turns(trace: Path, sessions: int, scale: int, vocab: int) -> li
     return sorted((turn for session in chosen for turn in session.turns), key=lambda turn: turn.at_s)
 
 
-def replay(trace: Path, sessions: int, scale: int, stride: int, pool_share: float) -> dict:
-    """Replay ``sessions`` conversations of ``trace`` at token divisor ``scale``; returns the counts
-    (see the module)."""
+def agent_turns(trace: Path, scale: int, vocab: int) -> list[Turn]:
+    """Every turn of the WEKA agent session ``trace``, each subagent's turns right after the turn that
+    spawned it (the agent waits for its subagents)."""
+
+    def flatten(sessions: tuple[Session, ...]) -> Iterator[Turn]:
+        for session in sessions:
+            for turn in session.turns:
+                yield turn
+                yield from flatten(turn.subagents)
+
+    return list(flatten(load_weka(trace, scale, vocab).sessions))
+
+
+def replay(turns_of: Callable[[int], list[Turn]], stride: int, pool_share: float) -> dict:
+    """Replay the turns ``turns_of(vocab)`` one at a time; returns the counts (see the module)."""
     with tempfile.TemporaryDirectory() as folder:
         init_checkpoint(Path(folder), "k3", "tiny")
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
-        turns = conversation_turns(trace, sessions, scale, vocab)
+        turns = turns_of(vocab)
         block = 16
         working_set = sum(-(-len(t.prompt_ids) // block) for t in turns)
         longest = max(len(t.prompt_ids) + t.max_tokens for t in turns)
@@ -72,7 +88,6 @@ def replay(trace: Path, sessions: int, scale: int, stride: int, pool_share: floa
         llm.engine.check_integrity()
         host = llm.engine.cache.host
         return {
-            "sessions": sessions,
             "requests": len(turns),
             "device_pool_blocks": pool,
             "working_set_blocks": working_set,
@@ -86,13 +101,18 @@ def replay(trace: Path, sessions: int, scale: int, stride: int, pool_share: floa
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="a Mooncake conversation trace")
+    parser.add_argument("--weka", type=Path, help="replay this WEKA agent session instead of --trace")
     parser.add_argument("--sessions", type=int, default=16, help="conversations replayed, every turn")
     parser.add_argument("--scale", type=int, default=32, help="token divisor (512-token blocks -> 16)")
     parser.add_argument("--snapshot-stride", type=int, default=1, help="the engine's default: 1")
     parser.add_argument("--pool-share", type=float, default=0.1, help="device pool / working set")
     args = parser.parse_args(argv)
-    result = replay(args.trace, args.sessions, args.scale, args.snapshot_stride, args.pool_share)
+    if args.weka is not None:
+        turns_of = partial(agent_turns, args.weka, args.scale)
+    else:
+        turns_of = partial(conversation_turns, args.trace, args.sessions, args.scale)
+    result = replay(turns_of, args.snapshot_stride, args.pool_share)
     print(json.dumps(result, indent=1))
     print(f"{'reason':<12}{'saved':>8}{'restored':>10}{'read-back':>11}")
     for reason, saved in sorted(result["snapshots_saved"].items()):
