@@ -67,8 +67,8 @@ class PrefetchGate:
         self._listener: Callable[[], None] | None = None
 
     def on_prefetch_done(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` whenever a prefetch started from now on is over, on the thread that ends
-        it (the engine loop's wake-up; it must not block)."""
+        """From now on, call ``listener()`` whenever a prefetch the gate was given ends, on the thread that
+        ends it (the engine loop's wake-up; it must not block)."""
         self._listener = listener
 
     def start(self, request_id: str, handle: PrefetchHandle) -> None:
