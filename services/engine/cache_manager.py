@@ -263,6 +263,11 @@ class CacheManager:
         """Whether the prefetch policy lets the waiting ``request`` be admitted now."""
         return self.prefetch_gate.ready(request.request_id)
 
+    def prefetch_hold_s(self, request: Request) -> float | None:
+        """How long the prefetch policy still holds the waiting ``request`` at most (seconds; ``math.inf``:
+        until its prefetch is over), or None when ``ready`` would let it in (``PrefetchGate.hold_s``)."""
+        return self.prefetch_gate.hold_s(request.request_id)
+
     def take_prefetch_outcomes(self) -> list[PrefetchOutcome]:
         """Prefetch outcomes since the last call (for the worker's metrics)."""
         return self.prefetch_gate.take_outcomes()

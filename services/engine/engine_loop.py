@@ -6,9 +6,14 @@ the loop steps the engine while it has work and publishes each request's new tok
 ``watch``es it::
 
     server threads ── call(reserve / add / abort) ──► [loop thread: commands, then step()] ──► watchers
+
+Between passes it waits for commands: not at all while requests run; ``idle_wait_s`` with none; and
+while the only work is a request its prefetch policy holds (``docs/hicache.md``, "Prefetch"), until
+that prefetch is over (its handle wakes the loop), the policy's deadline passes, or a command arrives.
 """
 
 import logging
+import math
 import queue
 import threading
 from collections.abc import Callable
@@ -20,6 +25,8 @@ from .engine_core import EngineCore
 from .request import Request, RequestStatus
 
 log = logging.getLogger(__name__)
+
+_WAKE = object()  # queued by a prefetch that ended: only ends the loop's wait
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class EngineLoop:
         self._sent: dict[str, int] = {}  # tokens already published per watched request
         self._watched: dict[str, Request] = {}
         self._stop = threading.Event()
+        engine.cache.prefetch_gate.on_prefetch_done(lambda: self._commands.put(_WAKE))
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -94,7 +102,7 @@ class EngineLoop:
     def _run(self) -> None:
         scheduler = self.engine.scheduler
         while not self._stop.is_set():
-            self._drain_commands(block=not (scheduler.waiting or scheduler.running))
+            self._drain_commands(self._wait_s())
             try:
                 if scheduler.waiting or scheduler.running:
                     self.engine.step()
@@ -106,25 +114,41 @@ class EngineLoop:
             if self.after_step is not None:
                 self.after_step(self.engine)
 
-    def _drain_commands(self, block: bool) -> None:
+    def _wait_s(self) -> float:
+        """How long to wait for a command before the next pass (``math.inf``: until one comes)."""
+        scheduler = self.engine.scheduler
+        if scheduler.running:
+            return 0.0
+        if not scheduler.waiting:
+            return self.idle_wait_s
+        held = self.engine.cache.prefetch_hold_s(scheduler.waiting[0])  # the queue keeps arrival order
+        return 0.0 if held is None else held
+
+    def _drain_commands(self, wait_s: float) -> None:
         try:
-            item = self._commands.get(timeout=self.idle_wait_s) if block else self._commands.get_nowait()
+            if wait_s <= 0:
+                item = self._commands.get_nowait()
+            else:
+                item = self._commands.get(timeout=None if math.isinf(wait_s) else wait_s)
         except queue.Empty:
             return
         while item is not None:
-            fn, future = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(self.engine)
-                    if self.after_step is not None:  # observers see the command's effect at once
-                        self.after_step(self.engine)
-                    future.set_result(result)
-                except Exception as error:  # handed to the caller, who maps it to a status
-                    future.set_exception(error)
+            if item is not _WAKE:
+                self._run_command(*item)
             try:
                 item = self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_command(self, fn: Callable[[EngineCore], Any], future: Future) -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                result = fn(self.engine)
+                if self.after_step is not None:  # observers see the command's effect at once
+                    self.after_step(self.engine)
+                future.set_result(result)
+            except Exception as error:  # handed to the caller, who maps it to a status
+                future.set_exception(error)
 
     def _publish(self) -> None:
         for request_id, stream in list(self._watchers.items()):

@@ -13,8 +13,12 @@ A request without a prefetch (no L3, its prefix all on the device) is always rea
 ends the request's entry and records an outcome (``completed``, ``timed_out`` or ``not_waited``) with
 the seconds it waited, which the worker's metrics take (``take_outcomes``). A request that is never
 admitted (aborted while queued) is ``forget``-ed.
+
+While the policy holds the request at the head of the queue, the engine loop sleeps instead of polling
+``ready``: ``hold_s`` says for how long at most, and ``on_prefetch_done`` wakes it when a prefetch ends.
 """
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -60,11 +64,37 @@ class PrefetchGate:
         self._clock = clock
         self._pending: dict[str, tuple[PrefetchHandle, float]] = {}
         self._outcomes: deque[PrefetchOutcome] = deque(maxlen=outcomes_kept)
+        self._listener: Callable[[], None] | None = None
+
+    def on_prefetch_done(self, listener: Callable[[], None]) -> None:
+        """From now on, call ``listener()`` whenever a prefetch the gate was given ends, on the thread that
+        ends it (the engine loop's wake-up; it must not block)."""
+        self._listener = listener
 
     def start(self, request_id: str, handle: PrefetchHandle) -> None:
         """``request_id``'s prefetch has started (``handle``)."""
         self._pending[request_id] = (handle, self._clock())
         self._outcomes.append(PrefetchOutcome(self.policy, STARTED, None))
+        handle.add_done_callback(self._prefetch_over)
+
+    def _prefetch_over(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            listener()
+
+    def hold_s(self, request_id: str) -> float | None:
+        """How long the policy still holds ``request_id`` at most, in seconds (``math.inf``: until its
+        prefetch is over), or None when ``ready`` would let it in now. No side effect."""
+        entry = self._pending.get(request_id)
+        if entry is None or self.policy == BEST_EFFORT:
+            return None
+        handle, started = entry
+        if handle.done():
+            return None
+        if self.policy == WAIT:
+            return math.inf
+        left = started + self.timeout_s - self._clock()
+        return left if left > 0 else None
 
     def ready(self, request_id: str) -> bool:
         """Whether the policy lets ``request_id`` be admitted now (no side effect until it does)."""

@@ -319,6 +319,13 @@ class RemotePrefetch:
     def done(self) -> bool:
         return self._future is None or self._future.done()
 
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the call answered or failed (at once when it has, or without a call)."""
+        if self._future is None:
+            fn()
+        else:
+            self._future.add_done_callback(lambda _future: fn())
+
     def pages(self) -> tuple[int, int]:
         """``(kv_pages, kda_pages)`` it brought into the tier; ``(0, 0)`` unfinished or failed."""
         if not self.done() or self._future is None or self._future.exception() is not None:

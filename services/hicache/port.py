@@ -11,7 +11,7 @@ A tier with a Redis L3 below it also satisfies ``PrefetchPort``: ``TierL3`` in t
 ``HostCacheClient`` for ``baton cache`` (its ``Prefetch`` RPC; a service without an L3 answers at once).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from .host_tier import GetLease, KindStats, PutLease, TierMatch
@@ -62,6 +62,10 @@ class PrefetchHandle(Protocol):
 
     def done(self) -> bool:
         """Whether the prefetch is over."""
+        ...
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the prefetch is over: at once when it is, else on the thread that ends it."""
         ...
 
 

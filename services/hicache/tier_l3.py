@@ -29,7 +29,7 @@ is done with what it stored, possibly nothing.
 import logging
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -49,9 +49,19 @@ class PrefetchTicket:
         self.kv_pages = 0
         self.kda_pages = 0
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once done (at once when it is already)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until done (at most ``timeout_s``); whether it is."""
@@ -59,7 +69,11 @@ class PrefetchTicket:
 
     def finish(self, kv_pages: int = 0, kda_pages: int = 0) -> None:
         self.kv_pages, self.kda_pages = kv_pages, kda_pages
-        self._done.set()
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The prefetch policies' admission, on a real scheduler, cache manager and host tier with a stand-in L3
-whose prefetches finish when the test says (events) and a clock the test steps: ``wait`` holds the
+whose prefetches finish when the test says (tickets) and a clock the test steps: ``wait`` holds the
 request until its prefetch is over, ``timeout_ms`` until then or N ms after arrival, ``best_effort`` not
 at all; the flags are checked naming the flag."""
 
+import math
 import threading
 
 import pytest
@@ -17,33 +18,26 @@ from services.engine.cache.state_pool import StateSlotPool
 from services.engine.cache_manager import CacheManager
 from services.engine.checkpoint.presets import preset_config
 from services.engine.engine_config import EngineConfig
+from services.engine.engine_core import EngineCore
+from services.engine.engine_loop import EngineLoop
 from services.engine.host_cache_connector import HostCacheConnector
 from services.engine.model.config_loader import load_model_config
 from services.engine.prefetch_gate import PrefetchGate
 from services.engine.request import Request
 from services.engine.scheduler import SampledToken, Scheduler
+from services.hicache.tier_l3 import PrefetchTicket
 
 BLOCK = 4
 
 
-class Prefetch:
-    """A prefetch the test finishes (``finish``)."""
-
-    def __init__(self):
-        self.event = threading.Event()
-
-    def done(self) -> bool:
-        return self.event.is_set()
-
-
 class StandInL3:
-    """A ``PrefetchPort`` that records each prefetch's chain and hands out ``Prefetch``es."""
+    """A ``PrefetchPort`` that records each prefetch's chain and hands out tickets the test finishes."""
 
     def __init__(self):
-        self.started: list[tuple[list[bytes], Prefetch]] = []
+        self.started: list[tuple[list[bytes], PrefetchTicket]] = []
 
     def prefetch(self, hashes, has_state):
-        handle = Prefetch()
+        handle = PrefetchTicket()
         self.started.append((list(hashes), handle))
         return handle
 
@@ -89,7 +83,7 @@ def test_wait_holds_the_request_until_its_prefetch_is_over():
     assert hashes == request.block_hashes[:2]  # the prompt's full blocks before its last token
     clock.now += 3600
     assert admitted(scheduler) == [] and admitted(scheduler) == []  # however long it takes
-    prefetch.event.set()
+    prefetch.finish()
     assert admitted(scheduler) == ["a"]
     outcomes = scheduler.cache.take_prefetch_outcomes()
     assert [(o.policy, o.outcome, o.wait_s) for o in outcomes] == [
@@ -119,7 +113,7 @@ def test_timeout_ms_releases_the_request_after_n_ms_from_arrival():
 def test_timeout_ms_admits_at_once_when_the_prefetch_is_over_first():
     scheduler, l3, clock = make("timeout_ms", timeout_ms=250)
     arrive(scheduler, "a")
-    l3.started[0][1].event.set()
+    l3.started[0][1].finish()
     clock.now += 0.010
     assert admitted(scheduler) == ["a"]
     assert scheduler.cache.take_prefetch_outcomes()[-1].outcome == "completed"
@@ -134,9 +128,9 @@ def test_best_effort_never_waits_and_a_held_request_blocks_the_queue_behind_it()
     arrive(scheduler, "first")
     arrive(scheduler, "second")
     assert admitted(scheduler) == []  # arrival order is kept: "second" waits behind "first"
-    l3.started[0][1].event.set()
+    l3.started[0][1].finish()
     assert admitted(scheduler) == ["first"]  # "second"'s own prefetch is still running
-    l3.started[1][1].event.set()
+    l3.started[1][1].finish()
     assert admitted(scheduler) == ["second"]
 
 
@@ -193,3 +187,52 @@ def test_worker_and_cache_flags_name_the_flag():
         config_from(cache.parse_args(["cache", "--kv-gib", "1", "--redis-l3-gib", "-1", *REDIS]))
     parsed = cache.parse_args(["cache", "--kv-gib", "1", "--redis-l3-gib", "0.5", *REDIS])
     assert config_from(parsed).l3_budget_bytes == 1 << 29
+
+
+def test_hold_s_is_how_long_ready_still_says_no():
+    scheduler, l3, clock = make("timeout_ms", timeout_ms=250)
+    gate = scheduler.cache.prefetch_gate
+    arrive(scheduler, "a")
+    assert round(gate.hold_s("a"), 6) == 0.25
+    clock.now += 0.2
+    assert round(gate.hold_s("a"), 6) == 0.05 and gate.hold_s("unknown") is None
+    l3.started[0][1].finish()
+    assert gate.hold_s("a") is None and gate.pending == 1  # no side effect: ready() ends the entry
+    scheduler, l3, clock = make("wait")
+    arrive(scheduler, "a")
+    assert scheduler.cache.prefetch_gate.hold_s("a") == math.inf
+
+
+@pytest.mark.parametrize("policy", ["wait", "timeout_ms"])
+def test_the_engine_loop_sleeps_while_a_prefetch_holds_the_queue(tiny_checkpoint, policy):
+    """The loop makes a bounded number of passes while a prefetch holds the only request (not one per
+    poll), and admits it once the prefetch ends (``wait``) or its deadline passes (``timeout_ms``)."""
+    config = EngineConfig(
+        model=str(tiny_checkpoint("k3")),
+        dtype="float32",
+        block_size=BLOCK,
+        host_cache_gib=0.001,
+        prefetch_policy=policy,
+        prefetch_timeout_ms=300,
+    )
+    engine = EngineCore(config)
+    engine.cache.host.prefetcher = l3 = StandInL3()
+    passes = []
+    loop = EngineLoop(engine, after_step=lambda _engine: passes.append(1))
+    try:
+        params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+        stream = loop.call(lambda e: loop.watch(e.add_request(list(range(30, 42)), params, "held")))
+        ((_, prefetch),) = l3.started
+        before = len(passes)
+        if policy == "wait":
+            held = threading.Event()
+            assert not held.wait(0.3)  # the loop has 0.3 s to spin in
+            assert len(passes) - before <= 2 and stream.empty()
+            prefetch.finish()
+        first = stream.get(timeout=30)  # admitted: its first token
+        assert first.token_ids and prefetch.done() == (policy == "wait")
+        assert len(passes) - before <= 4  # the wake-up (or deadline) pass, then the request's steps
+        outcome = engine.cache.take_prefetch_outcomes()[-1].outcome
+        assert outcome == ("completed" if policy == "wait" else "timed_out")
+    finally:
+        loop.close()

@@ -69,6 +69,23 @@ def test_mooncake_scaled_prompts_share_exactly_the_shared_blocks(factor):
     assert checked > 100
 
 
+def test_mooncake_conversations_group_the_lines_of_one_conversation_in_file_order():
+    rows = raw_lines(MOONCAKE[0], 700)
+    work = load_mooncake(TRACES / MOONCAKE[0], 64, VOCAB, max_requests=700, conversations=True)
+    firsts: dict[tuple, int] = {}
+    for i, row in enumerate(rows):
+        firsts.setdefault(tuple(row["hash_ids"][:2]), i)
+    assert [s.session_id for s in work.sessions] == [f"mooncake-{i}" for i in firsts.values()]
+    assert sum(len(s.turns) for s in work.sessions) == 700 and work.meta["conversations"] is True
+    multi = [s for s in work.sessions if len(s.turns) > 1]
+    assert len(multi) > 50  # the conversation trace's later turns come back to their conversation
+    block = TokenScale(64).block_size(512)
+    for session in multi:
+        first, *later = session.turns
+        assert [t.at_s for t in session.turns] == sorted(t.at_s for t in session.turns)
+        assert all(common_prefix(first.prompt_ids, t.prompt_ids) >= 2 * block for t in later)
+
+
 def test_mooncake_files_do_not_share_blocks_by_accident():
     a = load_mooncake(TRACES / MOONCAKE[0], 64, VOCAB, max_requests=1).sessions[0].turns[0].prompt_ids
     b = load_mooncake(TRACES / MOONCAKE[1], 64, VOCAB, max_requests=1).sessions[0].turns[0].prompt_ids
