@@ -4,7 +4,7 @@ writes only the blocks after them (and the KDA slot whole). The output equals on
 
 import pytest
 
-from services.engine import LLM, SamplingParams
+from services.engine import LLM
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
 from services.engine.handoff import (
@@ -19,21 +19,9 @@ from services.engine.handoff import (
 )
 from services.engine.request import RequestStatus
 from services.transfer import make_backend
-from tests.conftest import TEST_DEVICE
+from tests.hicache.test_engine_host_cache import ENGINE_ARGS, FILLER, GREEDY, TURN1
 
-BLOCK = 8
-GREEDY = SamplingParams(max_tokens=3, temperature=0, logprobs=0, ignore_eos=True)
-TURN1 = list(range(40, 66))  # 26 tokens: 3 full blocks
-TURN2 = TURN1[:24] + list(range(500, 510))  # the same 3 blocks, then 10 new tokens: 5 blocks
-FILLER = list(range(200, 260))  # 60 other tokens: push turn 1's blocks out of an 8-block pool
-ENGINE_ARGS = dict(
-    dtype="float32",
-    device=TEST_DEVICE,
-    block_size=BLOCK,
-    max_num_batched_tokens=64,
-    max_model_len=128,
-    max_num_seqs=2,
-)
+TURN2 = TURN1[:24] + list(range(500, 510))  # turn 1's 3 full blocks of 8, then 10 new tokens: 5 blocks
 
 
 @pytest.fixture(scope="module")
