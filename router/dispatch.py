@@ -162,7 +162,7 @@ class Dispatcher:
         self.pool.assigned(decode, len(prompt_ids))
         local = _local_prefill(prompt_ids, request, resumed_tokens)
         decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
-        yield from self._decode(decode, decode_request, context, route, cached=0)
+        yield from self._decode(decode, decode_request, context, route)
 
     def _least_loaded_decode(self, session_id: str) -> Worker:
         """The decode worker a local request goes to (the session's own first, then by load).
@@ -192,27 +192,31 @@ class Dispatcher:
         if reserved.prefill_locally:
             self.metrics.local_prefills.labels(self._local_reason(len(prompt_ids), reserved)).inc()
             decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
-            cached, cached_host = reserved.reservation.cached_tokens, 0
+            prefilled = None  # the decode worker computes the prompt: its own usage says what it found
         else:
             handoff = self._prefill(reserved, senders, prompt_ids, request, context, resumed_tokens)
             if handoff is None:  # every attempt failed (and returned): decode prefills it itself
                 _release(decode, request_id)
                 self.metrics.handoff_fallbacks.labels("decode").inc()
                 decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
-                cached, cached_host = 0, 0
+                prefilled = None
             else:
                 prefill, first = handoff
                 decode_request = _decode_request(request_id, first)
                 route.prefill_worker = prefill.address
                 route.transfer_backend = reserved.endpoint.backend
                 route.transfer_bytes = first.transfer_bytes
-                cached, cached_host = first.cached_tokens, first.cached_tokens_host
-        yield from self._decode(decode, decode_request, context, route, cached, cached_host)
+                prefilled = (first.cached_tokens, first.cached_tokens_host)
+        yield from self._decode(decode, decode_request, context, route, prefilled)
 
-    def _decode(self, decode: Worker, decode_request, context, route, cached: int, cached_host: int = 0):
-        """The decode worker's stream for ``decode_request``; the last message gets the route and at
-        least ``cached`` cached prompt tokens (what a handoff or a reservation found), ``cached_host``
-        of them loaded from a host tier (the prefill worker's, when it computed the prompt)."""
+    def _decode(
+        self, decode: Worker, decode_request, context, route, prefilled: tuple[int, int] | None = None
+    ):
+        """The decode worker's stream for ``decode_request``; the last message gets the route. When a
+        prefill worker computed the prompt, ``prefilled`` is its ``(cached_tokens, cached_tokens_host)``
+        and replaces the decode worker's usage numbers: the prompt tokens nobody computed (the blocks
+        the decode worker kept at Reserve saved transfer, not compute). Otherwise the decode worker
+        computed it and its own usage stands."""
         call = decode.stub.Decode(decode_request, timeout=time_left(context))
         when_call_ends(context, call.cancel)  # the client left: the decode worker frees the request
         try:
@@ -221,8 +225,8 @@ class Dispatcher:
                     message.route.prefill_worker = route.prefill_worker
                     message.route.transfer_backend = route.transfer_backend
                     message.route.transfer_bytes = route.transfer_bytes
-                    message.usage.cached_tokens = max(message.usage.cached_tokens, cached)
-                    message.usage.cached_tokens_host = max(message.usage.cached_tokens_host, cached_host)
+                    if prefilled is not None:
+                        message.usage.cached_tokens, message.usage.cached_tokens_host = prefilled
                 yield message
         except grpc.RpcError as error:
             failure = self._failed(decode, error)

@@ -155,8 +155,10 @@ def test_check_integrity_shows_a_reservation_then_nothing_held(workers):
 def test_decode_keeps_its_own_hit_and_the_prefill_sends_only_the_rest(workers):
     model, decode, prefill, _ = workers
     sampling = generation_pb2.SamplingParameters(max_tokens=3, ignore_eos=True, logprobs=0)
-    _, whole, _ = disaggregated(decode, prefill, "turn-1", PROMPT, sampling)
-    turn2 = PROMPT[:32] + list(range(100, 109))  # two blocks of 16 decode now holds, then new tokens
+    turn1 = [token + 300 for token in PROMPT]  # a prompt no other test of the module sends
+    whole_reserved, whole, _ = disaggregated(decode, prefill, "turn-1", turn1, sampling)
+    assert whole_reserved.reservation.cached_tokens == 0
+    turn2 = turn1[:32] + list(range(100, 109))  # two blocks of 16 decode now holds, then new tokens
     reserved, first, decoded = disaggregated(decode, prefill, "turn-2", turn2, sampling)
     assert reserved.reservation.cached_tokens == 32
     assert 0 < first.transfer_bytes < whole.transfer_bytes  # one block and the slot, not three blocks
