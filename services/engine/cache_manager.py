@@ -313,7 +313,7 @@ class CacheManager:
         request.slot = self.slots.allocate()
         request.num_cached_tokens_host = 0
         if hit.tier_match is not None:
-            self.host.record_lookup(hit.tier_match, hit.tier_blocks)
+            self.host.record_lookup(hit.tier_match, hit.tier_blocks, with_state=not hit.kv_only)
         if hit.from_host and not self._load_from_host(request, hit):
             hashes = self._hashes(request)[: hit.num_blocks]
             fallback = PrefixHit(hit.block_ids, kv_only=True) if hit.kv_only else self._device_hit(hashes)

@@ -198,11 +198,13 @@ class HostCacheConnector:
             return None
         return self.prefetcher.prefetch(list(hashes), self.has_state)
 
-    def record_lookup(self, match: TierMatch, num_hashes: int) -> None:
+    def record_lookup(self, match: TierMatch, num_hashes: int, with_state: bool = True) -> None:
         """Count an admitted request's ``match`` of its ``num_hashes``-block chain in the tier's hits and
-        misses (once per admission: a waiting request is matched on every scheduler pass)."""
-        kda_hit = int(match.usable_depth > 0) if self.has_state else 0
-        kda_miss = int(self.has_state and not kda_hit)
+        misses (once per admission: a waiting request is matched on every scheduler pass). Without
+        ``with_state`` (a reservation: the handoff brings the KDA state) no KDA lookup is counted."""
+        counted = self.has_state and with_state
+        kda_hit = int(match.usable_depth > 0) if counted else 0
+        kda_miss = int(counted and not kda_hit)
         self.tier.record_lookup(match.kv_depth, num_hashes - match.kv_depth, kda_hit, kda_miss)
 
     def lease(self, hashes: Sequence[bytes], first: int, with_state: bool = True) -> HostLeases:
