@@ -286,15 +286,16 @@ class HostCacheConnector:
             self._snapshot_reason.popitem(last=False)
         self.snapshots_saved[reason] += 1
 
-    def offload(self, block: int, block_hash: bytes) -> None:
-        """A cached device block is about to be reused: keep its bytes in the tier unless it holds them."""
-        lease = self.tier.reserve_put(KV, [block_hash])
+    def offload(self, blocks: Sequence[int], hashes: Sequence[bytes]) -> None:
+        """Cached device blocks (``blocks``, holding ``hashes``) are about to be reused: keep the bytes of
+        those the tier lacks, in one put (one reservation and one move for the whole batch)."""
+        lease = self.tier.reserve_put(KV, list(hashes))
         self.counters.saves_skipped[KV] += lease.no_room
-        (page,) = lease.pages
-        moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_blocks([page], [block]))
-        if page is not None and moved:
-            self.counters.offloads += 1
-            self.counters.moved(KV, TO_HOST, self.blocks.layout.nbytes)
+        kept = [(page, block) for page, block in zip(lease.pages, blocks, strict=True) if page is not None]
+        pages, kept_blocks = zip(*kept, strict=True) if kept else ((), ())
+        if self._put(lease.lease_id, lambda: self.rows.write_blocks(pages, kept_blocks)) and pages:
+            self.counters.offloads += len(pages)
+            self.counters.moved(KV, TO_HOST, len(pages) * self.blocks.layout.nbytes)
 
     def counts(self) -> CacheCounts:
         """The counters' totals, with the tier's reachability: an in-process tier is always up (and its

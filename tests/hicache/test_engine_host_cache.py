@@ -185,7 +185,11 @@ def test_device_eviction_offloads_a_block_the_tier_lacks_once():
         blocks.register(block, name)
     connector.save_blocks([b"a"], [ids[0]])  # written through already: not offloaded again
     blocks.free(ids)
+    puts = []
+    reserve_put = connector.tier.reserve_put
+    connector.tier.reserve_put = lambda kind, hashes: puts.append(list(hashes)) or reserve_put(kind, hashes)
     blocks.allocate(3)  # evicts a, b, c
+    assert puts == [[b"a", b"b", b"c"]]  # one put for the allocation (a round trip each to a remote tier)
     assert connector.counters.offloads == 2
     assert connector.counters.moved_bytes[KV, TO_HOST] == 3 * blocks.layout.nbytes  # a (saved), b, c
     assert connector.match([b"a"]).kv_depth == 1

@@ -14,8 +14,9 @@ Cache events, once ``record_events`` has been called: a hash is *inserted* when 
 it and *evicted* when ``allocate`` reuses its cached block; ``take_events`` hands them over in order
 (what a worker's load feed tells the router).
 
-``on_evict(block, hash)``, when set, is called just before a cached block is reused, its bytes still
-intact (the host tier's offload: ``services/engine/host_cache_connector.py``).
+``on_evict(blocks, hashes)``, when set, is called once per ``allocate`` that reuses cached blocks, with
+those blocks and the hashes they held, before the allocation returns and so before anything overwrites
+them (the host tier's offload, one batch per allocation: ``services/engine/host_cache_connector.py``).
 """
 
 from collections import OrderedDict, deque
@@ -67,7 +68,7 @@ class BlockPool:
         self.hash_of: dict[int, bytes] = {}
         self.block_of: dict[bytes, int] = {}
         self._events: list[CacheEvent] | None = None  # None: nobody records them
-        self.on_evict: Callable[[int, bytes], None] | None = None
+        self.on_evict: Callable[[list[int], list[bytes]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -82,20 +83,22 @@ class BlockPool:
         """Take ``count`` blocks (reference count 1), evicting cached ones if needed."""
         if not self.can_allocate(count):
             raise RuntimeError(f"block pool exhausted: {count} requested, {self.num_free} available")
-        ids = []
+        ids, reused, reused_hashes = [], [], []
         for _ in range(count):
             if self.free_ids:
                 block = self.free_ids.popleft()
             else:
                 block, _ = self.evictable.popitem(last=False)
-                if self.on_evict is not None:
-                    self.on_evict(block, self.hash_of[block])
                 evicted = self.hash_of.pop(block)
                 del self.block_of[evicted]
+                reused.append(block)
+                reused_hashes.append(evicted)
                 if self._events is not None:
                     self._events.append(CacheEvent(evicted, False))
             self.ref_counts[block] = 1
             ids.append(block)
+        if reused and self.on_evict is not None:
+            self.on_evict(reused, reused_hashes)
         return ids
 
     def free(self, block_ids: list[int]) -> None:
