@@ -43,6 +43,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the tier's name in the cluster index: its workers' --node (default: the host name)",
     )
     parser.add_argument(
+        "--shm-dir",
+        default="/dev/shm",
+        metavar="DIR",
+        help="keep the pages in shared-memory files here, which workers on this machine map and copy "
+        "directly (workers elsewhere use NIXL); '' keeps them private, NIXL only (default /dev/shm)",
+    )
+    parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
     parser.set_defaults(run=run)
@@ -80,6 +87,7 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
         redis_url=args.redis_url,
         node=args.node,
         l3_budget_bytes=int(args.redis_l3_gib * GIB),
+        shm_dir=args.shm_dir,
     )
 
 

@@ -126,7 +126,8 @@ def _serving(address: str, deadline: float) -> bool:
 class ManagedCache(ManagedProcess):
     """The node's ``baton cache`` (the HiCache host tier): ``kv_gib`` / ``kda_gib`` of host memory,
     publishing what it holds to the cluster index at ``redis_url`` as ``node`` ("": not / the host name),
-    with an L3 of ``l3_gib`` there below it (0: none).
+    with an L3 of ``l3_gib`` there below it (0: none), its pages in shared-memory files in ``shm_dir``
+    (``None``: the command's default, ``/dev/shm``; "": private, reached over NIXL only).
 
     Its pages live only in its memory: a restart starts an empty tier, and the workers' clients attach to
     it again by themselves (``services/hicache/client.py``).
@@ -143,9 +144,11 @@ class ManagedCache(ManagedProcess):
         redis_url: str = "",
         node: str = "",
         l3_gib: float = 0.0,
+        shm_dir: str | None = None,
     ):
         super().__init__(port)
         self.l3_gib = l3_gib
+        self.shm_dir = shm_dir
         self.kv_gib = kv_gib
         self.kda_gib = kda_gib
         self.redis_url = redis_url
@@ -158,4 +161,6 @@ class ManagedCache(ManagedProcess):
             *(["--node", self.node] if self.node else []),
             *(["--redis-l3-gib", repr(self.l3_gib)] if self.l3_gib and self.redis_url else []),
         ]
+        if self.shm_dir is not None:
+            index += ["--shm-dir", self.shm_dir]
         return ["cache", "--port", str(self.port), *sizes, *index, "--exit-with-parent"]

@@ -13,8 +13,9 @@ process)::
 Pages hold the device pool's rows byte for byte (a packed block, a whole KDA state slot), keyed by
 the request's salted hash chain. Two concerns are kept apart: the tier's bookkeeping (a
 ``HostTierPort``: the in-process ``HostTier`` of ``in_process``, or the ``HostCacheClient`` of a
-``baton cache`` service for ``remote``) and moving the rows (``host_rows.py``: torch copies, or this
-engine's NIXL agent reading and writing the service's regions).
+``baton cache`` service for ``remote``) and moving the rows (``host_rows.py``: torch copies, of the
+service's shared-memory pages when it runs on this machine, or this engine's NIXL agent reading and writing
+the service's regions).
 
 With a Redis L3 below the tier (``services/hicache/tier_l3.py``: this engine's own ``TierL3``, or the
 ``baton cache`` service's), ``start_prefetch`` asks the tier to bring a request's chain from the L3
@@ -46,7 +47,7 @@ from services.hicache.redis_l3 import RedisL3
 from services.hicache.tier_l3 import TierL3
 
 from .cache_counters import CHECKSUM, MOVE_FAILED, SHORT_LEASE, TO_DEVICE, TO_HOST, CacheCounters, CacheCounts
-from .host_rows import LocalRows, RemoteRows
+from .host_rows import LocalRows, RemoteRows, SharedRows
 
 if TYPE_CHECKING:  # the client imports services.rpc, which imports the engine
     from services.hicache.client import HostCacheClient
@@ -183,7 +184,8 @@ class HostCacheConnector:
             return None
         kda = client.stats().get(KDA)
         kept = kda.pages_total if kda is not None else REMOTE_REASONS_KEPT
-        return cls(client, RemoteRows(client, blocks, slots), blocks, slots, kept, prefetcher=client)
+        rows = SharedRows(client, RemoteRows(client, blocks, slots))
+        return cls(client, rows, blocks, slots, kept, prefetcher=client)
 
     def match(self, hashes: Sequence[bytes]) -> TierMatch:
         """What the tier holds of ``hashes``; ``usable_depth``: the leading blocks it can restore a

@@ -1,7 +1,9 @@
-"""Moving rows between the device pools and the host tier's pages: the two ``HostRows`` of
+"""Moving rows between the device pools and the host tier's pages: the ``HostRows`` of
 ``HostCacheConnector`` (``host_cache_connector.py``), one per place the tier lives.
 
 - ``LocalRows``: an in-process ``HostTier``; torch copies between its arenas' storage and the pools.
+- ``SharedRows``: a ``baton cache`` service on this machine whose arenas are shared-memory files: mapped
+  here and copied with torch like ``LocalRows``; ``RemoteRows`` when they cannot be mapped.
 - ``RemoteRows``: a ``baton cache`` service; this engine's own NIXL agent with the pools registered
   (``"blocks"``, ``"state"``, the tier's region names) reads and writes the tier's pages one-sidedly.
   A snapshot row lives in the device snapshot store, not in a registered region: it is copied into a
@@ -20,7 +22,10 @@ import torch
 from common.errors import TransferError
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.state_pool import StateSlotPool
-from services.hicache.host_tier import HostTier
+from services.hicache.host_tier import KDA, KV, HostTier
+from services.hicache.shared_pages import map_pages, node_id
+from services.hicache.shared_pages import pin as pin_pages
+from services.hicache.shared_pages import unpin as unpin_pages
 from services.transfer import BLOCKS, STATE, TransferBackend, make_backend
 from services.transfer.byte_plan import ByteSpan
 
@@ -59,7 +64,39 @@ def _wait_for_copies(device_storage: torch.Tensor) -> None:
         torch.cuda.current_stream(device_storage.device).synchronize()
 
 
-class LocalRows:
+class PageCopies:
+    """Torch copies between host page storages this process holds or maps (``kv``: one packed block per
+    row, ``kda``: one state slot per row, or ``None``) and the device pools."""
+
+    def __init__(self, kv: torch.Tensor, kda: torch.Tensor | None, blocks: BlockPool, slots: StateSlotPool):
+        self.kv = kv
+        self.kda = kda
+        self.blocks = blocks
+        self.slots = slots
+
+    def read(
+        self, kv_pages: Sequence[int], block_ids: Sequence[int], kda_page: int | None, slot: int
+    ) -> bool:
+        """Copy ``kv_pages`` into ``block_ids`` (one each) and ``kda_page`` (if any) into ``slot``."""
+        copy_rows(self.blocks.storage, block_ids, self.kv, kv_pages)
+        if kda_page is not None:
+            self.slots.storage[slot].copy_(self.kda[kda_page], non_blocking=True)
+        _wait_for_copies(self.blocks.storage)  # the pages may be evicted once the lease ends
+        return True
+
+    def write_blocks(self, pages: Sequence[int], block_ids: Sequence[int]) -> bool:
+        """Copy the device blocks ``block_ids`` into ``pages`` (one each)."""
+        copy_rows(self.kv, pages, self.blocks.storage, block_ids)
+        _wait_for_copies(self.blocks.storage)  # the put's commit checksums the pages next
+        return True
+
+    def write_state(self, page: int, state_row: torch.Tensor) -> bool:
+        """Copy ``state_row`` (one slot's bytes) into the KDA page ``page``."""
+        self.kda[page].copy_(state_row)
+        return True
+
+
+class LocalRows(PageCopies):
     """Rows of an in-process ``HostTier``'s arenas, copied with torch.
 
     Raises:
@@ -76,30 +113,8 @@ class LocalRows:
             raise ValueError(
                 f"kda_page_bytes: the tier's KDA pages are not one state slot ({slots.layout.nbytes})"
             )
+        super().__init__(tier.kv.storage, tier.kda.storage if tier.kda is not None else None, blocks, slots)
         self.tier = tier
-        self.blocks = blocks
-        self.slots = slots
-
-    def read(
-        self, kv_pages: Sequence[int], block_ids: Sequence[int], kda_page: int | None, slot: int
-    ) -> bool:
-        """Copy ``kv_pages`` into ``block_ids`` (one each) and ``kda_page`` (if any) into ``slot``."""
-        copy_rows(self.blocks.storage, block_ids, self.tier.kv.storage, kv_pages)
-        if kda_page is not None:
-            self.slots.storage[slot].copy_(self.tier.kda.storage[kda_page], non_blocking=True)
-        _wait_for_copies(self.blocks.storage)  # the pages may be evicted once the lease ends
-        return True
-
-    def write_blocks(self, pages: Sequence[int], block_ids: Sequence[int]) -> bool:
-        """Copy the device blocks ``block_ids`` into ``pages`` (one each)."""
-        copy_rows(self.tier.kv.storage, pages, self.blocks.storage, block_ids)
-        _wait_for_copies(self.blocks.storage)  # the put's commit checksums the pages next
-        return True
-
-    def write_state(self, page: int, state_row: torch.Tensor) -> bool:
-        """Copy ``state_row`` (one slot's bytes) into the KDA page ``page``."""
-        self.tier.kda.storage[page].copy_(state_row)
-        return True
 
     def check_integrity(self) -> None:
         """The tier's arenas are consistent and none of its leases is left open."""
@@ -199,3 +214,107 @@ class RemoteRows:
             self._peer = None
             self._peer = self.backend.connect(self.client.endpoint())
         return self._peer
+
+
+class SharedRows:
+    """Rows of a ``baton cache`` tier on this machine whose arenas are shared-memory files
+    (``services/hicache/shared_pages.py``): mapped into this process, page-locked when the pools are on
+    a GPU, and copied with torch like ``LocalRows`` -- the bus's speed, where NIXL's one-sided moves
+    between a device and another process's host memory go through bounce buffers. A tier run whose files
+    cannot be mapped here (another machine, another mount namespace, private memory) is reached through
+    ``remote`` (NIXL) instead; the choice is made again whenever the tier comes back as another run.
+
+    Args:
+        client: an attached ``HostCacheClient`` (or one still trying to attach).
+        remote: the NIXL rows to the same tier (their pools are registered already).
+
+    Attributes:
+        mapped_epoch: the client's epoch (tier run) whose files are mapped now (0: none mapped).
+    """
+
+    def __init__(self, client: "HostCacheClient", remote: RemoteRows):
+        self.client = client
+        self.remote = remote
+        self.blocks = remote.blocks
+        self.slots = remote.slots
+        self.mapped_epoch = 0
+        self._copies: PageCopies | None = None
+        self._pinned: list[torch.Tensor] = []
+        self._epoch = 0
+        self._rows()  # map (and page-lock) at start-up, not on the first request
+
+    @property
+    def transfer_errors(self) -> int:
+        """Row moves over NIXL that failed (copies between mapped pages do not fail)."""
+        return self.remote.transfer_errors
+
+    def read(
+        self, kv_pages: Sequence[int], block_ids: Sequence[int], kda_page: int | None, slot: int
+    ) -> bool:
+        """Read ``kv_pages`` into ``block_ids`` (one each) and ``kda_page`` (if any) into ``slot``."""
+        return self._rows().read(kv_pages, block_ids, kda_page, slot)
+
+    def write_blocks(self, pages: Sequence[int], block_ids: Sequence[int]) -> bool:
+        """Write the device blocks ``block_ids`` into ``pages`` (one each)."""
+        return self._rows().write_blocks(pages, block_ids)
+
+    def write_state(self, page: int, state_row: torch.Tensor) -> bool:
+        """Write ``state_row`` (one slot's bytes, anywhere on the device) into the KDA page ``page``."""
+        return self._rows().write_state(page, state_row)
+
+    def check_integrity(self) -> None:
+        """Nothing to check here: the tier checks its arenas in its own process."""
+
+    def close(self) -> None:
+        """Drop the mappings and close the NIXL rows."""
+        self._unmap()
+        self.remote.close()
+
+    def _rows(self) -> "PageCopies | RemoteRows":
+        """The mapped pages of the tier run attached to now, else the NIXL rows."""
+        if self.client.epoch != self._epoch:
+            self._epoch = self.client.epoch
+            self._unmap()
+            self._copies = self._map()
+            self.mapped_epoch = self._epoch if self._copies is not None else 0
+        return self._copies if self._copies is not None else self.remote
+
+    def _map(self) -> PageCopies | None:
+        """Map the run's files when they are on this machine and hold this engine's rows; else None
+        (logged once per run)."""
+        shared = self.client.shared_pages()
+        kv, kda = shared.get(KV), shared.get(KDA)
+        has_state = bool(self.slots.layout.fields)
+        why = None
+        if kv is None or (has_state and kda is None):
+            return None  # a tier keeping its pages private: NIXL, nothing to say
+        if kv.node_id != node_id():
+            why = "the tier runs on another machine"
+        elif kv.page_bytes != self.blocks.layout.nbytes or (
+            has_state and kda.page_bytes != self.slots.layout.nbytes
+        ):
+            why = "its pages are not this engine's rows"
+        if why is None:
+            try:
+                storages = [map_pages(kv), *([map_pages(kda)] if has_state else [])]
+                if self.blocks.storage.is_cuda:
+                    for storage in storages:
+                        pin_pages(storage)
+                        self._pinned.append(storage)
+                return PageCopies(storages[0], storages[1] if has_state else None, self.blocks, self.slots)
+            except (ValueError, RuntimeError, OSError) as error:
+                self._unmap()
+                why = str(error)
+        log.warning(
+            "host cache %s: not mapping its shared pages (%s): moving rows over NIXL",
+            self.client.address,
+            why,
+        )
+        return None
+
+    def _unmap(self) -> None:
+        """Forget the mapped run (every copy has finished: each move waits for its copies)."""
+        for storage in self._pinned:
+            unpin_pages(storage)
+        self._pinned = []
+        self._copies = None

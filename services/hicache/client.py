@@ -33,7 +33,8 @@ from proto.baton.v1 import host_cache_pb2, host_cache_pb2_grpc
 from services.rpc.convert import endpoint_from_pb
 from services.transfer import TransferEndpoint
 
-from .host_tier import GetLease, KindStats, PutLease, TierMatch
+from .host_tier import KDA, KV, GetLease, KindStats, PutLease, TierMatch
+from .shared_pages import SharedPages
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class HostCacheClient:
         self._clock = clock
         self._layout: tuple[str, int, int] | None = None
         self._endpoint: TransferEndpoint | None = None
+        self._shared: dict[str, SharedPages] = {}
         self._tier_id = ""
         self._down = False
         self._refused = ""  # why the run now answering refused this client's layouts ("": it did not)
@@ -132,6 +134,11 @@ class HostCacheClient:
         if self._endpoint is None:
             raise ValueError("endpoint: not attached; call attach() first (or the tier was never reached)")
         return self._endpoint
+
+    def shared_pages(self) -> dict[str, SharedPages]:
+        """The tier run's arenas as shared-memory files, by kind (``KV``, ``KDA``); empty when it keeps
+        them private (they change when ``epoch`` does)."""
+        return dict(self._shared)
 
     def match(self, hashes: Sequence[bytes], has_state: bool) -> TierMatch:
         """``HostTier.match`` on the service; a miss without the tier or from a run not attached to."""
@@ -273,6 +280,11 @@ class HostCacheClient:
                 log.warning("host cache %s: attached to a restarted tier (its pages are gone)", self.address)
             self._tier_id = response.tier_id
             self._endpoint = endpoint_from_pb(response.endpoint)
+            self._shared = {
+                kind: SharedPages(pages.node_id, pages.path, pages.num_pages, pages.page_bytes)
+                for kind, pages in ((KV, response.shared_kv), (KDA, response.shared_kda))
+                if pages.path
+            }
             self.epoch += 1
         elif self._down:
             log.warning("host cache %s: reachable again", self.address)

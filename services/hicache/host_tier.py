@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .page_arena import EvictedPage, PageArena
+from .page_arena import EvictedPage, PageArena, PageMemory
 from .page_checksum import page_checksum
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ class HostTier:
         kv_budget_bytes, kda_budget_bytes: each kind's host memory; each must hold one page.
         layout_fingerprint: the block and slot layouts the pages hold (workers must match it).
         pin: page-lock the arenas.
+        page_memory: makes each arena's storage (``PageArena``); ``None``: private host memory.
         lease_ttl_s: a lease not ended this long after it was given is ended by the tier (a put
             aborted, a get released), so a worker that died holding one does not pin its pages for
             ever; it must exceed the longest transfer. ``None``: leases never expire (a tier in the
@@ -154,10 +155,11 @@ class HostTier:
         pin: bool | None = None,
         lease_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        page_memory: PageMemory | None = None,
     ):
         if lease_ttl_s is not None and not lease_ttl_s > 0:
             raise ValueError(f"lease_ttl_s: must be > 0 (or None: never), got {lease_ttl_s}")
-        pin_kw = {} if pin is None else {"pin": pin}
+        pin_kw = {"page_memory": page_memory} | ({} if pin is None else {"pin": pin})
         self.layout_fingerprint = layout_fingerprint
         self.kv = PageArena(KV, kv_page_bytes, kv_budget_bytes, **pin_kw)
         if kda_page_bytes == 0 and kda_budget_bytes != 0:

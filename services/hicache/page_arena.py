@@ -23,10 +23,12 @@ Not thread-safe: ``HostTier`` serializes every call.
 """
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+
+PageMemory = Callable[[str, int, int], torch.Tensor]  # (kind, num_pages, page_bytes) -> [pages, bytes] uint8
 
 
 class EvictedPage(NamedTuple):
@@ -46,12 +48,21 @@ class PageArena:
         page_bytes: one page: a packed block or a whole KDA state slot, byte for byte.
         budget_bytes: the arena's memory; must hold at least one page.
         pin: page-lock the storage (faster device copies; needs CUDA).
+        page_memory: makes the storage instead, from ``(kind, num_pages, page_bytes)`` (shared memory
+            other processes map: ``shared_pages.py``); ``None``: private memory, pinned if ``pin``.
 
     Raises:
         ValueError: ``page_bytes`` < 1 or a budget smaller than one page, naming the field.
     """
 
-    def __init__(self, kind: str, page_bytes: int, budget_bytes: int, pin: bool = torch.cuda.is_available()):
+    def __init__(
+        self,
+        kind: str,
+        page_bytes: int,
+        budget_bytes: int,
+        pin: bool = torch.cuda.is_available(),
+        page_memory: PageMemory | None = None,
+    ):
         if page_bytes < 1:
             raise ValueError(f"{kind}_page_bytes: must be >= 1, got {page_bytes}")
         if budget_bytes < page_bytes:
@@ -62,9 +73,12 @@ class PageArena:
         self.kind = kind
         self.page_bytes = page_bytes
         self.num_pages = budget_bytes // page_bytes
-        # Never zero-filled (a page is unreadable until written and committed): a large pinned
-        # budget is ready at once.
-        self.storage = torch.empty(self.num_pages, page_bytes, dtype=torch.uint8, pin_memory=pin)
+        if page_memory is not None:
+            self.storage = page_memory(kind, self.num_pages, page_bytes)
+        else:
+            # Never zero-filled (a page is unreadable until written and committed): a large pinned
+            # budget is ready at once.
+            self.storage = torch.empty(self.num_pages, page_bytes, dtype=torch.uint8, pin_memory=pin)
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))  # pop() hands out page 0 first
         self._writing: dict[bytes, int] = {}
         self._lru: OrderedDict[bytes, int] = OrderedDict()

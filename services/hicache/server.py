@@ -5,6 +5,7 @@ and writes into the regions ``"blocks"`` (KV pages) and ``"state"`` (KDA pages))
 index and the leases, so no page byte crosses gRPC.
 """
 
+import os
 import socket
 import threading
 from concurrent import futures
@@ -49,6 +50,8 @@ class CacheConfig:
             how often it publishes (at most a third of the TTL).
         l3_budget_bytes: the Redis L3 below the tier (``tier_l3.py``: evicted pages written back,
             prefetches read back), a byte budget for the whole cluster; 0: no L3. Needs ``redis_url``.
+        shm_dir: where the arenas live as shared-memory files that the node's workers map and copy
+            rows of directly (``shared_pages.py``); "": private memory, every worker goes through NIXL.
     """
 
     kv_budget_bytes: int
@@ -66,6 +69,7 @@ class CacheConfig:
     index_ttl_s: float = 30.0
     index_interval_s: float = 1.0
     l3_budget_bytes: int = 0
+    shm_dir: str = "/dev/shm"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field that cannot work."""
@@ -86,6 +90,11 @@ class CacheConfig:
             )
         if self.l3_budget_bytes and not self.redis_url:
             raise ValueError("l3_budget_bytes: an L3 lives in Redis: give --redis-url with --redis-l3-gib")
+        if self.shm_dir and not (os.path.isdir(self.shm_dir) and os.access(self.shm_dir, os.W_OK)):
+            raise ValueError(
+                f"shm_dir: {self.shm_dir!r} is not a writable directory (--shm-dir; '' keeps the pages "
+                "private to the tier, reached over NIXL only)"
+            )
         if not 0 < self.index_interval_s <= self.index_ttl_s / 3:
             raise ValueError(
                 f"index_interval_s: must be in (0, index_ttl_s / 3 = {self.index_ttl_s / 3:g}], "
@@ -111,6 +120,7 @@ class HostCacheServer:
             config.kda_budget_bytes,
             config.lease_ttl_s,
             on_tier=self._tier_made,
+            shm_dir=config.shm_dir,
         )
         self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
         self._stopping = threading.Event()
@@ -150,7 +160,7 @@ class HostCacheServer:
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving and publishing (the index entries expire), then release the arenas'
-        registration."""
+        registration and remove their shared-memory files."""
         self.server.stop(grace_s).wait()
         self._stopping.set()
         self._refresher.join()
@@ -159,6 +169,7 @@ class HostCacheServer:
         if self.servicer.l3 is not None:
             self.servicer.l3.close()
         self.backend.close()
+        self.servicer.close()
 
     def _refresh_metrics(self, interval_s: float) -> None:
         while not self._stopping.wait(interval_s):

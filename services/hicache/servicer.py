@@ -11,18 +11,23 @@ and NIXL agent gone) sees another id and attaches again. ``Prefetch`` waits for 
 the server once the tier has one) to bring a chain in; without an L3 it answers at once with nothing.
 """
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 
 import grpc
+import torch
 
 from proto.baton.v1 import host_cache_pb2, host_cache_pb2_grpc
 from services.rpc.convert import endpoint_to_pb
 from services.transfer import BLOCKS, STATE, TransferBackend
 
 from .host_tier import KDA, KV, HostTier
+from .shared_pages import SharedPages, create_pages, map_pages, remove_orphans, remove_pages
 from .tier_l3 import TierL3
+
+log = logging.getLogger(__name__)
 
 HASH_BYTES = 32  # a SHA-256 block hash (common/prefix_hash.py)
 PREFETCH_WAIT_S = 30.0  # the most a Prefetch call waits for the L3 (a worker does not wait on it)
@@ -35,6 +40,8 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         backend: the transfer backend the arenas are registered with (workers read and write them).
         kv_budget_bytes, kda_budget_bytes: each kind's host memory.
         pin: page-lock the arenas (``None``: when CUDA is available).
+        shm_dir: make the arenas shared-memory files in this directory, which workers on this machine
+            map and copy rows of directly (``shared_pages.py``); "": private memory, NIXL only.
         lease_ttl_s: a lease's life (``HostTier``): a worker that dies holding one frees it then.
         on_tier: called with the tier once the first ``Attach`` has made it (e.g. to publish it to the
             cluster index), before that ``Attach`` answers.
@@ -48,6 +55,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         lease_ttl_s: float,
         pin: bool | None = None,
         on_tier: Callable[[HostTier], None] | None = None,
+        shm_dir: str = "",
     ):
         self.backend = backend
         self.on_tier = on_tier or (lambda tier: None)
@@ -55,6 +63,8 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         self.kda_budget_bytes = kda_budget_bytes
         self.lease_ttl_s = lease_ttl_s
         self.pin = pin
+        self.shm_dir = shm_dir
+        self.shared: dict[str, SharedPages] = {}  # kind -> its file, once the tier is made in shm_dir
         self.tier: HostTier | None = None
         self.l3: TierL3 | None = None  # the tier's Redis L3, if the server gives it one
         self.tier_id = uuid.uuid4().hex
@@ -71,7 +81,11 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
                 self._create(request)
             self._check_same_layout(request)
             return host_cache_pb2.AttachResponse(
-                endpoint=self._endpoint, tier_id=self.tier_id, l3=self.l3 is not None
+                endpoint=self._endpoint,
+                tier_id=self.tier_id,
+                l3=self.l3 is not None,
+                shared_kv=_shared_pb(self.shared.get(KV)),
+                shared_kda=_shared_pb(self.shared.get(KDA)),
             )
 
     def Match(self, request, context):  # noqa: N802
@@ -141,6 +155,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             request.layout_fingerprint,
             pin=self.pin,
             lease_ttl_s=self.lease_ttl_s,
+            page_memory=self._shared_memory if self.shm_dir else None,
         )
         self.backend.register(BLOCKS, tier.arena(KV).storage)
         if tier.kda is not None:
@@ -148,6 +163,26 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         self._endpoint = endpoint_to_pb(self.backend.endpoint())
         self.tier = tier
         self.on_tier(tier)
+
+    def _shared_memory(self, kind: str, num_pages: int, page_bytes: int) -> torch.Tensor:
+        """An arena's storage in a new shared-memory file; private memory (pinned as ``pin`` says) when
+        ``shm_dir`` cannot hold it, logged. Not page-locked here: the workers that map it lock their
+        mappings, and NIXL registers it for the others."""
+        if not self.shared:
+            remove_orphans(self.shm_dir)  # files of a tier process that died before removing them
+        try:
+            pages = create_pages(self.shm_dir, self.tier_id, kind, num_pages, page_bytes)
+        except (ValueError, OSError) as error:
+            log.warning("%s: keeping the %s pages private, reached over NIXL only", error, kind)
+            pin = self.pin if self.pin is not None else torch.cuda.is_available()
+            return torch.empty(num_pages, page_bytes, dtype=torch.uint8, pin_memory=pin)
+        self.shared[kind] = pages
+        return map_pages(pages)
+
+    def close(self) -> None:
+        """Remove the arenas' shared-memory files (workers' mappings stay valid until they drop them)."""
+        for pages in self.shared.values():
+            remove_pages(pages)
 
     def _check_same_layout(self, request) -> None:
         tier = self.tier
@@ -171,6 +206,14 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, "no worker has attached yet: call Attach first"
             )
         return tier
+
+
+def _shared_pb(pages: SharedPages | None) -> host_cache_pb2.SharedPages | None:
+    if pages is None:
+        return None
+    return host_cache_pb2.SharedPages(
+        node_id=pages.node_id, path=pages.path, num_pages=pages.num_pages, page_bytes=pages.page_bytes
+    )
 
 
 def _hashes(hashes: Sequence[bytes]) -> list[bytes]:

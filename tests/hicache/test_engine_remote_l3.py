@@ -7,7 +7,7 @@ NIXL agent as tier hits, with the tokens and log-prob bits of a device hit."""
 import pytest
 
 from services.engine import LLM
-from services.engine.host_rows import RemoteRows
+from services.engine.host_rows import SharedRows
 from services.hicache.host_tier import KDA, KV
 from services.hicache.server import CacheConfig, HostCacheServer
 from tests.hicache.test_engine_host_cache import (
@@ -76,7 +76,7 @@ def test_an_engine_on_a_fresh_node_tier_loads_turn_one_from_the_l3_bitwise(tiny_
         **ENGINE_ARGS,
     )
     host = fresh.engine.cache.host
-    assert isinstance(host.rows, RemoteRows) and host.tier.has_l3
+    assert isinstance(host.rows, SharedRows) and host.tier.has_l3
     loaded, computed = counted_generate(fresh, prompt, "remote-l3")
     assert loaded.num_cached_tokens == loaded.num_cached_tokens_host == LOADED
     assert computed == TURN2_TOKENS - LOADED + DECODES

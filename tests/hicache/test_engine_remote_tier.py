@@ -1,10 +1,11 @@
-"""The engine with a separate ``baton cache`` tier (``--host-cache-address``): turn 2 loads its prefix
-over this engine's NIXL agent from the tier's regions, with the log-prob bits of a device hit; a tier
-killed mid-way (between the lease and the read, then for good) only costs misses: every request still
-completes, with the bits of a full recompute, and nothing is left leased or allocated; restarted on
-its port, the tier is attached again and the engine's agent reconnects to its new run. A tier holding
-another layout (the FP8 KV format's) refuses the engine, which serves without it; a corrupt page in the
-tier is dropped, recomputed and counted in ``baton_hicache_checksum_failures_total``."""
+"""The engine with a separate ``baton cache`` tier (``--host-cache-address``) keeping its pages private
+(``--shm-dir ''``): turn 2 loads its prefix over this engine's NIXL agent from the tier's regions, with
+the log-prob bits of a device hit; a tier killed mid-way (between the lease and the read, then for good)
+only costs misses: every request still completes, with the bits of a full recompute, and nothing is left
+leased or allocated; restarted on its port, the tier is attached again and the engine's agent reconnects
+to its new run. A tier holding another layout (the FP8 KV format's) refuses the engine, which serves
+without it; a corrupt page in the tier is dropped, recomputed and counted in
+``baton_hicache_checksum_failures_total``."""
 
 import logging
 import time
@@ -16,7 +17,7 @@ from deploy.local.launcher import ManagedCache
 from deploy.local.supervisor import Supervisor
 from services.engine import LLM
 from services.engine.cache_counters import MOVE_FAILED
-from services.engine.host_rows import RemoteRows
+from services.engine.host_rows import SharedRows
 from services.hicache.host_tier import KDA, KV
 from services.hicache.server import CacheConfig, HostCacheServer
 from tests.hicache.test_engine_host_cache import (
@@ -37,8 +38,9 @@ from tests.hicache.test_engine_host_cache import (
 
 @pytest.fixture(scope="module")
 def cache():
-    """``baton cache`` in its own process, as ``baton serve --host-cache-gib`` starts it."""
-    cache = ManagedCache(kv_gib=HOST_GIB * 0.75, kda_gib=HOST_GIB * 0.25)
+    """``baton cache`` in its own process, as ``baton serve --host-cache-gib`` starts it, keeping its pages
+    private: every row moves over NIXL (``test_engine_shared_tier.py``: mapped on the same machine)."""
+    cache = ManagedCache(kv_gib=HOST_GIB * 0.75, kda_gib=HOST_GIB * 0.25, shm_dir="")
     cache.start(ready_timeout_s=120)
     yield cache
     cache.stop()
@@ -55,7 +57,7 @@ def engines(tiny_checkpoint, cache):
 def test_turn_two_loads_its_prefix_from_the_remote_tier(engines):
     remote, plain = engines
     host = remote.engine.cache.host
-    assert isinstance(host.rows, RemoteRows)
+    assert isinstance(host.rows, SharedRows) and host.rows.mapped_epoch == 0  # nothing mapped: NIXL moves
     loaded, computed = counted_generate(remote, turn_one(remote, "load", "filler"), "load")
     assert loaded.num_cached_tokens == loaded.num_cached_tokens_host == LOADED
     assert computed == TURN2_TOKENS - LOADED + DECODES
@@ -114,7 +116,7 @@ def test_a_restarted_tier_is_used_again(engines, cache):
         loaded, computed = counted_generate(remote, turn_one(remote, "restarted", "filler"), "restarted")
     finally:
         supervisor.stop()
-    assert cache.restarts == 1 and host.rows.connected_epoch == 2  # the agent connected to the new run
+    assert cache.restarts == 1 and host.rows.remote.connected_epoch == 2  # the agent connected to the new run
     counts = host.counts()
     assert (counts.tier_up, counts.tier_reconnects) == (True, 1)
     assert loaded.num_cached_tokens_host == LOADED and computed == TURN2_TOKENS - LOADED + DECODES
