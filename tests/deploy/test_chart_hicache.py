@@ -1,7 +1,11 @@
 """HiCache in the chart: ``baton cache`` as a DaemonSet on the node's port (hostPort, no host network),
-every worker given its own node's address (status.hostIP), only workers let in; off by default."""
+every worker given its own node's address (status.hostIP), the tier's page files in a node directory both
+mount at one path, only workers let in; off by default."""
 
 import math
+import os
+import stat
+import subprocess
 
 import pytest
 
@@ -22,6 +26,22 @@ def _pod(objects: list[dict], component: str) -> dict:
 
 def _selected(selector: dict, objects: list[dict]) -> list[str]:
     return [c for c in COMPONENTS if chart.selects(selector, _pod(objects, c)["metadata"]["labels"])]
+
+
+def _shm_dir(objects: list[dict]) -> str:
+    """The DaemonSet's ``baton cache --shm-dir``, as the command parses it."""
+    container = _pod(objects, "hicache")["spec"]["containers"][0]
+    return config_from(build_parser().parse_args(container["args"])).shm_dir
+
+
+def _shared_directory(pod_spec: dict, container: dict) -> tuple[dict, str] | None:
+    """The HiCache page directory's hostPath and where ``container`` mounts it; None when it is not there."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    mounts = [m for m in container.get("volumeMounts", []) if "hostPath" in volumes[m["name"]]]
+    if not mounts:
+        return None
+    (mount,) = mounts
+    return volumes[mount["name"]]["hostPath"], mount["mountPath"]
 
 
 def test_the_daemonset_runs_baton_cache_on_the_node_port_with_its_budgets():
@@ -95,12 +115,65 @@ def test_only_the_release_workers_reach_the_tier_and_the_tier_reaches_them():
     assert selector["matchExpressions"][0]["values"] == ["router", "prefill", "decode", "hicache"]
 
 
+@pytest.mark.parametrize(
+    "flags, host_path, mount_path",
+    [
+        ((), "/dev/shm/baton-hicache", "/var/run/baton-hicache"),
+        (
+            ("--set-json", 'hicache.sharedMemory={"hostPath": "/mnt/b", "mountPath": "/pages"}'),
+            "/mnt/b",
+            "/pages",
+        ),
+    ],
+    ids=["default", "given"],
+)
+def test_the_tier_and_its_workers_mount_one_page_directory_at_the_path_the_tier_names(
+    flags, host_path, mount_path
+):
+    objects = chart.render("default", *ON, *flags)
+    assert _shm_dir(objects) == mount_path  # the tier's files are named under it in its Attach reply
+    tier = _pod(objects, "hicache")["spec"]
+    expected = ({"path": host_path, "type": "DirectoryOrCreate"}, mount_path)
+    assert _shared_directory(tier, tier["containers"][0]) == expected
+    (prepare,) = tier["initContainers"]
+    assert _shared_directory(tier, prepare) == expected and prepare["securityContext"] == {"runAsUser": 0}
+    assert prepare["command"][-1] == mount_path
+    for role in ("prefill", "decode"):
+        worker = _pod(objects, role)["spec"]
+        (container,) = worker["containers"]
+        assert _shared_directory(worker, container) == expected
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert {v["name"]: v for v in worker["volumes"]}[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+def test_the_init_container_opens_the_directory_to_every_user_and_removes_a_previous_tiers_files(tmp_path):
+    (prepare,) = _pod(chart.render("default", *ON), "hicache")["spec"]["initContainers"]
+    for name in ("baton-hicache-1-0f3a-kv", "baton-hicache-1-0f3a-kda", "unrelated"):
+        (tmp_path / name).write_bytes(b"x")
+    tmp_path.chmod(0o755)  # as the kubelet makes it
+    subprocess.run([*prepare["command"][:-1], str(tmp_path)], check=True, timeout=10)
+    assert sorted(os.listdir(tmp_path)) == ["unrelated"]
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o1777
+
+
+def test_no_host_path_keeps_the_pages_private_and_mounts_nothing():
+    objects = chart.render("default", *ON, "--set", "hicache.sharedMemory.hostPath=")
+    assert _shm_dir(objects) == ""  # private pages, NIXL only (not the command's default /dev/shm)
+    tier = _pod(objects, "hicache")["spec"]
+    assert "volumes" not in tier and "initContainers" not in tier
+    for role in ("prefill", "decode"):
+        worker = _pod(objects, role)["spec"]
+        assert _shared_directory(worker, worker["containers"][0]) is None
+
+
 def test_off_by_default():
     objects = chart.render()
     assert not [o for o in objects if o["metadata"]["labels"]["app.kubernetes.io/component"] == "hicache"]
     for role in ("prefill", "decode"):
-        env = chart.env(_pod(objects, role)["spec"]["containers"][0])
+        worker = _pod(objects, role)["spec"]
+        env = chart.env(worker["containers"][0])
         assert "HOST_IP" not in env and "BATON_WORKER_HOST_CACHE_ADDRESS" not in env
+        assert _shared_directory(worker, worker["containers"][0]) is None  # hostPath is set by default
 
 
 @pytest.mark.parametrize(
@@ -111,8 +184,23 @@ def test_off_by_default():
         (["--set", "hicache.port=0"], "at '/hicache/port'"),
         (["--set", "hicache.redisL3Gib=-1"], "at '/hicache/redisL3Gib': minimum"),
         (["--set", "hicache.cache=1"], "additional properties 'cache' not allowed"),
+        (["--set", "hicache.sharedMemory.mountPath=pages"], "at '/hicache/sharedMemory/mountPath'"),
+        (["--set", "hicache.sharedMemory.hostPath=shm"], "at '/hicache/sharedMemory/hostPath'"),
+        (
+            ["--set", "hicache.sharedMemory.mountPath=/dev/shm/"],
+            "hicache.sharedMemory.mountPath (/dev/shm/) is a path the workers already mount",
+        ),
     ],
-    ids=["kv-zero", "kda-negative", "port", "l3-negative", "unknown-key"],
+    ids=[
+        "kv-zero",
+        "kda-negative",
+        "port",
+        "l3-negative",
+        "unknown-key",
+        "mount-relative",
+        "host-relative",
+        "mount-taken",
+    ],
 )
 def test_schema_refuses(flags, message):
     error = chart.render_error("default", *ON, *flags)

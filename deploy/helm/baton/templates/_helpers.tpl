@@ -120,6 +120,23 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- end }}
 {{- end }}
 
+{{/* The node directory of HiCache's shared-memory page files (hicache.sharedMemory.hostPath), as the
+tier's pod and the workers' pods mount it. */}}
+{{- define "baton.hicacheSharedMemoryVolume" -}}
+- name: hicache-shared-memory
+  hostPath:
+    path: {{ .Values.hicache.sharedMemory.hostPath }}
+    type: DirectoryOrCreate
+{{- end }}
+
+{{/* Where the workers mount that directory: hicache.sharedMemory.mountPath while HiCache is on and
+has one, else empty. */}}
+{{- define "baton.hicacheSharedMemoryMountPath" -}}
+{{- with .Values.hicache }}
+{{- if and .enabled .sharedMemory.hostPath }}{{ .sharedMemory.mountPath }}{{ end }}
+{{- end }}
+{{- end }}
+
 {{/* Checks across keys that values.schema.json cannot express. */}}
 {{- define "baton.validate" -}}
 {{- range $component := list "prefill" "decode" }}
@@ -131,6 +148,11 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- with .Values.router }}
 {{- if le (int .terminationGracePeriodSeconds) (add .preStopSleepSeconds .drainSeconds | int) }}
 {{- fail (printf "router.terminationGracePeriodSeconds (%v) must exceed router.preStopSleepSeconds + router.drainSeconds (%v + %v): both run inside the grace period" .terminationGracePeriodSeconds .preStopSleepSeconds .drainSeconds) }}
+{{- end }}
+{{- end }}
+{{- with include "baton.hicacheSharedMemoryMountPath" $ }}
+{{- if has (clean .) (list "/dev/shm" "/etc/baton" (clean $.Values.model.mountPath)) }}
+{{- fail (printf "hicache.sharedMemory.mountPath (%s) is a path the workers already mount (/dev/shm, /etc/baton, model.mountPath): give the tier's page files a directory of their own" .) }}
 {{- end }}
 {{- end }}
 {{- if .Values.hicache.enabled }}
