@@ -169,7 +169,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         ``shm_dir`` cannot hold it, logged. Not page-locked here: the workers that map it lock their
         mappings, and NIXL registers it for the others."""
         if not self.shared:
-            remove_orphans(self.shm_dir)  # files of a tier process that died before removing them
+            remove_orphans(self.shm_dir, self.tier_id)  # files a dead tier process left
         try:
             pages = create_pages(self.shm_dir, self.tier_id, kind, num_pages, page_bytes)
         except (ValueError, OSError) as error:

@@ -9,7 +9,8 @@ regions: ``SharedPages.node_id`` (the kernel's boot id) says whether a worker sh
 
 The files are named ``baton-hicache-<pid>-<tier id>-<kind>`` in ``directory`` (``/dev/shm`` by default:
 memory, never disk). The tier removes its files when it stops; files of a tier that died (no process
-``<pid>``) are removed by the next tier that starts in the same directory. A worker's mapping outlives
+``<pid>``, or this very pid under another tier id: a container's pid 1 restarted in its pod) are removed
+by the next tier that starts in the same directory. A worker's mapping outlives
 the file's name, and a worker only ever touches pages a live lease of the tier gives it.
 """
 
@@ -97,12 +98,21 @@ def remove_pages(pages: SharedPages) -> None:
         pass
 
 
-def remove_orphans(directory: str) -> list[str]:
-    """Remove the page files in ``directory`` whose tier process is gone; returns their paths."""
+def remove_orphans(directory: str, tier_id: str) -> list[str]:
+    """Remove the page files in ``directory`` whose tier process is gone; returns their paths.
+
+    Called by the tier ``tier_id`` before it makes its own files, so a file carrying this process's pid
+    but another tier id is a previous process's that had the same pid (a container's pid 1, restarted
+    in its pod).
+    """
     removed = []
     for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
         owner = _NAME.match(name)
-        if owner is None or _alive(int(owner.group(1))):
+        if owner is None:
+            continue
+        pid = int(owner.group(1))
+        mine = pid == os.getpid() and name.startswith(f"{PREFIX}{pid}-{tier_id}-")
+        if mine or (pid != os.getpid() and _alive(pid)):
             continue
         path = os.path.join(directory, name)
         try:

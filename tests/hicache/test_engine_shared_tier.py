@@ -140,13 +140,16 @@ def test_a_stopped_tier_removes_its_files(tiny_checkpoint, tmp_path):
 def test_only_the_files_of_dead_tiers_are_swept(tmp_path):
     gone = subprocess.Popen(["true"])  # a tier process that has exited
     gone.wait()
-    live = create_pages(str(tmp_path), "live", "kv", 2, 8)  # this process's: alive
+    live = create_pages(str(tmp_path), "live", "kv", 2, 8)  # this process's own tier: kept
     dead = tmp_path / f"{PREFIX}{gone.pid}-old-kv"
-    dead.write_bytes(b"")
+    same_pid = tmp_path / f"{PREFIX}{os.getpid()}-previous-kv"  # this pid's earlier life (a pid 1 restarted)
+    alive = tmp_path / f"{PREFIX}{os.getppid()}-other-kv"  # another live process's tier
+    for path in (dead, same_pid, alive):
+        path.write_bytes(b"")
     other = tmp_path / "unrelated"
     other.write_bytes(b"")
-    assert remove_orphans(str(tmp_path)) == [str(dead)]
-    assert os.path.exists(live.path) and other.exists()
+    assert remove_orphans(str(tmp_path), "live") == sorted([str(dead), str(same_pid)])
+    assert os.path.exists(live.path) and alive.exists() and other.exists()
 
 
 def test_a_directory_that_cannot_hold_the_pages_is_named(tmp_path):
