@@ -43,13 +43,17 @@ def run_ragged(
     """Run ``chunks`` with ``kernels`` on a fresh paged cache in ``kv_format``.
 
     ``forced_inputs`` (another run's ``inputs``): every decoder layer takes that run's input of each
-    step instead of its predecessor's output, so each layer is compared on equal input (a small
-    difference upstream cannot flip a DSA or expert top-k and show up as this layer's error).
+    step instead of its predecessor's output, and its MLP that run's MLP input instead of what this
+    run's attention gave it, so each layer's attention and MLP are compared on equal input (a
+    model-dtype difference upstream, or in the layer's own attention, cannot flip a DSA or expert top-k
+    and show up as this layer's error: a bf16 attention's rounding flipped one row's experts in k3's
+    last layer, a 0.5 relative error on that row).
 
     Returns:
         ``(layers, logits, inputs)``: every decoder layer's output rows of all steps (float32,
-        ``[rows, D]`` each), the logits of every row (float32), and every layer's input per step (in
-        the model dtype, for ``forced_inputs``).
+        ``[rows, D]`` each), the logits of every row (float32), and the inputs per step (in the model
+        dtype, for ``forced_inputs``): the layers' (``inputs[i]``), then their MLPs'
+        (``inputs[len(layers) + i]``).
     """
     model.kernels = kernels
     weight = model.lm_head.weight
@@ -70,7 +74,7 @@ def run_ragged(
     seq_slots = [slots.allocate() for _ in range(seqs)]
     cache = PagedModelCache(blocks, slots, model.config, dtype)
     outputs: list[list[torch.Tensor]] = [[] for _ in model.model.layers]
-    inputs: list[list[torch.Tensor]] = [[] for _ in model.model.layers]
+    inputs: list[list[torch.Tensor]] = [[] for _ in range(2 * len(model.model.layers))]
 
     def take_input(index, args):
         if forced_inputs is not None:
@@ -83,6 +87,9 @@ def run_ragged(
         for i, layer in enumerate(model.model.layers)
     ] + [
         layer.register_forward_pre_hook(lambda _m, args, i=i: take_input(i, args))
+        for i, layer in enumerate(model.model.layers)
+    ] + [
+        layer.mlp.register_forward_pre_hook(lambda _m, args, i=i: take_input(len(outputs) + i, args))
         for i, layer in enumerate(model.model.layers)
     ]
     past, logits = [0] * seqs, []
