@@ -86,6 +86,8 @@ class PageCopies:
 
     def write_blocks(self, pages: Sequence[int], block_ids: Sequence[int]) -> bool:
         """Copy the device blocks ``block_ids`` into ``pages`` (one each)."""
+        if not pages:
+            return True
         copy_rows(self.kv, pages, self.blocks.storage, block_ids)
         _wait_for_copies(self.blocks.storage)  # the put's commit checksums the pages next
         return True

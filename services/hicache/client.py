@@ -33,12 +33,11 @@ from proto.baton.v1 import host_cache_pb2, host_cache_pb2_grpc
 from services.rpc.convert import endpoint_from_pb
 from services.transfer import TransferEndpoint
 
-from .host_tier import KDA, KV, GetLease, KindStats, PutLease, TierMatch
+from .host_tier import KDA, KV, NO_LEASE, GetLease, KindStats, PutLease, TierMatch
 from .shared_pages import SharedPages
 
 log = logging.getLogger(__name__)
 
-NO_LEASE = 0  # the lease id of an answer given without the tier: its lease calls are skipped
 EPOCH_SHIFT = 40  # a client lease id: epoch << EPOCH_SHIFT | the tier run's lease id
 MISS = TierMatch(0, (), 0)
 
@@ -219,6 +218,10 @@ class HostCacheClient:
     # ---- internals ---------------------------------------------------------------------------
 
     def _client_lease(self, tier_lease: int) -> int:
+        """This client's id of the tier's lease ``tier_lease`` (``NO_LEASE`` stays ``NO_LEASE``: no call
+        ends it)."""
+        if tier_lease == NO_LEASE:
+            return NO_LEASE
         if tier_lease >> EPOCH_SHIFT:
             raise ValueError(f"lease_id: the tier's {tier_lease} does not fit {EPOCH_SHIFT} bits")
         return self.epoch << EPOCH_SHIFT | tier_lease

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 KV = "kv"  # packed blocks
 KDA = "kda"  # KDA state-slot snapshots
 KINDS = (KV, KDA)
+NO_LEASE = 0  # the lease id of a put or get that got no page: nothing to end (its end calls do nothing)
 
 
 @dataclass(frozen=True)
@@ -226,10 +227,14 @@ class HostTier:
             self._record(kind, [page.block_hash for page in evicted], inserted=False)
             self._sink_evicted(kind, arena, evicted)
             given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)
+            if not given:
+                return PutLease(NO_LEASE, pages, no_room)
             return PutLease(self._give(_Lease(kind, given, True, self._expiry())), pages, no_room)
 
     def commit_put(self, lease_id: int) -> None:
-        """The put's pages are written: checksum them and make them findable."""
+        """The put's pages are written: checksum them and make them findable (``NO_LEASE``: nothing)."""
+        if lease_id == NO_LEASE:
+            return
         with self._lock:
             lease = self._pop_lease(lease_id, put=True)
             arena = self.arena(lease.kind)
@@ -241,7 +246,9 @@ class HostTier:
             self._counters[lease.kind]["bytes_in"] += len(inserted) * arena.page_bytes
 
     def abort_put(self, lease_id: int) -> None:
-        """The put's pages were not (fully) written: give them back."""
+        """The put's pages were not (fully) written: give them back (``NO_LEASE``: nothing)."""
+        if lease_id == NO_LEASE:
+            return
         with self._lock:
             lease = self._pop_lease(lease_id, put=True)
             self.arena(lease.kind).abort(lease.hashes)
@@ -267,11 +274,15 @@ class HostTier:
                     self._record(kind, [hashes[good]], inserted=False)
                 pages = pages[:good]
             self._counters[kind]["bytes_out"] += len(pages) * arena.page_bytes
+            if not pages:
+                return GetLease(NO_LEASE, (), failed)
             lease_id = self._give(_Lease(kind, tuple(hashes[: len(pages)]), False, self._expiry()))
             return GetLease(lease_id, tuple(pages), failed)
 
     def end_get(self, lease_id: int) -> None:
-        """The get's pages have been read: they may be evicted again."""
+        """The get's pages have been read: they may be evicted again (``NO_LEASE``: nothing)."""
+        if lease_id == NO_LEASE:
+            return
         with self._lock:
             lease = self._pop_lease(lease_id, put=False)
             self.arena(lease.kind).release(lease.hashes)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.prefix_hash import chain_root, extend_chain
-from services.hicache.host_tier import KDA, KV, HostTier, TierEvent
+from services.hicache.host_tier import KDA, KV, NO_LEASE, HostTier, TierEvent
 from services.hicache.page_arena import PageArena
 from services.hicache.port import HostTierPort
 
@@ -83,9 +83,12 @@ def test_put_then_get_round_trips_bytes_and_counts(tier):
     tier.end_get(lease.lease_id)
     stats = tier.stats()[KV]
     assert (stats.pages_used, stats.hits, stats.bytes_in, stats.bytes_out) == (4, 4, 4 * KV_PAGE, 4 * KV_PAGE)
-    again = tier.reserve_put(KV, hashes)  # all held: nothing to write
-    assert again.pages == (None,) * 4
-    tier.abort_put(again.lease_id)
+    again = tier.reserve_put(KV, hashes)  # all held: nothing to write, no lease to end
+    assert (again.lease_id, again.pages) == (NO_LEASE, (None,) * 4) and tier.open_leases() == 0
+    tier.commit_put(again.lease_id)  # nothing to do (a remote client skips the call)
+    missing = tier.begin_get(KV, chain(list(range(100, 108))))  # nothing held: no lease either
+    assert (missing.lease_id, missing.pages) == (NO_LEASE, ()) and tier.open_leases() == 0
+    tier.end_get(missing.lease_id)
 
 
 def test_uncommitted_put_is_not_findable_and_abort_frees(tier):

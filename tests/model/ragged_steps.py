@@ -82,16 +82,20 @@ def run_ragged(
         inputs[index].append(args[0])
         return args
 
-    hooks = [
-        layer.register_forward_hook(lambda _m, _a, out, i=i: outputs[i].append(out.float()))
-        for i, layer in enumerate(model.model.layers)
-    ] + [
-        layer.register_forward_pre_hook(lambda _m, args, i=i: take_input(i, args))
-        for i, layer in enumerate(model.model.layers)
-    ] + [
-        layer.mlp.register_forward_pre_hook(lambda _m, args, i=i: take_input(len(outputs) + i, args))
-        for i, layer in enumerate(model.model.layers)
-    ]
+    hooks = (
+        [
+            layer.register_forward_hook(lambda _m, _a, out, i=i: outputs[i].append(out.float()))
+            for i, layer in enumerate(model.model.layers)
+        ]
+        + [
+            layer.register_forward_pre_hook(lambda _m, args, i=i: take_input(i, args))
+            for i, layer in enumerate(model.model.layers)
+        ]
+        + [
+            layer.mlp.register_forward_pre_hook(lambda _m, args, i=i: take_input(len(outputs) + i, args))
+            for i, layer in enumerate(model.model.layers)
+        ]
+    )
     past, logits = [0] * seqs, []
     try:
         with torch.no_grad():
