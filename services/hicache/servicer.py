@@ -3,8 +3,10 @@
 The tier has byte budgets from the start but no page size: the first worker's ``Attach`` gives the page sizes
 and the layout fingerprint, sizes the arenas and registers them as the regions ``"blocks"`` / ``"state"``, the
 names of a worker's own pools, so a worker's ``write`` and ``read`` map its pool rows to page rows with no
-renaming. A later worker must bring the same layouts (INVALID_ARGUMENT naming the field otherwise): a page
-holds one block or one state slot byte for byte, so every worker that reads it must lay it out the same way.
+renaming. With ``shm_dir`` the arenas are shared-memory files (``shared_pages.py``) whose paths ``Attach``
+also gives, so a worker on this machine maps them and copies rows itself. A later worker must bring the
+same layouts (INVALID_ARGUMENT naming the field otherwise): a page holds one block or one state slot byte
+for byte, so every worker that reads it must lay it out the same way.
 Every call but ``Attach`` and ``Stats`` before the first ``Attach`` is FAILED_PRECONDITION. ``Attach`` and
 ``Match`` answer with ``tier_id``, random per servicer: a worker whose tier was restarted (its pages, leases
 and NIXL agent gone) sees another id and attaches again. ``Prefetch`` waits for the tier's L3 (``l3``, set by
