@@ -117,3 +117,11 @@ def test_bad_arguments_are_named(tmp_path, capsys, args, message):
     assert main([str(tmp_path / "out"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out" / "tokenizer.json").exists()
+
+
+def test_missing_corpus_package_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    absent = corpus.CorpusSource("no-such-corpus-package", "1.0", "no_such", "", "", "")
+    monkeypatch.setattr(corpus, "SOURCES", (absent,))
+    assert main([str(tmp_path / "out")]) == 2
+    assert "no-such-corpus-package: not installed" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
