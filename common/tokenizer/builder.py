@@ -1,10 +1,11 @@
-"""Writes tiny, deterministic Hugging Face tokenizer folders for tests and toy checkpoints.
+"""Writes deterministic Hugging Face tokenizer folders: tiny ones for tests and toy checkpoints
+(`write_tiny_tokenizer`), and ones trained on a given corpus (`write_tokenizer`, the demo model's).
 
 The result loads both with `Tokenizer.from_pretrained` and with transformers'
 `AutoTokenizer.from_pretrained`:
 
     out_dir/
-      tokenizer.json           byte-level BPE trained on `corpus.TRAINING_CORPUS`, specials appended
+      tokenizer.json           byte-level BPE trained on the corpus, the family's specials appended
       tokenizer_config.json    named special tokens, added_tokens_decoder, chat_template
       generation_config.json   bos_token_id, eos_token_id (list of stop ids), pad_token_id
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Iterable
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -27,7 +29,7 @@ MIN_MERGES = 64
 _BYTE_ALPHABET_SIZE = 256
 
 
-def _train(spec: FamilySpec, vocab_size: int) -> Tokenizer:
+def _train(spec: FamilySpec, vocab_size: int, corpus: Iterable[str]) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -37,7 +39,7 @@ def _train(spec: FamilySpec, vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(TRAINING_CORPUS, trainer)
+    tokenizer.train_from_iterator(corpus, trainer)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.special_tokens])
     bos_id = tokenizer.token_to_id(spec.bos_token)
     # encode(..., add_special_tokens=True) prepends BOS; chat templates write their own BOS instead.
@@ -87,16 +89,18 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
-def write_tiny_tokenizer(out_dir: pathlib.Path, family: str, vocab_size: int) -> None:
-    """Train a tiny byte-level BPE tokenizer for `family` and write it to `out_dir`.
+def write_tokenizer(out_dir: pathlib.Path, family: str, vocab_size: int, corpus: Iterable[str]) -> None:
+    """Train a byte-level BPE tokenizer for `family` on `corpus` and write it to `out_dir`.
 
-    The output depends only on (family, vocab_size): training is deterministic.
+    The output depends only on (family, vocab_size, the corpus's documents in order): training is
+    deterministic, so the same inputs give byte-identical files.
 
     Args:
         out_dir: folder to write into; created if missing; existing tokenizer files are replaced.
         family: "k3", "kimi_linear" or "deepseek_v32".
         vocab_size: upper bound on the total vocabulary, special tokens included (every id is
-            < vocab_size). The corpus may support fewer merges, giving a smaller vocabulary.
+            < vocab_size). A corpus that supports fewer merges gives a smaller vocabulary.
+        corpus: the training documents; iterated once.
 
     Raises:
         ValueError: unknown family, or vocab_size too small for the 256 byte tokens, the family's
@@ -110,9 +114,18 @@ def write_tiny_tokenizer(out_dir: pathlib.Path, family: str, vocab_size: int) ->
             f"({_BYTE_ALPHABET_SIZE} byte tokens + {len(spec.special_tokens)} special tokens "
             f"+ {MIN_MERGES} merges)"
         )
-    tokenizer = _train(spec, vocab_size)
+    tokenizer = _train(spec, vocab_size, corpus)
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(spec, tokenizer))
     _write_json(out_dir / "generation_config.json", _generation_config(spec, tokenizer))
+
+
+def write_tiny_tokenizer(out_dir: pathlib.Path, family: str, vocab_size: int) -> None:
+    """Train a tiny tokenizer for `family` on the embedded `corpus.TRAINING_CORPUS` and write it.
+
+    `write_tokenizer` on that corpus: the output depends only on (family, vocab_size); same
+    arguments and errors.
+    """
+    write_tokenizer(out_dir, family, vocab_size, TRAINING_CORPUS)
