@@ -94,8 +94,13 @@ def test_a_rolling_restart_under_load_loses_no_request(tiny_checkpoint, monkeypa
                 while worker.process is old[worker.name] or not worker.alive() or not serving(worker.address):
                     assert time.monotonic() < deadline, f"{worker.name} was not restarted"
                     time.sleep(0.2)
-            # The router re-probes a worker it marked down after probe_interval_s (1 s).
-            time.sleep(1.5)
+            # The router re-probes a worker it marked down every probe_interval_s (1 s): the next pair
+            # goes once it counts both back.
+            for worker in pair:
+                labels = {"role": worker.role, "worker": worker.address}
+                while scrape(cluster.router.metrics_port, "baton_worker_up", **labels) != 1:
+                    assert time.monotonic() < deadline, f"the router did not take {worker.name} back"
+                    time.sleep(0.1)
     finally:
         stop.set()
         for thread in clients:
