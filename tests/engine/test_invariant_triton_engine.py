@@ -20,7 +20,7 @@ from .test_kernel_backends_engine import TWO_LAYERS
 
 TARGET = list(range(30, 30 + 21))
 NEIGHBOURS = [list(range(200, 200 + n)) for n in (1, 13, 6)]
-GREEDY = SamplingParams(max_tokens=4, temperature=0, logprobs=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=2, temperature=0, logprobs=0, ignore_eos=True)  # a prefill, a decode step
 
 
 def _bits(values: list[float]) -> list[int]:
@@ -61,15 +61,6 @@ def test_invariant_triton_is_chosen_and_every_family_runs_the_invariant_numerics
     assert make_llm("reference").engine.model.numerics.device_kernels == "torch"
 
 
-def test_alone_equals_mixed_batches_and_other_budgets(make_llm):
-    llm = make_llm("triton")
-    alone = _run(llm, [TARGET])[0]
-    assert alone[1], "VACUOUS: no logprobs"
-    for count in (1, 3):
-        assert _run(llm, NEIGHBOURS[:count] + [TARGET])[-1] == alone, f"beside {count} other requests"
-    assert _run(make_llm("triton", budget=5), [TARGET, NEIGHBOURS[1]])[0] == alone, "5-token steps"
-
-
 def _counted(monkeypatch, module, name: str) -> Counter:
     """Count the calls of ``module.name`` (the real function still runs)."""
     calls, real = Counter(), getattr(module, name)
@@ -82,13 +73,32 @@ def _counted(monkeypatch, module, name: str) -> Counter:
     return calls
 
 
-def test_close_to_the_torch_invariant_ops_and_kda_runs_the_triton_rows(make_llm, monkeypatch):
+@pytest.fixture(scope="module")
+def alone(make_llm):
+    """``TARGET`` alone on the Triton engine: ``(output, calls)``, ``calls`` counting the KDA Triton kernel's
+    and the torch rows' calls meanwhile."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = _counted(monkeypatch, kda_triton, "kda_fixed_chunk_varlen_triton")
+        calls.update(_counted(monkeypatch, invariant_numerics, "kda_fixed_chunk"))
+        output = make_llm("triton").generate([TARGET], GREEDY)[0]
+    return output, calls
+
+
+def test_alone_equals_mixed_batches_and_other_budgets(make_llm, alone):
+    llm = make_llm("triton")
+    want = (alone[0].token_ids, _bits(alone[0].logprobs))
+    assert want[1], "VACUOUS: no logprobs"
+    for count in (1, 3):  # 3: over a step's 32 tokens, the target's prefill is split
+        assert _run(llm, NEIGHBOURS[:count] + [TARGET])[-1] == want, f"beside {count} other requests"
+    assert _run(make_llm("triton", budget=5), [TARGET, NEIGHBOURS[0]])[0] == want, "5-token steps"
+
+
+def test_close_to_the_torch_invariant_ops_and_kda_runs_the_triton_rows(make_llm, alone, monkeypatch):
     """Same tokens as the torch invariant path, and KDA ran the Triton CF-BI kernel, never the torch rows."""
-    kernel = _counted(monkeypatch, kda_triton, "kda_fixed_chunk_varlen_triton")
-    torch_rows = _counted(monkeypatch, invariant_numerics, "kda_fixed_chunk")
-    got = make_llm("triton").generate([TARGET], GREEDY)[0]
+    got, calls = alone
     # one call per KDA layer (one here) and step: the 21-token prefill, then a decode per further token
-    assert kernel["kda_fixed_chunk_varlen_triton"] == GREEDY.max_tokens and not torch_rows
+    assert calls["kda_fixed_chunk_varlen_triton"] == GREEDY.max_tokens and not calls["kda_fixed_chunk"]
+    torch_rows = _counted(monkeypatch, invariant_numerics, "kda_fixed_chunk")
     want = make_llm("reference").generate([TARGET], GREEDY)[0]
     assert torch_rows["kda_fixed_chunk"] == GREEDY.max_tokens
     assert got.token_ids == want.token_ids
