@@ -32,6 +32,7 @@ class ManagedProcess:
 
     name: str
     grace_period_s: float
+    restart_wave: int = 1  # the supervisor restarts lower waves first (the tier before its workers)
 
     def __init__(self, port: int = 0):
         self.port = port
@@ -135,6 +136,7 @@ class ManagedCache(ManagedProcess):
 
     name = "cache"
     grace_period_s = 0.0
+    restart_wave = 0  # ready before the workers that attach to it come back
 
     def __init__(
         self,

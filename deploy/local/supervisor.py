@@ -13,8 +13,12 @@ class Supervisor:
     """A thread that checks ``processes`` every ``interval_s`` and starts again each one that exited
     (counted in its ``restarts``; logged as an error unless it exited 0, a drain after SIGTERM).
 
+    Processes found exited in one check come back in waves of their ``restart_wave`` (the node's tier,
+    wave 0, ready before the workers): the processes of a wave start at once and the next wave waits
+    for them all, so a prefill and a decode worker that died together take one start's time, not two.
+
     Args:
-        processes: what to watch, in the order they are restarted (the tier before the workers).
+        processes: what to watch.
         ready_timeout_s: how long a restart may take to become ready.
         interval_s: how often to check.
     """
@@ -36,14 +40,26 @@ class Supervisor:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for process in self.processes:
-                if not process.alive() and not self._stop.is_set():
-                    code = process.process.poll() if process.process else None
-                    level = logging.INFO if code == 0 else logging.ERROR  # 0: drained after SIGTERM
-                    name, port = process.name, process.port
-                    log.log(level, "%s exited (code %s); restarting it on port %d", name, code, port)
-                    process.restarts += 1
-                    try:
-                        process.start(self.ready_timeout_s)
-                    except RuntimeError as error:
-                        log.error("%s", error)
+            exited = [process for process in self.processes if not process.alive()]
+            for wave in sorted({process.restart_wave for process in exited}):
+                if self._stop.is_set():
+                    return
+                starts = [
+                    threading.Thread(target=self._restart, args=(process,), name=f"restart-{process.name}")
+                    for process in exited
+                    if process.restart_wave == wave
+                ]
+                for start in starts:
+                    start.start()
+                for start in starts:
+                    start.join()
+
+    def _restart(self, process: ManagedProcess) -> None:
+        code = process.process.poll() if process.process else None
+        level = logging.INFO if code == 0 else logging.ERROR  # 0: drained after SIGTERM
+        log.log(level, "%s exited (code %s); restarting it on port %d", process.name, code, process.port)
+        process.restarts += 1
+        try:
+            process.start(self.ready_timeout_s)
+        except RuntimeError as error:
+            log.error("%s", error)
