@@ -40,18 +40,27 @@ from tests.hicache.test_engine_host_cache import (
 def cache():
     """``baton cache`` in its own process, as ``baton serve --host-cache-gib`` starts it, keeping its pages
     private: every row moves over NIXL (``test_engine_shared_tier.py``: mapped on the same machine)."""
-    cache = ManagedCache(kv_gib=HOST_GIB * 0.75, kda_gib=HOST_GIB * 0.25, shm_dir="")
+    yield from started_cache(shm_dir="")
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint, cache):
+    return tier_engines(tiny_checkpoint, cache)
+
+
+def started_cache(shm_dir: str):
+    """A started ``ManagedCache`` of ``HOST_GIB`` with its pages in ``shm_dir``, stopped after use."""
+    cache = ManagedCache(kv_gib=HOST_GIB * 0.75, kda_gib=HOST_GIB * 0.25, shm_dir=shm_dir)
     cache.start(ready_timeout_s=120)
     yield cache
     cache.stop()
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_checkpoint, cache):
-    """(k3 with the remote tier and a small device pool, k3 with a large pool and no tier)."""
+def tier_engines(tiny_checkpoint, cache):
+    """(k3 with the ``baton cache`` ``cache`` and a small device pool, k3 with a large pool and no tier)."""
     path = str(tiny_checkpoint("k3"))
-    remote = LLM(path, num_blocks=SMALL_POOL, host_cache_address=cache.address, **ENGINE_ARGS)
-    return remote, LLM(path, **ENGINE_ARGS)
+    with_tier = LLM(path, num_blocks=SMALL_POOL, host_cache_address=cache.address, **ENGINE_ARGS)
+    return with_tier, LLM(path, **ENGINE_ARGS)
 
 
 def test_turn_two_loads_its_prefix_from_the_remote_tier(engines):

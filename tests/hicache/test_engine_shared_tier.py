@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from deploy.local.launcher import ManagedCache
 from deploy.local.supervisor import Supervisor
 from services.engine import LLM, host_rows
 from services.hicache.server import CacheConfig, HostCacheServer
@@ -19,7 +18,6 @@ from services.hicache.shared_pages import PREFIX, create_pages, remove_orphans
 from tests.hicache.test_engine_host_cache import (
     DECODES,
     ENGINE_ARGS,
-    HOST_GIB,
     LOADED,
     SMALL_POOL,
     TURN2_TOKENS,
@@ -27,6 +25,7 @@ from tests.hicache.test_engine_host_cache import (
     counted_generate,
     turn_one,
 )
+from tests.hicache.test_engine_remote_tier import started_cache, tier_engines
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +35,12 @@ def shm_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cache(shm_dir):
-    cache = ManagedCache(kv_gib=HOST_GIB * 0.75, kda_gib=HOST_GIB * 0.25, shm_dir=shm_dir)
-    cache.start(ready_timeout_s=120)
-    yield cache
-    cache.stop()
+    yield from started_cache(shm_dir)
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoint, cache):
-    """(k3 with the tier and a small device pool, k3 with a large pool and no tier)."""
-    path = str(tiny_checkpoint("k3"))
-    shared = LLM(path, num_blocks=SMALL_POOL, host_cache_address=cache.address, **ENGINE_ARGS)
-    return shared, LLM(path, **ENGINE_ARGS)
+    return tier_engines(tiny_checkpoint, cache)
 
 
 def _page_files(shm_dir):
