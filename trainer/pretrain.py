@@ -173,7 +173,9 @@ def _initial_model(raw_config: dict, settings: PretrainSettings) -> CausalLM:
     """The preset's model with seeded initial weights, float32, default numerics, gradients on."""
     model = build_empty_model(load_model_config(raw_config), "cpu", torch.float32)
     init_random_weights(model, settings.seed)
-    return model.to(settings.device).requires_grad_(True)
+    model = model.to(settings.device).requires_grad_(True)
+    model.set_kernels("reference")  # the reference backends built for the device the model now is on
+    return model
 
 
 def _optimizer(model: CausalLM, settings: PretrainSettings) -> torch.optim.AdamW:
@@ -191,7 +193,9 @@ def _target(settings: PretrainSettings) -> CausalLM | None:
     """The distillation target (float32, default numerics, no gradients), or None when pretraining."""
     if settings.distill_from is None:
         return None
-    return load_model(settings.distill_from, device=settings.device, dtype=torch.float32)
+    target = load_model(settings.distill_from, device=settings.device, dtype=torch.float32)
+    target.set_kernels("reference")
+    return target
 
 
 def _objective(model: CausalLM, target: CausalLM | None):

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from services.engine.checkpoint.presets import preset_config
 
 DEFAULT_CORPUS = "tools.demo_model.corpus"  # the demo corpus (issue 17): train_documents / heldout_documents
@@ -25,7 +27,7 @@ class PretrainSettings:
     distill_from: Path | None = None
     seq_len: int = 256
     batch_size: int = 32
-    steps: int = 3000
+    steps: int = 2000
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup: int = 100
@@ -58,6 +60,10 @@ class PretrainSettings:
                 raise ValueError(f"{_flag(name)}: must not be negative, got {getattr(self, name)}")
         if self.warmup >= self.steps:
             raise ValueError(f"--warmup: {self.warmup} steps leave none of --steps {self.steps} to decay")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"--device: cpu or cuda (cuda:N), got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device: {self.device} asked for, but torch sees no CUDA device here")
         if self.distill_from is None and self.tokenizer is None:
             raise ValueError("--tokenizer: required (a tokenizer folder) unless --distill-from gives one")
         if self.distill_from is not None and not (self.distill_from / "config.json").is_file():

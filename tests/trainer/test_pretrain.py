@@ -55,7 +55,7 @@ def fixed_windows(out) -> torch.Tensor:
 
 
 def test_training_lowers_the_loss(trained, tokenizer_dir, tmp_path):
-    untrained = run_segment(micro(tmp_path, tokenizer_dir, stop_after=0, steps=STEPS, max_minutes=1e-9))
+    untrained = run_segment(micro(tmp_path, tokenizer_dir, max_minutes=1e-9))
     assert untrained.steps_run == 0  # the time limit stops it before a step: its checkpoint is the init
     windows = fixed_windows(trained)
     with torch.no_grad():
@@ -131,8 +131,9 @@ def test_distillation_lowers_the_kl(trained, tmp_path):
         (["--preset", "huge"], "--preset"),
         (["--tokenizer", "/nonexistent"], "--tokenizer"),
         (["--distill-from", "/nonexistent"], "--distill-from"),
+        (["--device", "tpu"], "--device"),
     ],
-    ids=["seq-len", "warmup", "corpus", "preset", "tokenizer", "distill-from"],
+    ids=["seq-len", "warmup", "corpus", "preset", "tokenizer", "distill-from", "device"],
 )
 def test_bad_flags_name_the_flag(flags, named, tokenizer_dir, tmp_path, capsys):
     argv = ["train", "--out", str(tmp_path), "--tokenizer", str(tokenizer_dir), "--preset", "tiny", *flags]
