@@ -39,6 +39,7 @@ from .lr_schedule import learning_rate
 from .pretrain_settings import PretrainSettings, add_pretrain_flags, settings_from_args
 from .token_windows import TokenWindows, cached_stream
 from .train_state import Progress, load_state, save_state, stored_settings
+from .window_kernels import use_window_kernels
 from .window_loss import distillation_loss, language_model_loss, next_token_targets, window_logits
 
 log = logging.getLogger(__name__)
@@ -174,8 +175,8 @@ def _initial_model(raw_config: dict, settings: PretrainSettings) -> CausalLM:
     model = build_empty_model(load_model_config(raw_config), "cpu", torch.float32)
     init_random_weights(model, settings.seed)
     model = model.to(settings.device).requires_grad_(True)
-    model.set_kernels("reference")  # the reference backends built for the device the model now is on
-    return model
+    model.set_kernels("reference")  # the MoE and sampling references built for the device the model is on
+    return use_window_kernels(model)
 
 
 def _optimizer(model: CausalLM, settings: PretrainSettings) -> torch.optim.AdamW:
@@ -195,7 +196,7 @@ def _target(settings: PretrainSettings) -> CausalLM | None:
         return None
     target = load_model(settings.distill_from, device=settings.device, dtype=torch.float32)
     target.set_kernels("reference")
-    return target
+    return use_window_kernels(target)
 
 
 def _objective(model: CausalLM, target: CausalLM | None):

@@ -4,7 +4,9 @@
 served bits; pretraining needs no bits, only speed, so this path runs ``CausalLM.forward_step`` with
 the model's default ``Numerics`` (library GEMMs, expanded MLA, chunked KDA) over one packed step of
 fresh sequences and the same ``TrainingCache``. Each window is one sequence; the logits of every row
-but its last predict the next token. ``tests/trainer/test_window_loss.py`` checks the loss against the
+but its last predict the next token. Any default-numerics backend runs it; ``use_window_kernels``
+(``window_kernels.py``) gives the model backends that run all windows at once, which
+``trainer.pretrain`` uses. ``tests/trainer/test_window_loss.py`` checks the loss against the
 invariant path's log-probs (``include_prompt=True``).
 
 Backward: plain autograd through the same ops, with the same constants as the RL path

@@ -1,12 +1,15 @@
 """The pretraining loss path (default numerics through ``TrainingCache``) against the invariant trainer
-forward's log-probs, and the distillation loss."""
+forward's log-probs, the batched window kernels against the per-sequence reference backends, and the
+distillation loss."""
 
 import pytest
 import torch
 
 from services.engine.checkpoint.loader import load_model
+from services.engine.model.step_metadata import SequenceStep, build_step_metadata
 from tests.conftest import TEST_DEVICE, relative_error
 from trainer import PackedBatch, Trajectory, make_trainable, trajectory_logprobs
+from trainer.window_kernels import WINDOW_KERNELS, use_window_kernels, window_shape
 from trainer.window_loss import distillation_loss, language_model_loss, window_logits
 
 # Two windows longer than the tiny preset's index_topk (16), so the DSA selection is active.
@@ -43,3 +46,38 @@ def test_refuses_the_invariant_numerics(tiny_checkpoint):
     model = make_trainable(load_model(tiny_checkpoint("k3"), device=TEST_DEVICE, dtype=torch.float32))
     with pytest.raises(ValueError, match="set_batch_invariant"):
         window_logits(model, WINDOWS)
+
+
+def test_window_kernels_match_the_per_sequence_reference(tiny_checkpoint):
+    """Three windows of 80 tokens: two KDA chunks each, the DSA selection active (top 16)."""
+    windows = torch.stack([torch.arange(80) + 40 * i for i in range(3)]).to(TEST_DEVICE)
+    models = []
+    for batched in (False, True):
+        model = load_model(tiny_checkpoint("k3"), device=TEST_DEVICE, dtype=torch.float32).requires_grad_(
+            True
+        )
+        models.append(use_window_kernels(model) if batched else model)
+    losses = [language_model_loss(model, windows) for model in models]
+    assert models[1].kernels.name == WINDOW_KERNELS and models[0].kernels.name == "reference"
+    assert relative_error(losses[1].detach(), losses[0].detach()) < 1e-6
+    for loss in losses:
+        loss.backward()
+    compared = 0
+    for (name, reference), (_, batched) in zip(
+        models[0].named_parameters(), models[1].named_parameters(), strict=True
+    ):
+        if reference.grad is None:
+            assert batched.grad is None, name
+            continue
+        assert relative_error(batched.grad, reference.grad) < 1e-5, name
+        compared += "self_attn" in name
+    assert compared > 10  # KDA and MLA parameters got gradients through both paths
+
+
+def test_window_kernels_refuse_other_steps():
+    ragged = [SequenceStep((5, 6, 7), 0, (0,), 0), SequenceStep((8, 9), 0, (1,), 1)]
+    with pytest.raises(ValueError, match="one length"):
+        window_shape(build_step_metadata(ragged, 4, "cpu"))
+    continued = [SequenceStep((5, 6), 2, (0,), 0)]
+    with pytest.raises(ValueError, match="fresh sequences"):
+        window_shape(build_step_metadata(continued, 4, "cpu"))
