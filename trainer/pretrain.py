@@ -18,7 +18,6 @@ Layout of ``--out``::
 
 import argparse
 import importlib
-import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -42,7 +41,6 @@ from .train_state import Progress, load_state, save_state, stored_settings
 from .window_kernels import use_window_kernels
 from .window_loss import distillation_loss, language_model_loss, next_token_targets, window_logits
 
-log = logging.getLogger(__name__)
 ADAM_BETAS = (0.9, 0.95)
 
 
@@ -74,6 +72,8 @@ def run_segment(settings: PretrainSettings) -> SegmentResult:
     """
     settings.validate()
     started = time.monotonic()
+    if settings.device.startswith("cuda"):
+        torch.set_float32_matmul_precision("high")  # TF32 GEMMs: float32 parameters at tensor-core speed
     settings.out.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = settings.tokenizer or settings.distill_from
     stored = stored_settings(settings.out)
@@ -187,7 +187,7 @@ def _optimizer(model: CausalLM, settings: PretrainSettings) -> torch.optim.AdamW
         {"params": matrices, "weight_decay": settings.weight_decay},
         {"params": vectors, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=ADAM_BETAS, foreach=False)
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=ADAM_BETAS)
 
 
 def _target(settings: PretrainSettings) -> CausalLM | None:
@@ -237,11 +237,12 @@ def _record_point(settings, model, target, heldout, progress: Progress, rate: fl
     append_point(settings.out / "loss.csv", point)
     progress.loss_sum, progress.loss_steps = 0.0, 0
     tokens_per_s = settings.batch_size * settings.seq_len / step_s
-    log.warning(
-        "step %d/%d: train %.4f, held-out %.4f (cross-entropy %.4f), lr %.2e, %.2f s/step, %.0f tokens/s",
-        point.step, settings.steps, train_loss, point.heldout_loss, point.heldout_nll, rate, step_s,
-        tokens_per_s,
-    )  # fmt: skip
+    print(
+        f"step {point.step}/{settings.steps}: train {train_loss:.4f}, held-out {point.heldout_loss:.4f} "
+        f"(cross-entropy {point.heldout_nll:.4f}), lr {rate:.2e}, {step_s:.2f} s/step, "
+        f"{tokens_per_s:.0f} tokens/s",
+        flush=True,
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -261,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.pretrain", description=__doc__.split("\n\n")[0])
     add_pretrain_flags(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         return run_from_args(args)
     except (ValueError, FileNotFoundError) as error:
