@@ -1,6 +1,7 @@
 """``baton train`` / ``trainer.pretrain`` on the tiny k3 preset and a stand-in corpus: the loss falls, a
 stopped and resumed run ends with the parameters of an uninterrupted one (bitwise), the checkpoint loads
-in ``LLM`` and generates, shards keep their size limit, distillation lowers KL, bad flags name the flag."""
+in ``LLM`` and generates, shards keep their size limit, distillation lowers KL and resumes the same way, bad
+flags name the flag."""
 
 import dataclasses
 
@@ -105,11 +106,17 @@ def test_shards_keep_the_size_limit(trained, tokenizer_dir):
         assert torch.equal(reloaded[name], stored), name
 
 
-def test_distillation_lowers_the_kl(trained, tmp_path):
+def test_distillation_lowers_the_kl_and_resumes(trained, tmp_path):
     settings = micro(tmp_path, None, distill_from=trained / "checkpoint", seed=1, lr=5e-3)
     untrained = run_segment(dataclasses.replace(settings, out=tmp_path / "init", max_minutes=1e-9))
+    assert not run_segment(dataclasses.replace(settings, stop_after=3)).finished
     result = run_segment(settings)
-    assert result.finished
+    assert result.finished and result.steps_run == STEPS - 3
+    whole = run_segment(dataclasses.replace(settings, out=tmp_path / "whole"))
+    resumed, uninterrupted = (
+        torch.load(out / STATE_FILE, weights_only=True) for out in (tmp_path, whole.checkpoint.parent)
+    )
+    assert all(torch.equal(resumed["model"][k], v) for k, v in uninterrupted["model"].items())
     windows = fixed_windows(trained)
     with torch.no_grad():
         target = window_logits(load_model(trained / "checkpoint", dtype=torch.float32), windows)
