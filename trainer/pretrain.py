@@ -32,6 +32,7 @@ from services.engine.checkpoint.random_init import init_random_weights
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config_loader import load_model_config
 
+from .expert_balance import ExpertBalance
 from .hub_export import export_checkpoint
 from .loss_curve import CurvePoint, append_point, plot_curve, read_points
 from .lr_schedule import learning_rate
@@ -95,6 +96,7 @@ def run_segment(settings: PretrainSettings) -> SegmentResult:
     raw_config = stored[1] if stored else _model_config(settings, Tokenizer.from_pretrained(tokenizer_dir))
     model = _initial_model(raw_config, settings)
     optimizer = _optimizer(model, settings)
+    balance = ExpertBalance(model, settings.balance_rate)
     progress = load_state(settings.out, model, optimizer) if stored else Progress()
     target = _target(settings)
     objective = _objective(model, target)
@@ -116,6 +118,7 @@ def run_segment(settings: PretrainSettings) -> SegmentResult:
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        balance.step()
         progress.step += 1
         progress.windows_seen += settings.batch_size
         progress.loss_sum += float(loss.detach())

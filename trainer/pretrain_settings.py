@@ -33,6 +33,7 @@ class PretrainSettings:
     warmup: int = 100
     weight_decay: float = 0.1
     clip: float = 1.0
+    balance_rate: float = 1e-3
     seed: int = 0
     eval_every: int = 100
     eval_windows: int = 32
@@ -55,7 +56,7 @@ class PretrainSettings:
                 raise ValueError(f"{_flag(name)}: must be positive, got {getattr(self, name)}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"--min-lr-ratio: must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("weight_decay", "warmup", "stop_after"):
+        for name in ("weight_decay", "warmup", "stop_after", "balance_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{_flag(name)}: must not be negative, got {getattr(self, name)}")
         if self.warmup >= self.steps:
@@ -110,6 +111,7 @@ def add_pretrain_flags(parser: argparse.ArgumentParser) -> None:
         "warmup": "linear warm-up steps",
         "weight_decay": "AdamW weight decay (matrices only)",
         "clip": "gradient norm clip",
+        "balance_rate": "MoE router selection-bias step per optimizer step against expert load, 0: off",
         "seed": "initial weights and window order",
         "eval_every": "steps between held-out evaluations (and loss-curve points)",
         "eval_windows": "held-out windows evaluated",

@@ -88,7 +88,7 @@ def test_checkpoint_loads_and_generates(trained):
     }
     with LLM(str(checkpoint), device=TEST_DEVICE) as llm:
         assert llm.engine.model.dtype == torch.bfloat16
-        out = llm.generate(["The robot"], SamplingParams(max_tokens=6, temperature=0.0))[0]
+        out = llm.generate(["The robot"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
     assert len(out.token_ids) == 6 and isinstance(out.text, str)
 
 
