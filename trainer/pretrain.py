@@ -2,7 +2,8 @@
 ``python -m trainer.pretrain`` (``docs/training.md``).
 
 A run segment continues the state in ``--out`` (or starts one), trains until ``--steps`` are done,
-``--max-minutes`` would be passed by the next step, or ``--stop-after`` steps of this segment, then
+``--max-minutes`` would be passed by a next step as long as the longest so far (an evaluation
+included), or ``--stop-after`` steps of this segment, then
 writes the state, the checkpoint (``OUT/checkpoint``) and the loss curve (``OUT/loss.csv``,
 ``OUT/loss.png``). Running the same command again continues where it stopped; on one device with
 deterministic ops the parameters are those of an uninterrupted run.
@@ -101,10 +102,9 @@ def run_segment(settings: PretrainSettings) -> SegmentResult:
     target = _target(settings)
     objective = _objective(model, target)
 
-    steps_run, step_seconds = 0, 0.0
+    steps_run, step_seconds, longest = 0, 0.0, 0.0  # longest: a step with its evaluation
     while progress.step < settings.steps and not (settings.stop_after and steps_run >= settings.stop_after):
-        mean_step = step_seconds / steps_run if steps_run else 0.0
-        if time.monotonic() - started + mean_step > settings.max_minutes * 60:
+        if time.monotonic() - started + longest > settings.max_minutes * 60:
             break
         step_started = time.monotonic()
         rate = learning_rate(
@@ -127,6 +127,7 @@ def run_segment(settings: PretrainSettings) -> SegmentResult:
         step_seconds += time.monotonic() - step_started
         if progress.step % settings.eval_every == 0 or progress.step == settings.steps:
             _record_point(settings, model, target, heldout, progress, rate, step_seconds / steps_run)
+        longest = max(longest, time.monotonic() - step_started)
 
     save_state(settings.out, model, optimizer, progress, settings.as_dict(), raw_config)
     checkpoint = settings.out / "checkpoint"
