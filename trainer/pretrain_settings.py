@@ -27,7 +27,7 @@ class PretrainSettings:
     distill_from: Path | None = None
     seq_len: int = 256
     batch_size: int = 32
-    steps: int = 2000
+    steps: int = 1200
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup: int = 100
