@@ -179,8 +179,8 @@ def _initial_model(raw_config: dict, settings: PretrainSettings) -> CausalLM:
     model = build_empty_model(load_model_config(raw_config), "cpu", torch.float32)
     init_random_weights(model, settings.seed)
     model = model.to(settings.device).requires_grad_(True)
-    model.set_kernels("reference")  # the MoE and sampling references built for the device the model is on
-    return use_window_kernels(model)
+    model.set_kernels("reference")  # the reference backends built for the device the model is on
+    return _fastest_backends(model, settings.device)
 
 
 def _optimizer(model: CausalLM, settings: PretrainSettings) -> torch.optim.AdamW:
@@ -200,7 +200,14 @@ def _target(settings: PretrainSettings) -> CausalLM | None:
         return None
     target = load_model(settings.distill_from, device=settings.device, dtype=torch.float32)
     target.set_kernels("reference")
-    return use_window_kernels(target)
+    return _fastest_backends(target, settings.device)
+
+
+def _fastest_backends(model: CausalLM, device: str) -> CausalLM:
+    """The window backends on a GPU, where the per-sequence loops are bound by kernel launches; the
+    per-sequence reference on the CPU, where it measured about 30 % faster (``docs/training.md``: its
+    smaller chunked-KDA intermediates stay in cache). Both compute the same loss to float32 rounding."""
+    return use_window_kernels(model) if device.startswith("cuda") else model
 
 
 def _objective(model: CausalLM, target: CausalLM | None):
