@@ -19,6 +19,7 @@ from . import (
     router_command,
     score_command,
     serve_command,
+    train_command,
     worker_command,
 )
 
@@ -38,6 +39,7 @@ SUBCOMMANDS = (
     loadtest_command,
     loadtest_compare_command,
     mismatch_command,
+    train_command,
 )
 
 

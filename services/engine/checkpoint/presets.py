@@ -1,5 +1,6 @@
 """Config presets for random checkpoints: ``tiny`` models small enough for tests on 2 CPU cores,
-``small`` for GPU benchmarks, ``full`` with the real per-layer shapes.
+``small`` for GPU benchmarks, ``full`` with the real per-layer shapes, ``demo`` and ``draft`` (k3 only)
+for the model trained and shipped with the repository and its distilled draft.
 
 Each preset is a ``config.json`` dict in the family's own form (loadable by transformers for
 ``kimi_linear`` and ``deepseek_v32``; ``k3`` is ``kimi_linear`` plus the DSA indexer keys).
@@ -159,9 +160,75 @@ FULL = {
     },
 }
 
-PRESETS = {"tiny": TINY, "small": SMALL, "full": FULL}
 # Every fourth layer is MLA (the real model's 3:1 KDA:MLA ratio); ``full`` lists its layers this way.
 MLA_EVERY = 4
+
+
+def _k3_layers(layers: int) -> dict[str, Any]:
+    """The k3 layer lists of ``layers`` layers (``with_layers``' pattern), for presets defined here."""
+    return {
+        "kda_layers": [i for i in range(1, layers + 1) if i % MLA_EVERY != 0],
+        "full_attn_layers": [i for i in range(1, layers + 1) if i % MLA_EVERY == 0],
+    }
+
+
+# "demo": the k3 model trained and shipped with the repository (``baton train``, ``docs/training.md``):
+# every Baton code path (KDA, MLA with a DSA indexer whose top-k is smaller than a training window,
+# MoE with a shared expert) at about 21.7 M parameters (15.4 M outside the embedding and the LM head)
+# with the demo tokenizer's ~12K vocabulary (replaced by the tokenizer's own at training time).
+_DEMO_VOCAB = 12288
+DEMO = {
+    "k3": {
+        **TINY["k3"],
+        "vocab_size": _DEMO_VOCAB,
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "moe_intermediate_size": 256,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 128,
+        "kv_lora_rank": 128,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 2,
+        "linear_attn_config": {"head_dim": 64, "num_heads": 4, "short_conv_kernel_size": 4, **_k3_layers(8)},
+        "index_n_heads": 4,
+        "index_head_dim": 32,
+        "index_topk": 64,
+    }
+}
+# "draft": the demo model's speculative draft (same family and tokenizer, distilled on its logits),
+# about 1.8 M parameters, most of them the embedding and the LM head.
+DRAFT = {
+    "k3": {
+        **DEMO["k3"],
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "moe_intermediate_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "num_experts": 4,
+        "n_group": 1,
+        "topk_group": 1,
+        "linear_attn_config": {"head_dim": 32, "num_heads": 2, "short_conv_kernel_size": 4, **_k3_layers(4)},
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+        "index_topk": 64,
+    }
+}
+
+PRESETS = {"tiny": TINY, "small": SMALL, "full": FULL, "demo": DEMO, "draft": DRAFT}
 
 
 def with_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:

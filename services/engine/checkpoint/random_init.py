@@ -16,6 +16,10 @@ from services.engine.model.config_loader import load_model_config
 from .hub_layout import to_hub_layout
 
 LAYOUTS = ("hub", "transformers")
+# A safetensors header's bytes beyond the tensor names, bounded from above: the length prefix, the
+# metadata and the padding per file; the JSON of dtype, shape and offsets per tensor.
+HEADER_BASE_BYTES = 128
+_HEADER_ENTRY_BYTES = 128
 
 
 def init_random_weights(model: CausalLM, seed: int) -> None:
@@ -77,21 +81,29 @@ def write_random_checkpoint(
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight")
     named = to_hub_layout(tensors, config) if layout == "hub" else iter(tensors.items())
-    _write_shards(out_dir, named, max_shard_bytes)
+    write_shards(out_dir, named, max_shard_bytes)
     (out_dir / "config.json").write_text(json.dumps(raw_config, indent=2, sort_keys=True) + "\n")
     return config
 
 
-def _write_shards(
+def entry_bytes(name: str, tensor: torch.Tensor) -> int:
+    """An upper bound on what ``name``'s tensor adds to a safetensors file: its data and header entry."""
+    return tensor.numel() * tensor.element_size() + len(name.encode()) + _HEADER_ENTRY_BYTES
+
+
+def write_shards(
     out_dir: Path, named: Iterator[tuple[str, torch.Tensor]], max_shard_bytes: int | None
 ) -> None:
+    """Write ``named`` tensors as ``model.safetensors``, or as numbered files of at most
+    ``max_shard_bytes`` each, header included (a tensor larger than that alone in its file), plus
+    ``model.safetensors.index.json``; stale ``*.safetensors`` in ``out_dir`` are removed first."""
     shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
+    size = HEADER_BASE_BYTES
     for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = entry_bytes(name, tensor)
         if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
-            size = 0
+            size = HEADER_BASE_BYTES
         shards[-1][name] = tensor.contiguous()
         size += nbytes
     for stale in out_dir.glob("*.safetensors"):
