@@ -10,8 +10,8 @@ regions: ``SharedPages.node_id`` (the kernel's boot id) says whether a worker sh
 The files are named ``baton-hicache-<pid>-<tier id>-<kind>`` in ``directory`` (``/dev/shm`` by default:
 memory, never disk). The tier removes its files when it stops; files of a tier that died (no process
 ``<pid>``, or this very pid under another tier id: a container's pid 1 restarted in its pod) are removed
-by the next tier that starts in the same directory. A worker's mapping outlives
-the file's name, and a worker only ever touches pages a live lease of the tier gives it.
+by the next tier that starts in the same directory. A worker's mapping outlives the file's name, and a
+worker only ever touches pages a live lease of the tier gives it.
 """
 
 import os
