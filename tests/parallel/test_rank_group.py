@@ -126,6 +126,8 @@ def runs(model, dumps, tiny_checkpoint) -> dict[str, subprocess.Popen]:
     kill a rank of as soon as it has one (``kill-follower``, ``kill-rank-0``: the tests that run first),
     and the generations."""
     started = {}
+    for name in ("kill-follower", "kill-rank-0"):  # first: their tests wait for them, the others run later
+        started[name] = baton(*generate_args(model, "--tp", "2", "--max-tokens", "50"), wait=False)
     for name, (family, prompt, flags) in DEGREES.items():
         module = "tests.parallel.counted_generate" if "--pcp" in flags else "cli.main"
         args = generate_args(tiny_checkpoint(family), *flags, prompt=prompt)
@@ -133,15 +135,15 @@ def runs(model, dumps, tiny_checkpoint) -> dict[str, subprocess.Popen]:
     for name, flags in INVARIANT.items():
         args = invariant_dump_args(model, dumps["prompts"], dumps[name], *flags)
         started[f"{name}-invariant"] = baton(*args, wait=False)
-    for name in ("kill-follower", "kill-rank-0"):
-        started[name] = baton(*generate_args(model, "--tp", "2", "--max-tokens", "50"), wait=False)
     yield started
     for process in started.values():
         process.kill()
         process.communicate()
 
 
-def _children(pid: int, timeout: float = 60.0) -> list[int]:
+def _children(pid: int, timeout: float = 180.0) -> list[int]:
+    """Rank 0's child processes, once it has started one (14 processes import torch at once here: on a
+    loaded 2-core runner that took rank 0 over a minute)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
