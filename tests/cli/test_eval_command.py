@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from cli.eval_command import served_vs_offline
 from cli.main import main
 from common.tokenizer import Tokenizer
 from services.engine import LLM
@@ -88,6 +89,18 @@ def test_default_text_is_the_heldout_corpus_and_short_windows_select_every_key(t
     results = json.loads(out.read_text())
     assert results["text"] == "heldout_documents()" and results["windows"] == 1
     assert results["dsa_overlap"] == "--seq-len 16 <= index_topk 16: every key is selected"
+
+
+def test_served_triton_kernels_against_the_reference_engine(tiny_checkpoint):
+    """With ``--kernels triton`` the offline side is a second engine on the reference kernels: the
+    log-probs differ by rounding only (nonzero: two kernel sets really ran), the greedy tokens agree."""
+    model = str(tiny_checkpoint("k3"))
+    served = LLM(model, kernels="triton", dtype="float32")
+    reference = LLM(model, kernels="reference", dtype="float32")
+    report = served_vs_offline(served, reference, [[5, 6, 7, 8, 9, 10]], max_tokens=3)
+    assert report["kernels"] == ["triton", "reference"] and report["tokens"] == 3
+    assert report["token_agreement"] == 1.0
+    assert 0 < report["max_logprob_diff"] < 1e-4
 
 
 @pytest.mark.parametrize(
