@@ -56,7 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt-len", type=int, default=32, help="tokens per such prompt (default 32)")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
-    # One rank (LLM.score); the KV format is what item 3 varies, so it is not a flag.
+    # One rank (LLM.score); the FP8 comparison runs both KV formats, so the format is not a flag.
     add_config_flags(
         parser.add_argument_group("engine"), EngineConfig, exclude=("model", "kv_format", *PARALLEL_DEGREES)
     )
@@ -92,13 +92,8 @@ def run(args: argparse.Namespace) -> int:
     results["served_vs_offline"] = served_vs_offline(served, reference, prompts, args.max_tokens)
     report = measure_kv_format(served.engine.model, windows[: args.kv_windows])
     results["kv_fp8"] = dataclasses.asdict(report)
-    topk = served.engine.model.index_topk
-    results["dsa_overlap"] = (
-        "no DSA indexer"
-        if report.indexer_overlap is None
-        else report.indexer_overlap
-        if args.seq_len > topk
-        else f"--seq-len {args.seq_len} <= index_topk {topk}: every key is selected"
+    results["dsa_overlap"] = _dsa_overlap(
+        report.indexer_overlap, args.seq_len, served.engine.model.index_topk
     )
     results["draft_acceptance"] = DRAFT_ACCEPTANCE_UNAVAILABLE
     _print_table(results)
@@ -196,6 +191,15 @@ def _draft(folder: Path, served: LLM, options: dict) -> LLM:
             f"{served.engine.model.config.vocab_size} (a draft shares its target's tokenizer)"
         )
     return draft
+
+
+def _dsa_overlap(overlap: float | None, seq_len: int, topk: int | None) -> float | str:
+    """The FP8-vs-auto top-k overlap, or why there is none worth reporting."""
+    if overlap is None:
+        return "no DSA indexer"
+    if seq_len <= topk:
+        return f"--seq-len {seq_len} <= index_topk {topk}: every key is selected"
+    return overlap
 
 
 def _print_table(results: dict) -> None:
