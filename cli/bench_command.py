@@ -312,7 +312,7 @@ def run_kv_format(args: argparse.Namespace) -> int:
     report = measure_kv_format(model, prompts)
     print(f"KV format: FP8 against {args.dtype} blocks, {model.config.family}, {report.tokens} tokens")
     for name, value in asdict(report).items():
-        print(f"  {name:<28} {value if value is None or isinstance(value, int) else f'{value:.4f}'}")
+        print(f"  {name:<34} {value if value is None or isinstance(value, int) else f'{value:.4f}'}")
     return 0
 
 

@@ -11,6 +11,7 @@ from . import (
     capacity_command,
     checkpoint_command,
     client_command,
+    eval_command,
     generate_command,
     loadtest_command,
     loadtest_compare_command,
@@ -40,6 +41,7 @@ SUBCOMMANDS = (
     loadtest_compare_command,
     mismatch_command,
     train_command,
+    eval_command,
 )
 
 

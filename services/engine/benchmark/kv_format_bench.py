@@ -4,7 +4,8 @@ The same prompts run through the model on a paged cache twice, once per block fo
 chunks (so later chunks attend to what earlier ones cached). Reported: the overlap of each DSA
 top-k selection with the unquantised run's (|A ∩ B| / |A|, averaged over every query of every
 indexed layer), and the absolute difference of next-token logprobs (taken at the unquantised run's
-argmax, and over the whole vocabulary).
+argmax, at the prompt's own next token, and over the whole vocabulary). On real text the prompt's own
+next token is the log-prob a perplexity is made of (``baton eval``).
 """
 
 import dataclasses
@@ -32,6 +33,8 @@ class KvFormatReport:
     indexer_overlap: float | None  # None: the model has no DSA indexer
     logprob_abs_diff_mean: float
     logprob_abs_diff_max: float
+    next_token_logprob_abs_diff_mean: float  # at prompt[i + 1], over every position but each prompt's last
+    next_token_logprob_abs_diff_max: float
     vocab_logprob_abs_diff_max: float
     argmax_agreement: float
 
@@ -81,8 +84,14 @@ def _run(model: CausalLM, kv_format: str, prompt: list[int], chunk: int, block: 
 def measure_kv_format(
     model: CausalLM, prompts: list[list[int]], chunk: int = 64, block: int = 16
 ) -> KvFormatReport:
-    """Compare FP8 and model-dtype block storage on ``prompts`` (see the module docstring)."""
-    overlaps, diffs, vocab_max, agree, tokens = [], [], 0.0, 0, 0
+    """Compare FP8 and model-dtype block storage on ``prompts`` (see the module docstring).
+
+    Raises:
+        ValueError: a prompt shorter than two tokens (it has no next token of its own to score).
+    """
+    if any(len(prompt) < 2 for prompt in prompts):
+        raise ValueError("prompts: each needs at least two tokens")
+    overlaps, diffs, next_diffs, vocab_max, agree, tokens = [], [], [], 0.0, 0, 0
     for prompt in prompts:
         auto_logits, auto_sel, auto_bytes = _run(model, "auto", prompt, chunk, block)
         fp8_logits, fp8_sel, fp8_bytes = _run(model, "fp8", prompt, chunk, block)
@@ -91,10 +100,14 @@ def measure_kv_format(
         auto_lp, fp8_lp = torch.log_softmax(auto_logits, -1), torch.log_softmax(fp8_logits, -1)
         best = auto_lp.argmax(-1, keepdim=True)
         diffs.append((auto_lp.gather(-1, best) - fp8_lp.gather(-1, best)).abs().flatten())
+        following = torch.tensor(prompt[1:], device=auto_lp.device)[:, None]
+        next_diffs.append(
+            (auto_lp[:-1].gather(-1, following) - fp8_lp[:-1].gather(-1, following)).abs().flatten()
+        )
         vocab_max = max(vocab_max, float((auto_lp - fp8_lp).abs().max()))
         agree += int((fp8_lp.argmax(-1, keepdim=True) == best).sum())
         tokens += len(prompt)
-    diff = torch.cat(diffs)
+    diff, next_diff = torch.cat(diffs), torch.cat(next_diffs)
     return KvFormatReport(
         tokens=tokens,
         bytes_per_token_auto=auto_bytes,
@@ -102,6 +115,8 @@ def measure_kv_format(
         indexer_overlap=float(torch.cat(overlaps).mean()) if overlaps else None,
         logprob_abs_diff_mean=float(diff.mean()),
         logprob_abs_diff_max=float(diff.max()),
+        next_token_logprob_abs_diff_mean=float(next_diff.mean()),
+        next_token_logprob_abs_diff_max=float(next_diff.max()),
         vocab_logprob_abs_diff_max=vocab_max,
         argmax_agreement=agree / tokens,
     )
