@@ -9,28 +9,15 @@ from common.metrics import Metrics
 from services.engine import LLM, SamplingParams
 from services.engine.cache_counters import DEVICE, HOST, L3, TO_DEVICE, TO_HOST
 from services.hicache.host_tier import KDA, KV
-from tests.conftest import TEST_DEVICE
+from tests.hicache.test_engine_host_cache import ENGINE_ARGS, LOADED, TURN1
 
-BLOCK = 8
 GREEDY = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-TURN1 = list(range(40, 66))  # 26 tokens: 3 full blocks
-LOADED = 3 * BLOCK  # turn 1's full blocks and the KDA snapshot after them, loaded from the tier
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_checkpoint):
     """A k3 engine with an 8-block device pool and a 10 MiB tier in its process."""
-    return LLM(
-        str(tiny_checkpoint("k3")),
-        dtype="float32",
-        device=TEST_DEVICE,
-        block_size=BLOCK,
-        max_num_batched_tokens=64,
-        max_model_len=128,
-        max_num_seqs=2,
-        num_blocks=8,
-        host_cache_gib=0.01,
-    )
+    return LLM(str(tiny_checkpoint("k3")), num_blocks=8, host_cache_gib=0.01, **ENGINE_ARGS)
 
 
 def delta(after: dict, before: dict) -> dict:
