@@ -89,6 +89,8 @@ class RouterProcess(deployed.RouterProcess):
 
     def start(self, ready_timeout_s: float = 120.0) -> None:
         super().start(ready_timeout_s)
+        if self.channel is not None:
+            self.channel.close()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
@@ -96,8 +98,9 @@ class RouterProcess(deployed.RouterProcess):
         return scrape(self.metrics_port, name, **labels)
 
     def kill(self) -> None:
+        """SIGKILL the router; the channel stays open so that calls in flight see the peer die
+        (UNAVAILABLE), not a client-side close (CANCELLED). ``start`` replaces it."""
         super().kill()
-        self.channel.close()
 
     def stop(self) -> None:
         super().stop()

@@ -81,11 +81,11 @@ def test_a_killed_router_leaves_nothing_held_and_serves_again(router, slow, poin
     else:
         wait_until(lambda: stream.messages, 30, point)
     router.kill()
+    stream.thread.join(timeout=10)
+    assert stream.error is not None and stream.error.code() == grpc.StatusCode.UNAVAILABLE
     took = assert_idle(decode, prefill, timeout_s=GRACE_S + 5)
     print(f"router killed {point}: workers idle after {took:.2f} s")
     router.start()
     messages = list(router.stub.Generate(request(prompt_of(40, 51), 3), timeout=60))
     assert sum(len(m.token_ids) for m in messages) == 3
     assert_idle(decode, prefill, timeout_s=5)
-    stream.thread.join(timeout=10)
-    assert stream.error is not None and stream.error.code() == grpc.StatusCode.UNAVAILABLE
