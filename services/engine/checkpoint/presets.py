@@ -174,8 +174,9 @@ def _k3_layers(layers: int) -> dict[str, Any]:
 
 # "demo": the k3 model trained and shipped with the repository (``baton train``, ``docs/training.md``):
 # every Baton code path (KDA, MLA with a DSA indexer whose top-k is smaller than a training window,
-# MoE with a shared expert) at about 21.7 M parameters (15.4 M outside the embedding and the LM head)
-# with the demo tokenizer's ~12K vocabulary (replaced by the tokenizer's own at training time).
+# MoE with a shared expert) at about 17.0 M parameters (10.7 M outside the embedding and the LM head;
+# 34 MB in bfloat16, so model and draft ship in under 40 MB) with the demo tokenizer's ~12K vocabulary
+# (replaced by the tokenizer's own at training time).
 _DEMO_VOCAB = 12288
 DEMO = {
     "k3": {
@@ -183,7 +184,7 @@ DEMO = {
         "vocab_size": _DEMO_VOCAB,
         "hidden_size": 256,
         "intermediate_size": 768,
-        "moe_intermediate_size": 256,
+        "moe_intermediate_size": 160,
         "num_hidden_layers": 8,
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
