@@ -1,0 +1,62 @@
+"""The contract between the engine and whatever drafts tokens for it.
+
+Per engine step, for every running request past its prompt, a ``DraftProposer`` proposes ``k`` tokens
+that follow the request's known tokens (``Request.all_ids``); the target verifies them in one step
+(the request's uncomputed tokens then the ``k`` drafts, ``1 + k`` logit rows at the end), accepts a
+prefix of them and adds one token of its own; the proposer is then told how many it accepted.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.request import Request
+
+
+@dataclass(frozen=True)
+class DraftTokens:
+    """The tokens drafted after one request's known tokens.
+
+    Attributes:
+        token_ids: the ``k`` drafted tokens, in order (``k >= 1``).
+        probs: ``[k, vocab]`` float32: row ``i`` is the distribution ``token_ids[i]`` was drawn from,
+            after the request's temperature, top-k, top-p and min-p (what rejection sampling divides
+            by); None for a greedy request (temperature 0), whose drafts are compared, not weighed.
+    """
+
+    token_ids: tuple[int, ...]
+    probs: torch.Tensor | None = None
+
+
+class DraftProposer(ABC):
+    """Drafts ``num_draft_tokens`` tokens per request and tracks what the target accepted.
+
+    A proposer keeps whatever per-request state it needs (a draft model's cache) from the first
+    ``propose`` that names a request until ``release``.
+    """
+
+    num_draft_tokens: int
+
+    @abstractmethod
+    def propose(self, requests: list[Request]) -> dict[str, DraftTokens]:
+        """Draft for each of ``requests`` (running, every prompt token known, at least one generated).
+
+        Returns:
+            ``request_id -> DraftTokens`` with exactly ``num_draft_tokens`` tokens each; a request left
+            out decodes one token this step without drafts.
+        """
+
+    @abstractmethod
+    def commit(self, request: Request, num_accepted: int) -> None:
+        """The target accepted the first ``num_accepted`` of the request's last drafts; its
+        ``output_ids`` already end with them and the target's own next token."""
+
+    @abstractmethod
+    def release(self, request_id: str) -> None:
+        """Forget the request (finished, aborted or preempted): free what it held. Unknown ids are
+        ignored."""
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """The proposer's pools are consistent (raises AssertionError otherwise)."""
