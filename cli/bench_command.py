@@ -3,8 +3,9 @@ bound and transformers' model), ``kernels`` (per-op kernels at real shapes again
 ``kv-format`` (FP8 KV error), ``transfer`` (NIXL and gRPC-bytes GB/s against an in-memory copy), ``pd``
 (decode latency under long prefills, colocated against disaggregated), ``router-latency`` (what the
 router adds to a short request, against a direct call to the decode worker), ``faults``
-(``bench_faults_command``), ``fuzz`` (bad requests: never a 5xx, still serving) and ``hicache`` (trace
-replays with vs without the host tier, and its load bandwidth: ``bench_hicache_command``)."""
+(``bench_faults_command``), ``fuzz`` (bad requests: never a 5xx, still serving), ``hicache`` (trace
+replays with vs without the host tier, and its load bandwidth: ``bench_hicache_command``) and ``spec``
+(speculative decoding against plain decoding: ``bench_spec_command``)."""
 
 import argparse
 import json
@@ -36,6 +37,7 @@ from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidt
 from .arguments import DTYPES
 from .bench_faults_command import register_faults
 from .bench_hicache_command import register_hicache
+from .bench_spec_command import register_spec
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -132,6 +134,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     register_faults(kinds)
     _register_fuzz(kinds)
     register_hicache(kinds)
+    register_spec(kinds)
 
 
 def _register_pd(kinds: argparse._SubParsersAction) -> None:

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     served = LLM(model, **options)
     if served.tokenizer is None:
         raise ValueError(f"--model: {model} has no tokenizer (eval tokenizes text)")
-    windows = _windows(_documents(args.text), served.tokenizer.encode, args.seq_len, args.max_windows)
+    windows = text_windows(documents(args.text), served.tokenizer.encode, args.seq_len, args.max_windows)
     results = {
         "model": str(model),
         "text": str(args.text) if args.text else "heldout_documents()",
@@ -158,7 +158,8 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"--draft: {args.draft} is not a checkpoint folder")
 
 
-def _documents(text: Path | None) -> Iterator[str]:
+def documents(text: Path | None) -> Iterator[str]:
+    """``text``'s one document, or the held-out corpus's documents when ``text`` is None."""
     if text is not None:
         yield text.read_text(encoding="utf-8")
         return
@@ -168,7 +169,7 @@ def _documents(text: Path | None) -> Iterator[str]:
         raise ValueError(f"--text: none given and the held-out corpus is not installed ({error})") from None
 
 
-def _windows(documents: Iterable[str], encode, seq_len: int, limit: int) -> list[list[int]]:
+def text_windows(documents: Iterable[str], encode, seq_len: int, limit: int) -> list[list[int]]:
     """Up to ``limit`` windows of ``seq_len`` tokens, each within one document, in document order."""
     windows = list(itertools.islice(_cut(documents, encode, seq_len), limit))
     if not windows:

@@ -1,0 +1,193 @@
+"""Speculative decoding against plain decoding, side by side in one run (``baton bench spec``).
+
+For each batch size the same prompts are decoded by the plain engine and by the engine drafting ``k``
+tokens per step with each draft (a draft checkpoint, and the target as its own draft: acceptance is
+then total, the ceiling of what drafting ``k`` tokens can give at that batch). Per row: decode
+tokens/s, TPOT (decode seconds per generated token of one request), the ratio to the plain engine's
+tokens/s at that batch, the mean drafts accepted per verify and per-position acceptance, and the share
+of decode time spent in the draft. Decode time is a full run's time minus a prefill-only run's (as
+``baton bench engine`` measures it); the draft's own catch-up on the prompt counts as decode time.
+"""
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from services.engine import LLM, SamplingParams
+from services.engine.speculative.spec_counters import SpecCounts
+
+PLAIN = "plain"
+SELF_DRAFT = "self-draft"
+
+
+@dataclass(frozen=True)
+class SpecArm:
+    """One engine configuration: ``draft`` is a checkpoint folder ("" for plain decoding)."""
+
+    name: str
+    draft: str
+    num_draft_tokens: int
+
+
+@dataclass(frozen=True)
+class SpecBenchRow:
+    """One (arm, batch) measurement; acceptance fields are None for the plain arm."""
+
+    arm: str
+    num_draft_tokens: int
+    batch: int
+    decode_tokens_per_s: float
+    tpot_ms: float
+    speedup: float
+    accepted_per_verify: float | None
+    acceptance_by_position: tuple[float, ...] | None
+    draft_time_share: float | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def spec_arms(target: str, draft: str, num_draft_tokens: list[int], self_draft: bool) -> list[SpecArm]:
+    """The plain arm, then for each ``k`` the draft's arm (when given) and the self-draft arm."""
+    arms = [SpecArm(PLAIN, "", 0)]
+    for k in num_draft_tokens:
+        if draft:
+            arms.append(SpecArm("draft", draft, k))
+        if self_draft:
+            arms.append(SpecArm(SELF_DRAFT, target, k))
+    return arms
+
+
+def run_spec_bench(
+    target: str,
+    arms: list[SpecArm],
+    prompts: list[list[int]],
+    batches: list[int],
+    decode_tokens: int,
+    temperature: float,
+    device: str,
+    **engine_options,
+) -> list[SpecBenchRow]:
+    """Measure every arm at every batch size on the first ``batch`` prompts (see the module docstring).
+
+    Args:
+        target: the target checkpoint folder.
+        arms: from ``spec_arms``; the plain arm first (the speed-ups are read against it).
+        prompts: at least ``max(batches)`` token-id prompts.
+        decode_tokens: tokens generated per request after the first.
+        temperature: 0 for greedy; otherwise sampled with seeds 0, 1, ... per request.
+        engine_options: more ``EngineConfig`` fields (``dtype``, ``kernels``, ...).
+    """
+    if len(prompts) < max(batches):
+        raise ValueError(f"prompts: {len(prompts)} given, the largest batch needs {max(batches)}")
+    longest = max(len(p) for p in prompts)
+    rows: list[SpecBenchRow] = []
+    plain_rate: dict[int, float] = {}
+    for arm in arms:
+        spec = {"draft_model": arm.draft, "num_draft_tokens": arm.num_draft_tokens} if arm.draft else {}
+        llm = LLM(
+            target,
+            device=device,
+            enable_prefix_caching=False,
+            max_num_seqs=max(batches),
+            max_model_len=longest + decode_tokens + 2,
+            **spec,
+            **engine_options,
+        )
+        for batch in batches:
+            plain = plain_rate.get(batch)
+            row = _measure(llm, arm, prompts[:batch], decode_tokens, temperature, device, plain)
+            if arm.name == PLAIN:
+                plain_rate[batch] = row.decode_tokens_per_s
+            rows.append(row)
+            llm.engine.check_integrity()
+        del llm
+    return rows
+
+
+def _params(batch: int, max_tokens: int, temperature: float) -> list[SamplingParams]:
+    if temperature == 0:
+        return [SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)] * batch
+    return [
+        SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
+        for i in range(batch)
+    ]
+
+
+def _timed(device: str, work, *args) -> float:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    work(*args)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _measure(
+    llm: LLM,
+    arm: SpecArm,
+    prompts: list[list[int]],
+    decode_tokens: int,
+    temperature: float,
+    device: str,
+    plain_rate: float | None,
+) -> SpecBenchRow:
+    batch = len(prompts)
+    full = _params(batch, decode_tokens + 1, temperature)
+    llm.generate(prompts, full)  # untimed: kernels compile per shape
+    prefill_time = _timed(device, llm.generate, prompts, _params(batch, 1, temperature))
+    counters = getattr(llm.engine, "spec_counters", None)
+    before = counters.counts() if counters is not None else None
+    total_time = _timed(device, llm.generate, prompts, full)
+    decode_time = max(total_time - prefill_time, 1e-9)
+    rate = batch * decode_tokens / decode_time
+    accepted = by_position = share = None
+    if before is not None:
+        accepted, by_position, share = _acceptance(before, counters.counts(), decode_time)
+    return SpecBenchRow(
+        arm=arm.name,
+        num_draft_tokens=arm.num_draft_tokens,
+        batch=batch,
+        decode_tokens_per_s=rate,
+        tpot_ms=decode_time / decode_tokens * 1e3,
+        speedup=rate / plain_rate if plain_rate else 1.0,
+        accepted_per_verify=accepted,
+        acceptance_by_position=by_position,
+        draft_time_share=share,
+    )
+
+
+def _acceptance(
+    before: SpecCounts, after: SpecCounts, decode_time: float
+) -> tuple[float, tuple[float, ...], float]:
+    """Mean drafts accepted per verify, acceptance rate per draft position, and the draft's share of
+    decode time, over what the counters gained between ``before`` and ``after``."""
+    verifies = after.verifies - before.verifies
+    lengths = [a - b for a, b in zip(after.accepted_lengths, before.accepted_lengths, strict=True)]
+    accepted = sum(n * count for n, count in enumerate(lengths)) / verifies if verifies else 0.0
+    drafted = [a - b for a, b in zip(after.drafted_by_position, before.drafted_by_position, strict=True)]
+    kept = [a - b for a, b in zip(after.accepted_by_position, before.accepted_by_position, strict=True)]
+    by_position = tuple(k / d if d else 0.0 for k, d in zip(kept, drafted, strict=True))
+    share = (after.draft_seconds - before.draft_seconds) / decode_time
+    return accepted, by_position, share
+
+
+def format_rows(rows: list[SpecBenchRow], note: str) -> str:
+    """An aligned table, the note (what the drafts are, whether acceptance means anything) first."""
+    header = (
+        f"{'arm':<10} {'k':>2} {'batch':>5} {'decode tok/s':>12} {'TPOT ms':>8} {'vs plain':>8} "
+        f"{'accepted/verify':>15} {'draft time':>10}  acceptance by position"
+    )
+    lines = [note, header, "-" * len(header)]
+    for r in rows:
+        accepted = "-" if r.accepted_per_verify is None else f"{r.accepted_per_verify:.2f}"
+        share = "-" if r.draft_time_share is None else f"{r.draft_time_share:.0%}"
+        by_position = r.acceptance_by_position
+        positions = "-" if by_position is None else " ".join(f"{p:.2f}" for p in by_position)
+        lines.append(
+            f"{r.arm:<10} {r.num_draft_tokens:>2} {r.batch:>5} {r.decode_tokens_per_s:>12.1f} "
+            f"{r.tpot_ms:>8.2f} {r.speedup:>7.2f}x {accepted:>15} {share:>10}  {positions}"
+        )
+    return "\n".join(lines)
