@@ -67,11 +67,11 @@ def draft_llms(checkpoints):
     return make
 
 
-def make_proposer(checkpoints, family, k):
+def make_proposer(checkpoints, family, k, batch_invariant=False):
     target_dir, draft_dir = checkpoints(family)
     config = SpecConfig(
         model=str(target_dir), device=TEST_DEVICE, dtype="float32", draft_model=str(draft_dir),
-        num_draft_tokens=k, **ENGINE,
+        num_draft_tokens=k, batch_invariant=batch_invariant, **ENGINE,
     )  # fmt: skip
     target = load_model(target_dir, device=TEST_DEVICE, dtype=torch.float32)
     return DraftModelProposer(config, target)
@@ -179,6 +179,25 @@ def test_sampled_drafts_carry_their_distribution_and_roll_back_to_a_fresh_runs_n
         torch.testing.assert_close(
             continued[request.request_id].probs, from_scratch[request.request_id].probs, atol=1e-5, rtol=0
         )
+    release_all(proposer, requests)
+    release_all(fresh, requests)
+
+
+def test_batch_invariant_rollback_gives_a_fresh_runs_bits(checkpoints):
+    """Invariant numerics: chunking does not change bits, so the drafts after commit (slot kept or
+    restored, CF-BI open rows included) carry exactly a fresh proposer's distributions."""
+    k = 3
+    proposer = make_proposer(checkpoints, "k3", k, batch_invariant=True)
+    fresh = make_proposer(checkpoints, "k3", k, batch_invariant=True)
+    assert proposer.slots.layout.has(0, "open_k")  # the slot carries the open chunk's rows
+    requests = make_requests(sampled(3))
+    drafts = proposer.propose(requests)
+    for request, num_accepted in zip(requests, (0, 1, k - 1, k), strict=True):
+        accept(proposer, request, drafts[request.request_id].token_ids, num_accepted)
+    continued, from_scratch = proposer.propose(requests), fresh.propose(requests)
+    for request in requests:
+        assert continued[request.request_id].token_ids == from_scratch[request.request_id].token_ids
+        assert torch.equal(continued[request.request_id].probs, from_scratch[request.request_id].probs)
     release_all(proposer, requests)
     release_all(fresh, requests)
 

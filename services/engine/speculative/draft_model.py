@@ -32,7 +32,7 @@ from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, build_step_metadata
 from services.engine.request import Request
 
-from .draft_sampling import draw_draft
+from .draft_sampling import draw_drafts
 from .proposal import DraftProposer, DraftTokens
 
 
@@ -137,17 +137,17 @@ class DraftModelProposer(DraftProposer):
                 raise ValueError(
                     f"request {request.request_id!r}: no token since its last proposal to draft after"
                 )
-        rows = self._feed(seats, tails)
-        for seat in seats:
-            seat.checkpoint = seat.num_computed
-            self.slots.storage[seat.checkpoint_slot].copy_(self.slots.storage[seat.slot])
+        logits = self._feed(seats, tails)
+        self._checkpoint(seats)
+        params = [request.params for request in requests]
         drafted: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         for step in range(self.num_draft_tokens):
             if step > 0:  # feed the previous drafts; their rows give the next ones
-                rows = self._feed(seats, [[tokens[-1]] for tokens in drafted])
-            for i, request in enumerate(requests):
-                token, row_probs = draw_draft(rows[i], request.params, request.sample_position + step)
+                logits = self._feed(seats, [[tokens[-1]] for tokens in drafted])
+            positions = [request.sample_position + step for request in requests]
+            tokens, rows_probs = draw_drafts(logits, params, positions)
+            for i, (token, row_probs) in enumerate(zip(tokens, rows_probs, strict=True)):
                 drafted[i].append(token)
                 if row_probs is not None:
                     probs[i].append(row_probs)
@@ -221,17 +221,25 @@ class DraftModelProposer(DraftProposer):
             self.seats[request.request_id] = seat
         return seat
 
+    def _checkpoint(self, seats: list[DraftSeat]) -> None:
+        """Every seat's slot (all of it computed from certain tokens) copied to its checkpoint slot."""
+        for seat in seats:
+            seat.checkpoint = seat.num_computed
+        sources = torch.tensor([seat.slot for seat in seats], device=self.device)
+        targets = torch.tensor([seat.checkpoint_slot for seat in seats], device=self.device)
+        self.slots.storage[targets] = self.slots.storage[sources]
+
     def _roll_back(self, seat: DraftSeat) -> None:
         self.slots.storage[seat.slot].copy_(self.slots.storage[seat.checkpoint_slot])
         seat.num_computed = seat.checkpoint
         seat.drafted = None
 
-    def _feed(self, seats: list[DraftSeat], tokens: list[list[int]]) -> list[torch.Tensor]:
+    def _feed(self, seats: list[DraftSeat], tokens: list[list[int]]) -> torch.Tensor:
         """Run each seat's ``tokens`` (at least one each) after what it has computed, in forwards of at
         most ``max_num_batched_tokens`` tokens (a long list is split across forwards).
 
         Returns:
-            per seat, the ``[vocab]`` logits of its last token.
+            ``[len(seats), vocab]``: each seat's logits after its last token.
         """
         last_rows: list[torch.Tensor | None] = [None] * len(seats)
         left = [list(t) for t in tokens]
@@ -260,7 +268,7 @@ class DraftModelProposer(DraftProposer):
             logits = self.model.forward_step(meta, self.paged)
             for row, i in zip(logits, owners, strict=True):
                 last_rows[i] = row
-        return last_rows
+        return torch.stack(last_rows)
 
     def _grow(self, seat: DraftSeat, num_tokens: int) -> None:
         needed = -(-num_tokens // self.blocks.block_size) - len(seat.block_table)

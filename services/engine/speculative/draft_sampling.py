@@ -62,20 +62,31 @@ def draft_generator_seed(seed: int, position: int) -> int:
     return splitmix64(generator_seed(seed, position) ^ DRAFT_STREAM)
 
 
-def draw_draft(row: torch.Tensor, params: SamplingParams, position: int) -> tuple[int, torch.Tensor | None]:
-    """One drafted token from one logits row.
+def draw_drafts(
+    logits: torch.Tensor, params: list[SamplingParams], positions: list[int]
+) -> tuple[list[int], list[torch.Tensor | None]]:
+    """One drafted token per logits row.
 
     Args:
-        row: ``[V]`` draft logits.
-        params: the request's sampling parameters.
-        position: the sample position of the drafted token (tokens the request generated before it).
+        logits: ``[R, V]`` draft logits, one row per request.
+        params: each row's request's sampling parameters.
+        positions: each row's sample position (tokens its request generated before the drafted one).
 
     Returns:
-        ``(token, probs)``: for a greedy request the argmax and None; otherwise a token drawn from
-        ``filtered_probs(row, params)`` (exponential race, as the sampler draws) and that ``[V]`` row.
+        ``(tokens, probs)``: a greedy row's token is its argmax (ties: the lowest id; one batched argmax,
+        exact whatever the batch) and its probs None; any other row's token is drawn from
+        ``filtered_probs(row, params)`` (the exponential race, as the sampler draws) and its probs that
+        ``[V]`` float32 row.
     """
-    if params.greedy:
-        return int(torch.argmax(row.to(torch.float32))), None
+    tokens = torch.argmax(logits.to(torch.float32), dim=-1).tolist()
+    probs: list[torch.Tensor | None] = [None] * len(tokens)
+    for i, (row_params, position) in enumerate(zip(params, positions, strict=True)):
+        if not row_params.greedy:
+            tokens[i], probs[i] = _draw(logits[i], row_params, position)
+    return tokens, probs
+
+
+def _draw(row: torch.Tensor, params: SamplingParams, position: int) -> tuple[int, torch.Tensor]:
     probs = filtered_probs(row, params)
     seed = (
         _SYSTEM_RANDOM.getrandbits(64) if params.seed is None else draft_generator_seed(params.seed, position)
