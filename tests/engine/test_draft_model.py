@@ -232,9 +232,15 @@ def test_release_frees_everything_and_integrity_sees_a_leak(checkpoints):
     release_all(proposer, requests)
 
 
-def test_num_draft_tokens_must_be_positive(checkpoints):
+def test_num_draft_tokens_and_the_loaded_vocabulary_are_checked(checkpoints, tiny_checkpoint):
     with pytest.raises(ValueError, match="--num-draft-tokens"):
         make_proposer(checkpoints, "k3", k=0)
+    target_dir = checkpoints("k3")[0]
+    config = SpecConfig(
+        model=str(target_dir), draft_model=str(tiny_checkpoint("k3", vocab_size=512)), num_draft_tokens=2
+    )
+    with pytest.raises(ValueError, match="--draft-model: .* has vocab_size 512, the target has 1024"):
+        DraftModelProposer(config, load_model(target_dir, dtype=torch.float32))
 
 
 def test_compatible_draft_passes(checkpoints):
