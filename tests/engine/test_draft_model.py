@@ -215,6 +215,9 @@ def test_uncommitted_proposal_is_dropped_and_seats_are_bounded(checkpoints, draf
         proposer.propose([Request("extra", [5, 6], GREEDY, frozenset(), output_ids=[FIRST_TOKEN])])
     with pytest.raises(ValueError, match="accepted drafts"):
         proposer.commit(requests[0], 1)  # output_ids do not go on with the drafts
+    accept(proposer, requests[0], proposals["r0"].token_ids, 3)
+    with pytest.raises(KeyError, match="without a pending proposal"):
+        proposer.commit(requests[0], 0)  # committed already
     release_all(proposer, requests)
 
 

@@ -167,9 +167,9 @@ class DraftModelProposer(DraftProposer):
                 accepted drafts after the checkpoint.
             KeyError: a request with no proposal to commit.
         """
-        seat = self.seats[request.request_id]
-        if seat.drafted is None:
-            raise KeyError(f"request {request.request_id!r}: commit without a proposal")
+        seat = self.seats.get(request.request_id)
+        if seat is None or seat.drafted is None:
+            raise KeyError(f"request {request.request_id!r}: commit without a pending proposal")
         k = self.num_draft_tokens
         if not 0 <= num_accepted <= k:
             raise ValueError(f"num_accepted: must be in [0, {k}], got {num_accepted}")
