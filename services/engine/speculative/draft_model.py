@@ -1,0 +1,276 @@
+"""``DraftModelProposer``: a small model of the target's family drafts ``k`` tokens per request.
+
+The draft keeps its own cache (a block pool and a KDA state-slot pool, no prefix cache, no host
+tier) and, per request, a ``DraftSeat``: its blocks, its state slot, a checkpoint slot and how many of
+the request's tokens it has computed. One ``propose`` for a request::
+
+    all_ids:  | computed by the draft | tail (not yet) |
+                                      ^ forward(tail): draft 1 from the last row
+                                                     ^ checkpoint: slot copied to the checkpoint slot
+    then k - 1 one-token forwards:  feed d1 -> d2, feed d2 -> d3, ..., feed d(k-1) -> dk
+
+so after it the slot covers ``checkpoint + k - 1`` tokens (``dk`` is never fed). ``commit(n)``:
+with ``n >= k - 1`` accepted the fed drafts were all right and the slot stays (computed =
+checkpoint + k - 1); otherwise the slot is restored from the checkpoint (a whole-slot copy: every
+KDA field, CF-BI open rows included) and computed = checkpoint. What the target added after that is
+the next tail; the MLA rows past ``computed`` are simply written again. Blocks are kept until
+``release`` (rewritten, never read past ``computed``).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
+from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.layout import block_layout, slot_layout
+from services.engine.cache.paged_cache import PagedModelCache
+from services.engine.cache.state_pool import StateSlotPool
+from services.engine.checkpoint.loader import load_model
+from services.engine.engine_config import EngineConfig
+from services.engine.model.causal_lm import CausalLM
+from services.engine.model.step_metadata import SequenceStep, build_step_metadata
+from services.engine.request import Request
+
+from .draft_sampling import draw_drafts
+from .proposal import DraftProposer, DraftTokens
+
+
+@dataclass
+class DraftSeat:
+    """One request's place in the draft's cache.
+
+    Attributes:
+        block_table: the draft blocks of the request's positions, in order.
+        slot: the KDA state slot the draft's forwards continue.
+        checkpoint_slot: the slot's copy at ``checkpoint`` (the state rollback returns to).
+        num_computed: leading tokens whose rows and state the draft holds (after a ``propose``, that
+            count includes the fed drafts, which are not in ``all_ids`` until ``commit``).
+        checkpoint: tokens the checkpoint slot's state covers.
+        drafted: the last proposal's tokens until it is committed; None when nothing is pending.
+    """
+
+    block_table: list[int]
+    slot: int
+    checkpoint_slot: int
+    num_computed: int = 0
+    checkpoint: int = 0
+    drafted: tuple[int, ...] | None = None
+
+
+def load_draft_model(config: EngineConfig, target: CausalLM) -> CausalLM:
+    """``config.draft_model`` on the target's device and dtype, with the engine's numerics and kernels
+    (as ``engine_core.load_engine_model`` sets them for the target)."""
+    model = load_model(config.draft_model, device=str(target.device), dtype=target.dtype)
+    model.set_batch_invariant(config.batch_invariant)
+    model.set_kernels(config.kernel_backend, config.kv_format)
+    return model
+
+
+class DraftModelProposer(DraftProposer):
+    """Drafts with ``config.draft_model``: its own pools, one seat per request, chained drafts.
+
+    Args:
+        config: the engine's config (``draft_model``, ``num_draft_tokens``, ``max_num_seqs``,
+            ``max_model_len``, ``max_num_batched_tokens``, ``block_size``, numerics and kernels).
+        target: the loaded target model (device, dtype and vocabulary to match).
+
+    Pools: ``max_num_seqs`` seats, each able to hold a whole sequence plus its drafts
+    (``max_model_len + num_draft_tokens`` positions), two state slots each.
+
+    Raises:
+        ValueError: ``num_draft_tokens`` below 1, or a draft whose vocabulary differs from the
+            target's (naming ``--draft-model``).
+    """
+
+    def __init__(self, config: EngineConfig, target: CausalLM):
+        if config.num_draft_tokens < 1:
+            raise ValueError(
+                f"--num-draft-tokens: must be >= 1 with --draft-model, got {config.num_draft_tokens}"
+            )
+        self.num_draft_tokens = config.num_draft_tokens
+        self.model = load_draft_model(config, target)
+        if self.model.config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"--draft-model: {config.draft_model} has vocab_size {self.model.config.vocab_size}, the "
+                f"target has {target.config.vocab_size}; the draft must share the target's vocabulary"
+            )
+        self.max_tokens_per_forward = config.max_num_batched_tokens
+        self.device = self.model.device
+        dtype = self.model.dtype
+        positions = config.max_model_len + self.num_draft_tokens
+        seat_blocks = -(-positions // config.block_size)
+        self.blocks = BlockPool(
+            block_layout(self.model.config, config.block_size, dtype, config.kv_format),
+            config.block_size,
+            seat_blocks * config.max_num_seqs,
+            self.device,
+        )
+        open_rows = FIXED_CHUNK if config.batch_invariant else 0
+        self.slots = StateSlotPool(
+            slot_layout(self.model.config, dtype, open_rows), 2 * config.max_num_seqs, self.device
+        )
+        self.paged = PagedModelCache(self.blocks, self.slots, self.model.config, dtype)
+        self.seats: dict[str, DraftSeat] = {}
+
+    @torch.no_grad()
+    def propose(self, requests: list[Request]) -> dict[str, DraftTokens]:
+        """Draft ``num_draft_tokens`` tokens for each request, all requests in the same forwards.
+
+        A seat's tail is ``all_ids[num_computed:]`` (the whole sequence the first time); a proposal
+        never committed (the engine decoded the request without verifying it) is dropped first: the
+        seat rolls back to its checkpoint.
+
+        Raises:
+            RuntimeError: more requests than the draft's ``max_num_seqs`` seats.
+            ValueError: a request with no token the draft has not computed.
+        """
+        if not requests:
+            return {}
+        seats = [self._seat(request) for request in requests]
+        for seat in seats:
+            if seat.drafted is not None:
+                self._roll_back(seat)
+        tails = [request.all_ids[seat.num_computed :] for request, seat in zip(requests, seats, strict=True)]
+        for request, tail in zip(requests, tails, strict=True):
+            if not tail:
+                raise ValueError(
+                    f"request {request.request_id!r}: no token since its last proposal to draft after"
+                )
+        logits = self._feed(seats, tails)
+        self._checkpoint(seats)
+        params = [request.params for request in requests]
+        drafted: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        for step in range(self.num_draft_tokens):
+            if step > 0:  # feed the previous drafts; their rows give the next ones
+                logits = self._feed(seats, [[tokens[-1]] for tokens in drafted])
+            positions = [request.sample_position + step for request in requests]
+            tokens, rows_probs = draw_drafts(logits, params, positions)
+            for i, (token, row_probs) in enumerate(zip(tokens, rows_probs, strict=True)):
+                drafted[i].append(token)
+                if row_probs is not None:
+                    probs[i].append(row_probs)
+        proposals = {}
+        for request, seat, tokens, rows_probs in zip(requests, seats, drafted, probs, strict=True):
+            seat.drafted = tuple(tokens)
+            proposals[request.request_id] = DraftTokens(
+                token_ids=seat.drafted, probs=torch.stack(rows_probs) if rows_probs else None
+            )
+        return proposals
+
+    def commit(self, request: Request, num_accepted: int) -> None:
+        """Keep the fed drafts the target accepted, or roll the slot back to the checkpoint.
+
+        Raises:
+            ValueError: ``num_accepted`` outside ``[0, k]``, or ``output_ids`` not continuing with the
+                accepted drafts after the checkpoint.
+            KeyError: a request with no proposal to commit.
+        """
+        seat = self.seats.get(request.request_id)
+        if seat is None or seat.drafted is None:
+            raise KeyError(f"request {request.request_id!r}: commit without a pending proposal")
+        k = self.num_draft_tokens
+        if not 0 <= num_accepted <= k:
+            raise ValueError(f"num_accepted: must be in [0, {k}], got {num_accepted}")
+        accepted = request.all_ids[seat.checkpoint : seat.checkpoint + num_accepted + 1]
+        if tuple(accepted[:num_accepted]) != seat.drafted[:num_accepted] or len(accepted) != num_accepted + 1:
+            raise ValueError(
+                f"request {request.request_id!r}: output_ids must go on with the {num_accepted} accepted "
+                f"drafts {seat.drafted[:num_accepted]} and one more token after position "
+                f"{seat.checkpoint}, got {tuple(accepted)}"
+            )
+        if num_accepted >= k - 1:  # every fed draft was accepted: the slot already covers them
+            seat.num_computed = seat.checkpoint + k - 1
+            seat.drafted = None
+        else:
+            self._roll_back(seat)
+
+    def release(self, request_id: str) -> None:
+        """Free the request's blocks and both slots (unknown ids are ignored)."""
+        seat = self.seats.pop(request_id, None)
+        if seat is None:
+            return
+        self.blocks.free(seat.block_table)
+        self.slots.free(seat.slot)
+        self.slots.free(seat.checkpoint_slot)
+
+    def check_integrity(self) -> None:
+        """The pools are consistent and hold exactly what the live seats hold."""
+        self.blocks.check_integrity()
+        self.slots.check_integrity()
+        held = [block for seat in self.seats.values() for block in seat.block_table]
+        assert len(held) == len(set(held)), "a draft block is held by two seats or twice"
+        used = {block for block, count in enumerate(self.blocks.ref_counts) if count > 0}
+        assert set(held) == used, f"draft blocks used {sorted(used)} but seats hold {sorted(held)}"
+        slots = [slot for seat in self.seats.values() for slot in (seat.slot, seat.checkpoint_slot)]
+        assert len(slots) == len(set(slots)), "a draft state slot is held twice"
+        assert set(slots) == self.slots.used, f"draft slots used {self.slots.used} but seats hold {slots}"
+
+    def _seat(self, request: Request) -> DraftSeat:
+        seat = self.seats.get(request.request_id)
+        if seat is None:
+            if self.slots.num_free < 2:
+                raise RuntimeError(
+                    f"draft model: no free seat for request {request.request_id!r} "
+                    f"({len(self.seats)} requests hold all of them; max_num_seqs bounds both)"
+                )
+            seat = DraftSeat(
+                block_table=[], slot=self.slots.allocate(), checkpoint_slot=self.slots.allocate()
+            )
+            self.seats[request.request_id] = seat
+        return seat
+
+    def _checkpoint(self, seats: list[DraftSeat]) -> None:
+        """Every seat's slot (all of it computed from certain tokens) copied to its checkpoint slot."""
+        for seat in seats:
+            seat.checkpoint = seat.num_computed
+        sources = torch.tensor([seat.slot for seat in seats], device=self.device)
+        targets = torch.tensor([seat.checkpoint_slot for seat in seats], device=self.device)
+        self.slots.storage[targets] = self.slots.storage[sources]
+
+    def _roll_back(self, seat: DraftSeat) -> None:
+        self.slots.storage[seat.slot].copy_(self.slots.storage[seat.checkpoint_slot])
+        seat.num_computed = seat.checkpoint
+        seat.drafted = None
+
+    def _feed(self, seats: list[DraftSeat], tokens: list[list[int]]) -> torch.Tensor:
+        """Run each seat's ``tokens`` (at least one each) after what it has computed, in forwards of at
+        most ``max_num_batched_tokens`` tokens (a long list is split across forwards).
+
+        Returns:
+            ``[len(seats), vocab]``: each seat's logits after its last token.
+        """
+        last_rows: list[torch.Tensor | None] = [None] * len(seats)
+        left = [list(t) for t in tokens]
+        while any(left):
+            steps, owners, logit_rows, budget = [], [], [], self.max_tokens_per_forward
+            for i, seat in enumerate(seats):
+                if not left[i] or budget == 0:
+                    continue
+                chunk, left[i] = left[i][:budget], left[i][budget:]
+                self._grow(seat, seat.num_computed + len(chunk))
+                steps.append(
+                    SequenceStep(tuple(chunk), seat.num_computed, tuple(seat.block_table), seat.slot)
+                )
+                seat.num_computed += len(chunk)
+                budget -= len(chunk)
+                if not left[i]:
+                    owners.append(i)
+                    logit_rows.append(self.max_tokens_per_forward - budget - 1)
+            meta = build_step_metadata(
+                steps,
+                self.blocks.block_size,
+                self.device,
+                logit_rows=logit_rows,
+                index_topk=self.model.index_topk,
+            )
+            logits = self.model.forward_step(meta, self.paged)
+            for row, i in zip(logits, owners, strict=True):
+                last_rows[i] = row
+        return torch.stack(last_rows)
+
+    def _grow(self, seat: DraftSeat, num_tokens: int) -> None:
+        needed = -(-num_tokens // self.blocks.block_size) - len(seat.block_table)
+        if needed > 0:
+            seat.block_table.extend(self.blocks.allocate(needed))
