@@ -6,13 +6,17 @@ One mixed step on a cached prefix, for the families with KDA layers::
     seq a: decode           1 token  after 5 cached
     seq b: prefill chunk   10 tokens, fresh
     seq c: tail 1, k = 2    3 tokens after 9 cached       (checkpoint slot 4)
-    seq d: tail 3, k = 4    7 tokens after 13 cached      (checkpoint slot 5; drafts cross row 16,
-                                                           a CF-BI chunk boundary)
+    seq d: tail 3, k = 4    7 tokens after 13 cached      (checkpoint slot 5; the drafts start at
+                                                           position 16, a CF-BI chunk boundary)
 
 Run plainly, split, with the tails only, and restored from the checkpoints then given the drafts
-again, each from the same saved pools. Bitwise in batch-invariant mode; in the default numerics the
-reference backend's checkpoints are bitwise too, the rest within float32 rounding.
+again, each from the same saved pools. Batch-invariant mode: logits and every slot field bitwise.
+Default numerics: within float32 rounding, and the reference backend's first KDA layer's checkpoint
+bitwise (see the test for why not the later layers'); the ``triton`` case runs the KDA family on the
+library kernels (under the Triton interpreter), the other families on their reference.
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -24,7 +28,7 @@ from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.loader import load_model
 from services.engine.model import SequenceStep, build_step_metadata
-from services.engine.model.backends import check_kernels
+from services.engine.model.backends import build_kernels, check_kernels
 
 BLOCK = 8
 PREFIX = {"a": 5, "c": 9, "d": 13}
@@ -39,7 +43,7 @@ MODES = [
     pytest.param("kimi_linear", "reference", True, id="kimi_linear-reference-invariant"),
     pytest.param("k3", "reference", False, id="k3-reference-default"),
     pytest.param("kimi_linear", "reference", False, id="kimi_linear-reference-default"),
-    pytest.param("k3", "triton", False, id="k3-triton-default"),
+    pytest.param("k3", "triton", False, id="k3-triton-kda-default"),
 ]
 
 
@@ -110,9 +114,11 @@ def bench(tiny_checkpoint):
         if key not in made:
             model = load_model(tiny_checkpoint(family), dtype=torch.float32)
             model.set_batch_invariant(invariant)
-            check_kernels(kernels, "cpu", invariant)
-            model.set_kernels(kernels)
-            assert model.kernels.kda.kind == kernels or invariant
+            if kernels == "triton":  # only the KDA family: the others' interpreted kernels are slow here
+                check_kernels(kernels, "cpu")
+                kda = build_kernels(kernels, model.numerics, "cpu").kda
+                model.kernels = dataclasses.replace(model.kernels, kda=kda)
+            assert model.kernels.kda.kind == kernels
             made[key] = VerifyBench(model, invariant)
         return made[key]
 
