@@ -79,17 +79,16 @@ def plan_split(steps: list["SequenceStep"]) -> SplitPlan | None:
             tail token before its drafts), a speculative sequence without a checkpoint slot, or a
             checkpoint slot that is some sequence's slot or another's checkpoint.
     """
-    for seq, step in enumerate(steps):
-        if not 0 <= step.num_draft < len(step.token_ids):
-            raise ValueError(
-                f"steps[{seq}].num_draft: {step.num_draft} drafts in {len(step.token_ids)} tokens; it must be "
-                "in [0, len(token_ids)) (at least one tail token precedes the drafts)"
-            )
-    if not any(step.num_draft for step in steps):
+    if not any(step.num_draft for step in steps):  # the plain step's whole cost here
         return None
     plan = SplitPlan([], [], [], [], [], [])
     start = 0
     for seq, step in enumerate(steps):
+        if not 0 <= step.num_draft < len(step.token_ids):
+            raise ValueError(
+                f"steps[{seq}].num_draft: {step.num_draft} drafts in {len(step.token_ids)} tokens; it "
+                "must be in [0, len(token_ids)) (at least one tail token precedes the drafts)"
+            )
         head = len(step.token_ids) - step.num_draft
         plan.head_steps.append(
             replace(step, token_ids=step.token_ids[:head], num_draft=0, checkpoint_slot=-1)
