@@ -149,6 +149,7 @@ class Metrics:
         self._init_host_tier_metrics()
         self._init_l3_metrics()
         self._init_worker_cache_metrics()
+        self._init_spec_metrics()
 
     def _init_host_tier_metrics(self) -> None:
         """The ``baton_hicache_*`` metrics of the node's host tier (``baton cache``), by ``kind``."""
@@ -338,11 +339,50 @@ class Metrics:
             totals += [(self.hicache_load_fallbacks, (why,), n) for why, n in counts.load_fallbacks.items()]
             totals += [(self.hicache_offloads, (), counts.offloads)]
             totals += [(self.hicache_tier_reconnects, (), counts.tier_reconnects)]
-        for counter, labels, total in totals:
-            child = counter.labels(*labels) if labels else counter
-            key = (counter, labels)
-            child.inc(total - self._cache_seen.get(key, 0))
-            self._cache_seen[key] = total
+        _grow(totals, self._cache_seen)
+
+    def _init_spec_metrics(self) -> None:
+        """Speculative decoding on a worker whose engine drafts (its ``SpecCounts``)."""
+        r = self.registry
+        self.spec_accepted_length = Counter(
+            "baton_spec_accepted_length_total",
+            "Verify steps of one request by how many of its drafts the target accepted (length 0..k)",
+            ["length"],
+            registry=r,
+        )
+        self.spec_drafted_tokens = Counter(
+            "baton_spec_drafted_tokens_total",
+            "Drafted tokens the target verified, by draft position (0-based)",
+            ["position"],
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "baton_spec_accepted_tokens_total",
+            "Drafted tokens the target accepted, by draft position (0-based)",
+            ["position"],
+            registry=r,
+        )
+        self.spec_draft_seconds = Counter(
+            "baton_spec_draft_seconds_total", "Wall time the draft proposer took to draft", registry=r
+        )
+        self.spec_target_seconds = Counter(
+            "baton_spec_target_seconds_total", "Wall time the target's steps took", registry=r
+        )
+        self._spec_seen: dict[tuple, float] = {}  # (metric, labels) -> the total last observed
+
+    def observe_spec(self, counts) -> None:
+        """Refresh the ``baton_spec_*`` counters from an engine pass's ``SpecCounts`` (totals since the
+        engine started); None (an engine that drafts nothing) changes nothing."""
+        if counts is None:
+            return
+        totals = [(self.spec_accepted_length, (str(n),), t) for n, t in enumerate(counts.accepted_lengths)]
+        totals += [(self.spec_drafted_tokens, (str(i),), t) for i, t in enumerate(counts.drafted_by_position)]
+        totals += [
+            (self.spec_accepted_tokens, (str(i),), t) for i, t in enumerate(counts.accepted_by_position)
+        ]
+        totals += [(self.spec_draft_seconds, (), counts.draft_seconds)]
+        totals += [(self.spec_target_seconds, (), counts.target_seconds)]
+        _grow(totals, self._spec_seen)
 
     def redis_health(self, up: bool) -> None:
         """``baton_hicache_redis_up`` for this process's role (a ``RedisLink``'s ``on_health``)."""
@@ -372,3 +412,13 @@ class Metrics:
         """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the bound port."""
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return server.server_port
+
+
+def _grow(totals: list[tuple], seen: dict[tuple, float]) -> None:
+    """Raise each ``(counter, labels, total)`` by how far ``total`` grew since the last call (``seen``:
+    ``(counter, labels) -> total``, updated): the engine reports totals, Prometheus counters grow."""
+    for counter, labels, total in totals:
+        child = counter.labels(*labels) if labels else counter
+        key = (counter, labels)
+        child.inc(total - seen.get(key, 0))
+        seen[key] = total

@@ -125,6 +125,7 @@ class WorkerServer:
         self.metrics.observe_queue_times(report.queue_times)
         self.metrics.observe_prefetches(report.prefetches)
         self.metrics.observe_prefix_cache(report.cache_counts, report.cache_events)
+        self.metrics.observe_spec(report.spec_counts)
         self.stats.update(report.load)
         self.load_feed.publish(report.cache_events)
 

@@ -26,7 +26,7 @@ from services.transfer import TransferBackend, TransferEndpoint
 from .adapters.lora_adapter import LoraAdapter
 from .engine_core import EngineCore
 from .engine_loop import EngineLoop, RequestDelta
-from .engine_views import EngineInfo, EnginePass, PoolState, info_of, load_of, pool_state_of
+from .engine_views import EngineInfo, EnginePass, PoolState, info_of, load_of, pool_state_of, spec_counts_of
 from .handoff import (
     HandoffLayout,
     HeldPrefill,
@@ -346,6 +346,7 @@ class EngineService:
             tuple(engine.cache.blocks.take_events()),
             engine.cache.counts(),
             tuple(engine.cache.take_prefetch_outcomes()),
+            spec_counts_of(engine),
         )
         for observer in self._observers:
             observer(report)

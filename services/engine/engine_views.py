@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from .cache.block_pool import CacheEvent
 from .cache_counters import CacheCounts
 from .engine_core import EngineCore
+from .speculative.spec_counters import SpecCounts
 
 MAX_LISTED_IDS = 64  # request ids a ``PoolState`` names at most
 
@@ -46,6 +47,7 @@ class EnginePass:
     cache_events: tuple[CacheEvent, ...]  # prefix-cache blocks inserted and evicted in this pass, in order
     cache_counts: CacheCounts  # the prefix cache's and host tier's counters since start (totals)
     prefetches: tuple = ()  # PrefetchOutcome's since the last pass (services/engine/prefetch_gate.py)
+    spec_counts: SpecCounts | None = None  # speculative decoding's counters (totals); None: no drafting
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,12 @@ def pool_state_of(engine: EngineCore) -> PoolState:
         held=len(scheduler.held),
         request_ids=tuple(known[:MAX_LISTED_IDS]),
     )
+
+
+def spec_counts_of(engine: EngineCore) -> SpecCounts | None:
+    """``engine``'s speculative-decoding totals now (loop thread); None when it drafts nothing."""
+    counters = getattr(engine, "spec_counters", None)  # an engine core without speculation lacks it
+    return None if counters is None else counters.counts()
 
 
 def info_of(engine: EngineCore) -> EngineInfo:

@@ -117,3 +117,19 @@ def test_the_hicache_row_shows_hits_traffic_pages_failures_and_health(dashboard)
     traffic = next(panel for panel in row_panels if panel["title"] == "Worker <-> tier bytes/s")
     assert "direction" in traffic["targets"][0]["expr"]
     assert traffic["fieldConfig"]["defaults"]["unit"] == "Bps"
+
+
+def test_the_speculative_decoding_row_shows_acceptance_length_and_draft_time(dashboard):
+    start = next(i for i, p in enumerate(dashboard["panels"]) if p["title"] == "Speculative decoding")
+    end = next((i for i, p in enumerate(dashboard["panels"]) if i > start and p["type"] == "row"), None)
+    row_panels = {panel["title"]: panel for panel in dashboard["panels"][start + 1 : end]}
+    exprs = {title: " ".join(t["expr"] for t in panel["targets"]) for title, panel in row_panels.items()}
+    by_position = exprs["Acceptance rate by draft position"]
+    assert "by (position)" in by_position
+    assert {"baton_spec_accepted_tokens_total", "baton_spec_drafted_tokens_total"} <= metric_names(
+        by_position
+    )
+    length = metric_names(exprs["Mean accepted length"])
+    assert {"baton_spec_accepted_tokens_total", "baton_spec_accepted_length_total"} <= length
+    time_share = metric_names(exprs["Draft time share"])
+    assert time_share == {"baton_spec_draft_seconds_total", "baton_spec_target_seconds_total"}

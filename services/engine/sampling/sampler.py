@@ -98,7 +98,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[i
             continue
         raw = raw_logprobs(row)
         logprobs.append(raw[token].item())
-        top_logprobs.append(_top_n(raw, params[i].logprobs) if params[i].logprobs > 0 else None)
+        top_logprobs.append(top_n_logprobs(raw, params[i].logprobs) if params[i].logprobs > 0 else None)
     return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
 
 
@@ -109,11 +109,14 @@ def raw_logprobs(row: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(row.to(torch.float32).contiguous(), dim=-1)
 
 
-def _sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
-    """One token from one float32 ``[V]`` row."""
-    if params.greedy:
-        return int(torch.argmax(row))  # argmax returns the first maximal index
+def filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The probabilities a non-greedy request samples one float32 ``[V]`` logits row from.
 
+    Applies, in order, temperature, top-k, top-p and min-p. Returns ``[V]`` float32: the softmax of
+    the tempered, top-k-masked row, set to 0 where top-p or min-p drop the token. It is not
+    renormalised after top-p and min-p (it sums to at most 1): the sampler's race does not need it,
+    and dividing would round; divide by the sum for the distribution itself.
+    """
     x = row / params.temperature
     vocab = x.shape[0]
     if 0 < params.top_k < vocab:
@@ -130,21 +133,29 @@ def _sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int
         keep[order[before >= params.top_p]] = False
     if params.min_p > 0.0:
         keep &= probs >= params.min_p * probs.max()
+    return torch.where(keep, probs, 0.0)
 
+
+def _sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """One token from one float32 ``[V]`` row."""
+    if params.greedy:
+        return int(torch.argmax(row))  # argmax returns the first maximal index
+
+    probs = filtered_probs(row, params)
     if params.seed is None:
         seed = _SYSTEM_RANDOM.getrandbits(64)
     else:
         seed = generator_seed(params.seed, position)
     generator = torch.Generator(device=row.device)
     generator.manual_seed(seed)
-    q = torch.empty(vocab, dtype=torch.float32, device=row.device).exponential_(generator=generator)
+    q = torch.empty(probs.shape[0], dtype=torch.float32, device=row.device).exponential_(generator=generator)
     # A draw of exactly 0 (if the generator ever yields one) makes that token win, as it would in
-    # the limit q -> 0; tokens with p = 0 are masked by `keep`, so 0 / 0 never reaches the argmax.
-    race = torch.where(keep, probs / q, -1.0)
+    # the limit q -> 0; filtered tokens have p = 0 and are masked, so 0 / 0 never reaches the argmax.
+    race = torch.where(probs > 0, probs / q, -1.0)
     return int(torch.argmax(race))
 
 
-def _top_n(raw: torch.Tensor, n: int) -> list[tuple[int, float]]:
+def top_n_logprobs(raw: torch.Tensor, n: int) -> list[tuple[int, float]]:
     """The n largest entries of `raw` as (id, value), value descending then id ascending."""
     n = min(n, raw.shape[0])
     values, ids = torch.topk(raw, n, sorted=False)
