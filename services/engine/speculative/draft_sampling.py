@@ -1,9 +1,8 @@
 """How a draft model picks each drafted token from its logits row, and the distribution it records.
 
 Greedy requests take the argmax (ties: the lowest id), as the sampler does. Other requests draw from
-the request's *filtered* distribution: temperature, top-k, top-p and min-p applied exactly as
-``services/engine/sampling/sampler.py``'s ``_sample_row`` applies them, the tokens they remove set to
-probability 0 and the rest renormalised. That row is what ``DraftTokens.probs`` records and what
+the request's *filtered* distribution: the sampler's ``filtered_probs`` (temperature, top-k, top-p and
+min-p, exactly as it samples), renormalised. That row is what ``DraftTokens.probs`` records and what
 rejection sampling divides by.
 
 Randomness: a seeded request's draw at sample position ``p`` uses a fresh generator seeded with
@@ -18,42 +17,22 @@ import random
 import torch
 
 from common.sampling_params import SamplingParams
-from services.engine.sampling.sampler import generator_seed, splitmix64
+from services.engine.sampling.sampler import filtered_probs, generator_seed, splitmix64
 
 # "draft" in ASCII: the draft's random stream, XORed into the target's per-position generator seed.
 DRAFT_STREAM = 0x6472616674
 _SYSTEM_RANDOM = random.SystemRandom()
 
 
-def filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a non-greedy request samples from, for one logits row.
-
-    Duplicates the filtering of ``sampler._sample_row`` (temperature, then top-k on the scaled
-    logits, softmax, top-p on the sorted probabilities, min-p against the largest), until the sampler
-    exposes it as a function of its own.
+def draft_distribution(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy request's draft is drawn from, for one logits row: the sampler's
+    ``filtered_probs`` (temperature, top-k, top-p, min-p) renormalised to sum to 1.
 
     Args:
         row: ``[V]`` logits, any float dtype (computed on in float32).
         params: a non-greedy request's parameters.
-
-    Returns:
-        ``[V]`` float32 probabilities summing to 1, zero on every token the filters removed.
     """
-    x = row.to(torch.float32).contiguous() / params.temperature
-    vocab = x.shape[0]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(x, params.top_k, sorted=False).values.min()
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    keep = probs > 0
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True, stable=True)
-        before = torch.zeros_like(sorted_probs)
-        torch.cumsum(sorted_probs[:-1], dim=0, out=before[1:])
-        keep[order[before >= params.top_p]] = False
-    if params.min_p > 0.0:
-        keep &= probs >= params.min_p * probs.max()
-    kept = torch.where(keep, probs, 0.0)
+    kept = filtered_probs(row.to(torch.float32).contiguous(), params)
     return kept / kept.sum()
 
 
@@ -75,7 +54,7 @@ def draw_drafts(
     Returns:
         ``(tokens, probs)``: a greedy row's token is its argmax (ties: the lowest id; one batched argmax,
         exact whatever the batch) and its probs None; any other row's token is drawn from
-        ``filtered_probs(row, params)`` (the exponential race, as the sampler draws) and its probs that
+        ``draft_distribution(row, params)`` (the exponential race, as the sampler draws) and its probs that
         ``[V]`` float32 row.
     """
     tokens = torch.argmax(logits.to(torch.float32), dim=-1).tolist()
@@ -87,7 +66,7 @@ def draw_drafts(
 
 
 def _draw(row: torch.Tensor, params: SamplingParams, position: int) -> tuple[int, torch.Tensor]:
-    probs = filtered_probs(row, params)
+    probs = draft_distribution(row, params)
     seed = (
         _SYSTEM_RANDOM.getrandbits(64) if params.seed is None else draft_generator_seed(params.seed, position)
     )
