@@ -13,6 +13,12 @@ KV blocks plus its KDA slot::
 
     | weights | workspace | n x (KV blocks of L tokens) | n x KDA slot | free (< one request) |
 
+With speculative decoding (``fit(..., draft=...)``) the draft's weights and workspace join the
+target's, and each request also holds the speculative part: the target's checkpoint slot (KDA
+rollback), the blocks its ``k`` drafted positions may need past ``L``, and the draft model's own
+blocks for ``L + k`` tokens and two slots (state and checkpoint). The handoff does not carry the
+draft's state yet, so the transfer stays the target's.
+
 With a parallel layout (``tp``, ``dcp``, ``ep``) every figure is one rank's and the budget is one
 device's: the weights are a rank's shard (TP and EP split them); TP splits the KDA heads (a rank's
 slot holds ``1/tp`` of the state) but not the MLA latent, which every TP rank caches whole; DCP splits
@@ -108,7 +114,10 @@ class ContextFit:
     ``requests`` is 0 and ``limiting`` is ``"weights"`` (or ``"workspace"``) when those alone leave
     no room. Otherwise ``limiting`` is the state kind taking the larger share of each request's bytes
     (``"kv"`` or ``"kda_state"``): shrinking it admits the most extra requests. ``kv_blocks`` and
-    ``kda_slots`` are the pool sizes to configure for ``requests`` concurrent contexts.
+    ``kda_slots`` are the pool sizes to configure for ``requests`` concurrent contexts. With a draft,
+    ``weight_bytes`` and ``workspace_bytes`` are both models' (``draft_weight_bytes`` the draft's part)
+    and ``spec_bytes_per_request`` is what speculation adds to each request (the module docstring);
+    ``kv_*`` and ``kda_*`` stay the target's.
     """
 
     context_len: int
@@ -125,13 +134,16 @@ class ContextFit:
     kda_bytes: int
     free_bytes: int
     limiting: str
+    draft_weight_bytes: int = 0
+    spec_bytes_per_request: int = 0
+    spec_bytes: int = 0
 
     @property
     def transfer_bytes(self) -> int:
         return self.kv_bytes_per_request + self.kda_bytes_per_request
 
     def fraction(self, part: str) -> float:
-        """Share of ``memory_bytes`` taken by ``weight``, ``workspace``, ``kv``, ``kda`` or ``free``
+        """Share of ``memory_bytes`` taken by ``weight``, ``workspace``, ``kv``, ``kda``, ``spec`` or ``free``
         (``free`` is negative when weights and workspace overflow the memory)."""
         return getattr(self, f"{part}_bytes") / self.memory_bytes
 
@@ -212,31 +224,52 @@ def capacity_ledger(
     )
 
 
-def fit(ledger: CapacityLedger, memory_bytes: int, context_len: int) -> ContextFit:
+def fit(
+    ledger: CapacityLedger,
+    memory_bytes: int,
+    context_len: int,
+    draft: CapacityLedger | None = None,
+    num_draft_tokens: int = 0,
+) -> ContextFit:
     """Concurrent requests of ``context_len`` tokens that fit in ``memory_bytes`` beside the weights
-    and workspace, each holding ``ceil(context_len / block_size)`` whole blocks and one KDA slot.
+    and workspace, each holding ``ceil(context_len / block_size)`` whole blocks and one KDA slot (and,
+    with a ``draft`` model drafting ``num_draft_tokens``, the speculative part: module docstring).
 
     Raises:
-        ValueError: ``memory_bytes`` or ``context_len`` below 1, naming it.
+        ValueError: ``memory_bytes`` or ``context_len`` below 1, or ``num_draft_tokens`` below 1 with a
+            draft, naming it.
     """
     if memory_bytes < 1:
         raise ValueError(f"memory_bytes: must be positive, got {memory_bytes}")
     if context_len < 1:
         raise ValueError(f"context_len: must be >= 1, got {context_len}")
+    if draft is not None and num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens: must be >= 1 with a draft, got {num_draft_tokens}")
     blocks = ledger.kv_blocks(context_len)
     kv, kda = blocks * ledger.kv_block_bytes, ledger.kda_slot_bytes
-    room = memory_bytes - ledger.weight_bytes - ledger.workspace_bytes
+    weights, workspace, spec = ledger.weight_bytes, ledger.workspace_bytes, 0
+    if draft is not None:
+        weights += draft.weight_bytes
+        workspace += draft.workspace_bytes
+        drafted = context_len + num_draft_tokens
+        spec = (
+            ledger.kda_slot_bytes
+            + (ledger.kv_blocks(drafted) - blocks) * ledger.kv_block_bytes
+            + draft.kv_blocks(drafted) * draft.kv_block_bytes
+            + 2 * draft.kda_slot_bytes
+        )
+    room = memory_bytes - weights - workspace
     if room <= 0:
         requests = 0
-        limiting = "weights" if ledger.weight_bytes >= memory_bytes else "workspace"
+        limiting = "weights" if weights >= memory_bytes else "workspace"
     else:
-        requests = room // (kv + kda)
+        requests = room // (kv + kda + spec)
         limiting = "kv" if kv >= kda else "kda_state"
     return ContextFit(
         context_len=context_len,
         memory_bytes=memory_bytes,
-        weight_bytes=ledger.weight_bytes,
-        workspace_bytes=ledger.workspace_bytes,
+        weight_bytes=weights,
+        workspace_bytes=workspace,
         kv_blocks_per_request=blocks,
         kv_bytes_per_request=kv,
         kda_bytes_per_request=kda,
@@ -245,8 +278,11 @@ def fit(ledger: CapacityLedger, memory_bytes: int, context_len: int) -> ContextF
         kv_bytes=requests * kv,
         kda_slots=requests if kda else 0,
         kda_bytes=requests * kda,
-        free_bytes=room - requests * (kv + kda),
+        free_bytes=room - requests * (kv + kda + spec),
         limiting=limiting,
+        draft_weight_bytes=draft.weight_bytes if draft is not None else 0,
+        spec_bytes_per_request=spec,
+        spec_bytes=requests * spec,
     )
 
 
@@ -350,5 +386,6 @@ def fit_dict(result: ContextFit) -> dict:
     """The fit as plain JSON-ready values, with the transfer bytes and each part's memory fraction."""
     out = asdict(result)
     out["transfer_bytes"] = result.transfer_bytes
-    out["fractions"] = {part: result.fraction(part) for part in ("weight", "workspace", "kv", "kda", "free")}
+    parts = ("weight", "workspace", "kv", "kda", "spec", "free")
+    out["fractions"] = {part: result.fraction(part) for part in parts}
     return out

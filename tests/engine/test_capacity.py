@@ -19,7 +19,7 @@ from services.engine.capacity import (
     ledger_dict,
 )
 from services.engine.checkpoint.loader import load_model
-from services.engine.checkpoint.presets import preset_config
+from services.engine.checkpoint.presets import preset_config, with_layers
 from services.engine.checkpoint.random_init import write_random_checkpoint
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config_loader import load_model_config
@@ -218,6 +218,23 @@ def test_fit_arithmetic_and_monotone_in_memory():
         count = fit(got, mib << 20, 4096).requests
         assert count >= previous
         previous = count
+
+
+def test_fit_with_a_draft_counts_its_weights_and_the_speculative_part():
+    target, draft = ledger("k3"), ledger(load_model_config(with_layers(preset_config("k3", "tiny"), 2)))
+    plain, spec = fit(target, GIB, 4090), fit(target, GIB, 4090, draft=draft, num_draft_tokens=7)
+    # 4090 tokens take 256 blocks; 4097 drafted positions take 257 (one more target block).
+    speculative = 19200 + 3584 + draft.kv_blocks(4097) * draft.kv_block_bytes + 2 * draft.kda_slot_bytes
+    assert spec.spec_bytes_per_request == speculative and spec.draft_weight_bytes == draft.weight_bytes
+    assert spec.weight_bytes == target.weight_bytes + draft.weight_bytes
+    assert spec.workspace_bytes == target.workspace_bytes + draft.workspace_bytes
+    room = GIB - spec.weight_bytes - spec.workspace_bytes
+    assert spec.requests == room // (256 * 3584 + 19200 + speculative) < plain.requests
+    assert spec.transfer_bytes == plain.transfer_bytes  # the handoff does not carry the draft yet
+    parts = ("weight", "workspace", "kv", "kda", "spec", "free")
+    assert sum(spec.fraction(p) for p in parts) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        fit(target, GIB, 4090, draft=draft)
 
 
 @pytest.mark.parametrize("raw", [None, K3_LIKE], ids=["tiny-k3", "k3-like-48b"])
