@@ -28,6 +28,10 @@ class SequenceStep:
         block_table: block ids covering every position this step writes.
         slot: the sequence's KDA state slot.
         adapter: the sequence's LoRA adapter slot (``AdapterRegistry``), 0 for the base model.
+        num_draft: speculative decoding: the last ``num_draft`` tokens are drafts under verification
+            (0: a plain chunk).
+        checkpoint_slot: with ``num_draft > 0``, the slot where each KDA layer copies the sequence's
+            state after its rows before the drafts (None: no checkpoint).
     """
 
     token_ids: tuple[int, ...]
@@ -35,6 +39,8 @@ class SequenceStep:
     block_table: tuple[int, ...]
     slot: int
     adapter: int = 0
+    num_draft: int = 0
+    checkpoint_slot: int | None = None
 
 
 @dataclass(frozen=True)
