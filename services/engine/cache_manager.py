@@ -430,7 +430,7 @@ class CacheManager:
     def rollback(self, request: Request) -> None:
         """Restore the request's KDA state from its checkpoint slot: undo a verify step's drafts (the
         target's KDA layers copied the state there after the step's tail rows)."""
-        self.slots.storage[request.slot].copy_(self.slots.storage[request.checkpoint_slot])
+        self.slots.copy_slot(request.checkpoint_slot, request.slot)
 
     def total_tokens(self) -> int:
         """Context tokens the block pool holds in all (over the DCP ranks, each storing its share)."""

@@ -71,7 +71,7 @@ class ModelRunner:
                 c.slot,
                 adapter,
                 num_draft=c.num_draft,
-                checkpoint_slot=requests[c.request_id].checkpoint_slot if c.num_draft else None,
+                checkpoint_slot=requests[c.request_id].checkpoint_slot if c.num_draft else -1,
             )
             for c, adapter in zip(chunks, adapters, strict=True)
         ]

@@ -49,6 +49,20 @@ class StateSlotPool:
         self.used.remove(slot)
         self.free_ids.append(slot)
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Overwrite slot ``dst`` with slot ``src``: every layer's every field (one row copy). A
+        speculative request restores its slot from its checkpoint slot this way after a rejection.
+
+        Raises:
+            RuntimeError: either slot is not in use, or they are the same slot.
+        """
+        for name, slot in (("src", src), ("dst", dst)):
+            if slot not in self.used:
+                raise RuntimeError(f"copy_slot: {name} slot {slot} is not in use")
+        if src == dst:
+            raise RuntimeError(f"copy_slot: src and dst are both slot {src}")
+        self.storage[dst] = self.storage[src]
+
     def view(self, layer: int, kind: str) -> torch.Tensor:
         """``[num_slots (+ 1 scratch), *field.shape]`` view of one field across all slots (no copy)."""
         field = self.layout.field(layer, kind)

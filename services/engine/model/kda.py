@@ -10,7 +10,7 @@ from services.engine.parallel.shard import Shard
 
 from .backends import KernelSet
 from .config import ModelConfig
-from .layer_cache import ModelCache
+from .layer_cache import KdaLayerCache, ModelCache
 from .norm import GatedRMSNorm
 from .numerics import Numerics
 from .step_metadata import StepMetadata
@@ -86,6 +86,10 @@ class KimiDeltaAttention(nn.Module):
     ) -> torch.Tensor:
         """Advance every sequence's recurrence over its new rows, continuing its state slot in place.
 
+        In a step with drafts (``meta.spec``) the speculative sequences' tails go first (beside every
+        other sequence's rows), then this layer's fields of their slots are copied to their checkpoint
+        slots, then their drafts run (``SpecSplit``).
+
         Args:
             x: ``[N, D]`` normalised hidden states of the step's new tokens.
             meta: the step.
@@ -102,11 +106,36 @@ class KimiDeltaAttention(nn.Module):
         g = self.forget_gate(x, nx, lora)
         beta = nx.sigmoid(project(x, self.b_proj, nx, lora))
         layer_cache = cache.kda(layer)
-        mixed = ops.kda.short_conv(mixed, self.conv1d.weight.squeeze(1), layer_cache, meta)
+        spec = meta.spec
+        if spec is None:
+            out = self._recurrence(mixed, g, beta, layer_cache, meta, nx, ops)
+        else:
+            heads, drafts = spec.head_rows, spec.draft_rows
+            head_out = self._recurrence(mixed[heads], g[heads], beta[heads], layer_cache, spec.heads, nx, ops)
+            spec.checkpoint(layer_cache)
+            draft_out = self._recurrence(
+                mixed[drafts], g[drafts], beta[drafts], layer_cache, spec.drafts, nx, ops
+            )
+            out = head_out.new_empty(tokens, *head_out.shape[1:])
+            out[heads], out[drafts] = head_out, draft_out
+        gate = project(project(x, self.g_a_proj, nx, lora), self.g_b_proj, nx, lora)
+        normed = self.o_norm(out, gate.view(-1, self.num_heads, self.head_dim), nx).reshape(tokens, -1)
+        return row_parallel_project(normed, self.o_proj, nx, lora, self.parallel)
+
+    def _recurrence(
+        self,
+        mixed: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        cache: KdaLayerCache,
+        meta: StepMetadata,
+        nx: Numerics,
+        ops: KernelSet,
+    ) -> torch.Tensor:
+        """Short conv, then the gated delta rule, over ``meta``'s rows: ``mixed [n, 3 * H * K]`` (q, k, v
+        before the conv), ``g [n, H, K]``, ``beta [n, H]`` -> ``o [n, H, V]``."""
+        mixed = ops.kda.short_conv(mixed, self.conv1d.weight.squeeze(1), cache, meta)
         heads = (-1, self.num_heads, self.head_dim)
         q, k, v = (part.reshape(heads) for part in mixed.split(self.width, dim=-1))
         q, k = nx.l2_normalize(q), nx.l2_normalize(k)
-        out = ops.kda.forward(q, k, v, g, beta, self.head_dim**-0.5, layer_cache, meta)
-        gate = project(project(x, self.g_a_proj, nx, lora), self.g_b_proj, nx, lora).view(heads)
-        normed = self.o_norm(out, gate, nx).reshape(tokens, -1)
-        return row_parallel_project(normed, self.o_proj, nx, lora, self.parallel)
+        return ops.kda.forward(q, k, v, g, beta, self.head_dim**-0.5, cache, meta)

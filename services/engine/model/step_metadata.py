@@ -7,6 +7,9 @@
  query_seq:          0 0 0 0 0             1                2 2 2
  slot_mapping:       block_tables[s][p // B] * B + p % B   for each row's (s, p)
 ```
+A step with drafts (``SequenceStep.num_draft``: a speculative decoding verify step) also carries a
+``SpecSplit`` (``spec_split``) for the KDA layers; a step without any keeps ``spec`` None.
+
 The host builds every integer field into one byte buffer (pinned when the device is a GPU) and copies
 it to the device once; the device fields are views into that copy. Layers never loop over sequences
 on the fast path and never read a device value back; the ``*_host`` tuples are there for the
@@ -16,6 +19,8 @@ on the fast path and never read a device value back; the ``*_host`` tuples are t
 from dataclasses import dataclass
 
 import torch
+
+from .spec_split import SpecSplit, plan_split
 
 
 @dataclass(frozen=True)
@@ -28,10 +33,10 @@ class SequenceStep:
         block_table: block ids covering every position this step writes.
         slot: the sequence's KDA state slot.
         adapter: the sequence's LoRA adapter slot (``AdapterRegistry``), 0 for the base model.
-        num_draft: speculative decoding: the last ``num_draft`` tokens are drafts under verification
-            (0: a plain chunk).
-        checkpoint_slot: with ``num_draft > 0``, the slot where each KDA layer copies the sequence's
-            state after its rows before the drafts (None: no checkpoint).
+        num_draft: the last ``num_draft`` of ``token_ids`` are drafts to verify (0: an ordinary chunk);
+            at least one token (the tail) precedes them.
+        checkpoint_slot: with drafts, the state slot each KDA layer copies the sequence's state into
+            once the tail is processed, before the drafts (``SpecSplit``); -1 without.
     """
 
     token_ids: tuple[int, ...]
@@ -40,7 +45,7 @@ class SequenceStep:
     slot: int
     adapter: int = 0
     num_draft: int = 0
-    checkpoint_slot: int | None = None
+    checkpoint_slot: int = -1
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class StepMetadata:
         query_start_loc_host, past_lens_host, block_tables_host, kda_slots_host: host copies for the
             ``reference`` backend (block tables unpadded).
         seq_adapters_host: each sequence's adapter slot; the model groups rows by it once per step.
+        spec: the KDA layers' split of a step with drafts, None when no sequence has drafts.
     """
 
     input_ids: torch.Tensor
@@ -98,6 +104,7 @@ class StepMetadata:
     block_tables_host: tuple[tuple[int, ...], ...]
     kda_slots_host: tuple[int, ...]
     seq_adapters_host: tuple[int, ...] = ()
+    spec: SpecSplit | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -166,8 +173,8 @@ def build_step_metadata(
             buffer); a fresh one is allocated when None.
 
     Raises:
-        ValueError: no sequence, a sequence without new tokens, or a block table too short for the
-            positions it must hold.
+        ValueError: no sequence, a sequence without new tokens, a block table too short for the
+            positions it must hold, or drafts without a valid checkpoint slot (``plan_split``).
     """
     if not steps:
         raise ValueError("steps: a step needs at least one sequence")
@@ -232,6 +239,28 @@ def build_step_metadata(
         block_tables_host=tuple(tables),
         kda_slots_host=tuple(step.slot for step in steps),
         seq_adapters_host=tuple(step.adapter for step in steps),
+        spec=_spec_split(steps, block_size, device, index_topk),
+    )
+
+
+def _spec_split(
+    steps: list[SequenceStep], block_size: int, device: torch.device, index_topk: int
+) -> SpecSplit | None:
+    plan = plan_split(steps)
+    if plan is None:
+        return None
+    host = torch.tensor(plan.indices(), dtype=torch.int64)
+    indices = host.pin_memory() if device.type == "cuda" else host
+    head_rows, draft_rows, slots, checkpoint_slots = indices.to(device, non_blocking=True).split(
+        [len(plan.head_rows), len(plan.draft_rows), len(plan.slots), len(plan.checkpoint_slots)]
+    )
+    return SpecSplit(
+        head_rows=head_rows,
+        draft_rows=draft_rows,
+        heads=build_step_metadata(plan.head_steps, block_size, device, index_topk=index_topk),
+        drafts=build_step_metadata(plan.draft_steps, block_size, device, index_topk=index_topk),
+        slots=slots,
+        checkpoint_slots=checkpoint_slots,
     )
 
 
