@@ -27,7 +27,8 @@ class Script:
 
 
 class ScriptedProposer(DraftProposer):
-    """Drafts ``num_draft_tokens`` tokens of each prompt's ``Script`` (requests are matched by prompt).
+    """Drafts ``num_draft_tokens`` tokens of each prompt's ``Script`` (requests are matched by prompt;
+    a prompt without a script gets no drafts).
 
     Attributes:
         commits: ``(request_id, num_accepted)`` of every ``commit``, in order.
@@ -46,7 +47,9 @@ class ScriptedProposer(DraftProposer):
         for request in requests:
             assert request.request_id not in self.pending, "proposed again before commit or release"
             assert request.output_ids and request.num_computed >= len(request.prompt_ids)
-            script = self.scripts[tuple(request.prompt_ids)]
+            script = self.scripts.get(tuple(request.prompt_ids))
+            if script is None:
+                continue  # not scripted: it decodes without drafts
             start = len(request.output_ids)
             tokens = tuple(self._draft(script, start + i) for i in range(self.num_draft_tokens))
             self.pending[request.request_id] = tokens

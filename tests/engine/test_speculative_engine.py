@@ -18,6 +18,9 @@ import pytest
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
+from services.engine.handoff import first_token, held_prefill, register_pools, reservation_of, send_state
+from services.engine.request import RequestStatus
+from services.transfer import make_backend
 from tests.conftest import TEST_DEVICE
 from tests.engine.scripted_proposer import Script, ScriptedProposer, expected_verifies
 
@@ -180,6 +183,56 @@ def test_each_request_holds_a_checkpoint_slot_while_it_runs(plain, tiny_checkpoi
     while engine.has_unfinished:
         engine.step()
     assert engine.cache.slots.num_free == engine.cache.slots.num_slots
+
+
+def test_next_turn_resumes_from_a_snapshot_taken_while_speculating(plain, tiny_checkpoint):
+    """Rejections roll back and the tail is recomputed; the verify that lands on output block boundary
+    24 (17 prompt tokens, blocks of 8) leaves a decode snapshot there. A next turn on the same engine
+    resumes from it and continues exactly as the plain engine does."""
+    family = "k3"
+    first = plain(family, prompts=PROMPTS[1:2])
+    llm = speculative(tiny_checkpoint, family, first, ["some"])
+    assert llm.generate(PROMPTS[1:2], GREEDY)[0].token_ids == first[0].token_ids
+    turn = [PROMPTS[1] + first[0].token_ids + [7, 8]]
+    want = plain(family, prompts=turn)[0]
+    got = llm.generate(turn, GREEDY)[0]
+    assert got.num_cached_tokens == 24, "the next turn should resume from the decode snapshot at 24"
+    assert got.token_ids == want.token_ids
+    assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4
+
+
+def test_a_handed_off_request_speculates_from_its_next_step(plain, tiny_checkpoint):
+    """Decode side of a handoff: the prompt's state arrives by transfer, then the request verifies
+    drafts from its next step on (the proposer is told nothing special)."""
+    family = "k3"
+    want = plain(family, prompts=PROMPTS[:1])[0]
+    options = dict(model=str(tiny_checkpoint(family)), dtype="float32", device=TEST_DEVICE, block_size=8)
+    prefill = EngineCore(EngineConfig(**options))
+    proposer = ScriptedProposer(K, {tuple(want.prompt_ids): Script(tuple(want.token_ids), WRONG["some"])})
+    decode = EngineCore(EngineConfig(**options), proposer=proposer)
+    sender, receiver = make_backend("grpc_bytes"), make_backend("grpc_bytes")
+    try:
+        register_pools(sender, prefill.cache)
+        register_pools(receiver, decode.cache)
+        peer = sender.connect(receiver.endpoint())
+        reserved = decode.reserve(PROMPTS[0], GREEDY, "handed")
+        assert reserved.checkpoint_slot is not None
+        held = prefill.add_prefill_only(PROMPTS[0], GREEDY, "handed")
+        while held.status is not RequestStatus.HELD:
+            prefill.step()
+        send_state(sender, peer, held_prefill(held), reservation_of(reserved))
+        assert receiver.wait_notification("handed", timeout_s=10).message == "handed"
+        decode.scheduler.complete_reserved("handed", first_token(held))
+        prefill.scheduler.release_held("handed")
+        while decode.has_unfinished:
+            decode.step()
+    finally:
+        sender.close()
+        receiver.close()
+    assert reserved.output_ids == want.token_ids
+    assert decode.spec_counters.counts().verifies == len(
+        expected_verifies(proposer.scripts[tuple(PROMPTS[0])], K, MAX_TOKENS)
+    )
 
 
 @pytest.mark.parametrize(
