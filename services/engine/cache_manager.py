@@ -27,6 +27,11 @@ With a Redis L3 below the tier, ``prefetch`` (when a request arrives) starts bri
 the L3 into the tier, and ``ready`` (the scheduler, before admitting it) answers by the worker's
 prefetch policy (``prefetch_gate.py``).
 
+With ``checkpoints`` (speculative decoding) every admitted request also holds a checkpoint slot, where
+the KDA layers copy its state after a verify step's tail, before the drafts; ``rollback`` restores the
+slot from it when a draft is rejected. Only committed tokens ever reach ``record_progress`` and
+``record_end``, so registered blocks and snapshots never hold a rejected draft.
+
 ``admit`` counts where each admitted request's cached prefix came from (``counters``,
 ``cache_counters.py``) and, with a tier, the tier's hits and misses for the match it was admitted on:
 once per admission, however many passes the request waited (each pass calls ``find_prefix``).

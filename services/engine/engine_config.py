@@ -145,11 +145,6 @@ class EngineConfig:
                 f"({self.world_size} ranks); drop --draft-model (and --num-draft-tokens) or run one rank"
             )
 
-    @property
-    def speculative(self) -> bool:
-        """Whether a draft model proposes tokens for the target to verify."""
-        return bool(self.draft_model)
-
     def _check_host_cache(self) -> None:
         gib, fraction = self.host_cache_gib, self.host_cache_kda_fraction
         if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib < 0:

@@ -8,11 +8,12 @@ recompute its tokens; nothing is lost. ``update()`` applies the sampled tokens a
 Speculative decoding: ``schedule(drafts)`` turns a drafted request's chunk into a verify chunk, its
 uncomputed tokens (the "tail") followed by its drafts::
 
-    all_ids:  | computed (past) | tail | <- num_tokens
-    chunk:                      | tail | draft 0 .. draft k-1 |     1 + k logit rows: the last 1 + k
-    accepted all k:   num_computed = past + len(chunk)        (the slot holds the state after the drafts)
-    accepted fewer:   num_computed = past + len(tail)         (the slot is restored from its checkpoint;
-                                                               accepted drafts + new token: next tail)
+    all_ids:  | computed (past) | tail |                       (tail: up to k + 1 tokens)
+    chunk:                      | tail | draft 0 .. draft k-1 |  logits of its last 1 + k rows
+    all k accepted:   num_computed = past + len(chunk)    (the slot holds the state after the drafts)
+    fewer accepted:   num_computed = past + len(tail)     (the slot is restored from the checkpoint the
+                                                           KDA layers took after the tail; the accepted
+                                                           drafts and the new token: the next tail)
 
 ``update()`` appends the verified tokens one by one (a stop ends the request at that token), rolls
 back or advances, and tells the proposer how many drafts were accepted.
@@ -230,11 +231,11 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             proposal = self._fit_drafts(request, drafts.get(request.request_id), budget)
-            count = self._verify_size(request, proposal, budget)
+            count = self._running_chunk_size(request, proposal, budget)
             while not self.cache.can_grow(request, count):
                 if proposal is not None:  # drop the drafts before preempting anyone
                     proposal = None
-                    count = self._verify_size(request, proposal, budget)
+                    count = self._running_chunk_size(request, proposal, budget)
                     continue
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -294,7 +295,7 @@ class Scheduler:
         probs = None if proposal.probs is None else proposal.probs[:room]
         return DraftTokens(proposal.token_ids[:room], probs)
 
-    def _verify_size(self, request: Request, proposal: DraftTokens | None, budget: int) -> int:
+    def _running_chunk_size(self, request: Request, proposal: DraftTokens | None, budget: int) -> int:
         """Tokens of a running request's chunk: with drafts the whole tail and the drafts (a verify
         chunk is never cut: its state is committed only at its checkpoint or its end), else the plain
         chunk size."""
