@@ -14,12 +14,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
 from services.engine.handoff import first_token, held_prefill, register_pools, reservation_of, send_state
 from services.engine.request import RequestStatus
+from services.engine.speculative.proposal import DraftTokens
 from services.transfer import make_backend
 from tests.conftest import TEST_DEVICE
 from tests.engine.scripted_proposer import Script, ScriptedProposer, expected_verifies
@@ -163,6 +165,30 @@ def test_preemption_under_a_small_cache_keeps_outputs(family, plain, tiny_checkp
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert set(preempted) <= set(llm.engine.proposer.released)
     assert not llm.engine.proposer.pending
+
+
+@pytest.mark.parametrize(
+    "max_tokens, budget, kept", [(3, 64, 1), (10, 3, 2), (10, 64, 3)], ids=["max-tokens", "budget", "whole"]
+)
+def test_drafts_and_their_distributions_are_cut_to_fit(max_tokens, budget, kept, tiny_checkpoint):
+    """A verify chunk is the whole tail and the drafts that fit: ``max_tokens`` (the step emits up to
+    drafts + 1 tokens) and the step budget cut the drafts, and the rows of their distributions."""
+    path = str(tiny_checkpoint("deepseek_v32"))
+    engine = EngineCore(
+        EngineConfig(path, device=TEST_DEVICE, dtype="float32", max_num_batched_tokens=budget),
+        proposer=ScriptedProposer(K, {}),
+    )
+    request = engine.add_request(PROMPTS[2], dataclasses.replace(GREEDY, max_tokens=max_tokens))
+    while not request.output_ids:
+        engine.step()
+    probs = torch.rand(K, engine.model.config.vocab_size)
+    output = engine.scheduler.schedule({request.request_id: DraftTokens((1, 2, 3), probs)})
+    (chunk,) = output.chunks
+    assert chunk.num_draft == kept and chunk.token_ids == (request.output_ids[-1], 1, 2, 3)[: 1 + kept]
+    assert output.drafts[request.request_id].token_ids == (1, 2, 3)[:kept]
+    assert torch.equal(output.drafts[request.request_id].probs, probs[:kept])
+    assert len(request.block_table) * engine.cache.block_tokens >= chunk.past + len(chunk.token_ids)
+    engine.abort(request.request_id)
 
 
 def test_each_request_holds_a_checkpoint_slot_while_it_runs(plain, tiny_checkpoint):
