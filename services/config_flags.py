@@ -90,6 +90,9 @@ HELP = {
     "pcp": "prefill-context-parallel ranks (a prompt's tokens split across them)",
     "ep": "expert-parallel ranks (the routed experts split across ranks holding the same tokens; "
     "divides tp x dcp)",
+    "draft_model": "checkpoint folder of a draft model for speculative decoding (default: none)",
+    "num_draft_tokens": "tokens the draft model proposes per verify step, 1-16 (1-7 measured); needs "
+    "--draft-model",
 }
 
 

@@ -27,6 +27,11 @@ With a Redis L3 below the tier, ``prefetch`` (when a request arrives) starts bri
 the L3 into the tier, and ``ready`` (the scheduler, before admitting it) answers by the worker's
 prefetch policy (``prefetch_gate.py``).
 
+With ``checkpoints`` (speculative decoding) every admitted request also holds a checkpoint slot, where
+the KDA layers copy its state after a verify step's tail, before the drafts; ``rollback`` restores the
+slot from it when a draft is rejected. Only committed tokens ever reach ``record_progress`` and
+``record_end``, so registered blocks and snapshots never hold a rejected draft.
+
 ``admit`` counts where each admitted request's cached prefix came from (``counters``,
 ``cache_counters.py``) and, with a tier, the tier's hits and misses for the match it was admitted on:
 once per admission, however many passes the request waited (each pass calls ``find_prefix``).
@@ -92,6 +97,8 @@ class CacheManager:
         host: the host tier's connector, or None (no tier).
         prefetch_gate: when a request whose prefix is prefetched from the L3 may be admitted (default:
             ``best_effort``, never held back).
+        checkpoints: speculative decoding: each admitted request also holds a checkpoint slot, where a
+            verify step keeps its KDA state from before the drafts (``rollback`` restores it).
     """
 
     def __init__(
@@ -103,8 +110,10 @@ class CacheManager:
         dcp: int = 1,
         host: HostCacheConnector | None = None,
         prefetch_gate: PrefetchGate | None = None,
+        checkpoints: bool = False,
     ):
         self.blocks = blocks
+        self.checkpoints = checkpoints
         self.block_tokens = dcp * blocks.block_size
         self.slots = slots
         self.snapshots = snapshots
@@ -135,11 +144,17 @@ class CacheManager:
 
     @classmethod
     def for_model(
-        cls, config: EngineConfig, model: CausalLM, scratch: bool = False, redis_url: str = ""
+        cls,
+        config: EngineConfig,
+        model: CausalLM,
+        scratch: bool = False,
+        redis_url: str = "",
+        checkpoints: bool = False,
     ) -> "CacheManager":
         """The pools ``config`` asks for, laid out for ``model`` (its shard, on a parallel rank) on
         ``config.device`` (a pipeline stage's layers only); ``scratch``: a spare block and slot for
-        CUDA-graph padding rows; ``redis_url``: the Redis of the own tier's L3 (``redis_l3_gib``)."""
+        CUDA-graph padding rows; ``redis_url``: the Redis of the own tier's L3 (``redis_l3_gib``);
+        ``checkpoints``: speculative decoding, two state slots per seat (its own and its checkpoint)."""
         dtype = model.dtype
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         layers = stage_position(model.parallel, model.config.num_hidden_layers)[0]  # all at --pp 1
@@ -152,7 +167,7 @@ class CacheManager:
         )
         slots = StateSlotPool(
             stage_layout(slot_layout(model.config, dtype, open_rows, model.parallel.tp), layers),
-            config.max_num_seqs,
+            config.max_num_seqs * (2 if checkpoints else 1),
             config.device,
             scratch=scratch,
         )
@@ -173,7 +188,7 @@ class CacheManager:
                 l3_gib=config.redis_l3_gib,
             )
         gate = PrefetchGate(config.prefetch_policy, config.prefetch_timeout_ms)
-        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp, host, gate)
+        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp, host, gate, checkpoints)
 
     def apply_state_copies(self, copies: tuple[StateCopy, ...]) -> None:
         """A follower rank: make the KDA state copies rank 0's cache manager recorded, in order."""
@@ -302,7 +317,13 @@ class CacheManager:
         size = self.block_tokens
         needed = -(-(hit.num_blocks * size + new_tokens) // size) - len(hit.block_ids)
         kept_cached = sum(1 for block in hit.block_ids if self.blocks.ref_counts[block] == 0)
-        return self.slots.can_allocate() and self.blocks.can_allocate(needed, reserved=kept_cached)
+        slots_free = self.slots.num_free >= self.slots_per_request
+        return slots_free and self.blocks.can_allocate(needed, reserved=kept_cached)
+
+    @property
+    def slots_per_request(self) -> int:
+        """State slots an admitted request holds: its own, and a checkpoint slot when speculating."""
+        return 2 if self.checkpoints else 1
 
     def admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> None:
         """Start a waiting request from ``hit``: share its blocks, load the host tier's part, restore its
@@ -311,6 +332,8 @@ class CacheManager:
         request.block_table = list(hit.block_ids)
         request.num_registered = len(hit.block_ids)
         request.slot = self.slots.allocate()
+        if self.checkpoints:
+            request.checkpoint_slot = self.slots.allocate()
         request.num_cached_tokens_host = 0
         if hit.tier_match is not None:
             self.host.record_lookup(hit.tier_match, hit.tier_blocks, with_state=not hit.kv_only)
@@ -403,8 +426,16 @@ class CacheManager:
         if request.slot is not None:
             self.slots.free(request.slot)
             request.slot = None
+        if request.checkpoint_slot is not None:
+            self.slots.free(request.checkpoint_slot)
+            request.checkpoint_slot = None
         request.num_computed = 0
         request.num_registered = 0
+
+    def rollback(self, request: Request) -> None:
+        """Restore the request's KDA state from its checkpoint slot: undo a verify step's drafts (the
+        target's KDA layers copied the state there after the step's tail rows)."""
+        self.slots.copy_slot(request.checkpoint_slot, request.slot)
 
     def total_tokens(self) -> int:
         """Context tokens the block pool holds in all (over the DCP ranks, each storing its share)."""

@@ -9,6 +9,7 @@ from services.engine.parallel.layout import ParallelLayout
 DEVICES = ("cpu", "cuda")
 PREFETCH_POLICIES = ("best_effort", "wait", "timeout_ms")  # services/engine/prefetch_gate.py
 PARALLEL_DEGREES = ("tp", "dcp", "pp", "pcp", "ep")
+MAX_DRAFT_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class EngineConfig:
         tp, dcp, pp, pcp, ep: the parallel degrees (``services/engine/parallel/layout.py``): tensor,
             decode-context, pipeline and prefill-context parallel ranks (their product is the number
             of processes the engine runs as), and expert parallelism over ranks of one stage.
+        draft_model: checkpoint folder of a draft model for speculative decoding ("" for none).
+        num_draft_tokens: tokens the draft proposes per verify step (1 to 16; 0 with no draft model).
     """
 
     model: str
@@ -84,6 +87,8 @@ class EngineConfig:
     pp: int = 1
     pcp: int = 1
     ep: int = 1
+    draft_model: str = ""
+    num_draft_tokens: int = 0
 
     def __post_init__(self):
         self.adapter_folders()  # raises naming ``adapters``
@@ -116,6 +121,29 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
         self._check_host_cache()
+        self._check_speculation()
+
+    def _check_speculation(self) -> None:
+        k = self.num_draft_tokens
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise ValueError(f"num_draft_tokens: must be an integer, got {k!r}")
+        if not self.draft_model:
+            if k:
+                raise ValueError(
+                    f"num_draft_tokens: {k} drafts need a draft model; give --draft-model DIR or set "
+                    "--num-draft-tokens 0"
+                )
+            return
+        if not 1 <= k <= MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"num_draft_tokens: --draft-model needs --num-draft-tokens between 1 and {MAX_DRAFT_TOKENS} "
+                f"(1-7 is the measured range), got {k}"
+            )
+        if self.world_size > 1:
+            raise ValueError(
+                f"draft_model: speculative decoding is not supported yet on a parallel engine "
+                f"({self.world_size} ranks); drop --draft-model (and --num-draft-tokens) or run one rank"
+            )
 
     def _check_host_cache(self) -> None:
         gib, fraction = self.host_cache_gib, self.host_cache_kda_fraction

@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 import logging
+import time
 
 import torch
 
@@ -24,6 +25,8 @@ from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .request import Request
 from .scheduler import Scheduler
+from .speculative.proposal import DraftProposer, DraftTokens
+from .speculative.spec_counters import SpecCounters
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +50,34 @@ class EngineCore:
             ``config.model`` from disk.
         redis_url: the Redis of the L3 below the engine's own host tier (``config.redis_l3_gib``; the
             worker's ``--redis-url``).
+        proposer: speculative decoding's drafts (tests pass a scripted one); None builds the draft
+            model's (``speculative/draft_model.py``) when ``config.draft_model`` is set, else none.
+
+    With a proposer every step first drafts for the running requests past their prompt, and the
+    target verifies the drafts in the step (``scheduler.py``); ``spec_counters`` counts the verifies.
 
     With ``config.world_size > 1`` this process is rank 0 of a ``RankGroup``: the follower ranks start
     here, each loads its shard, and every step's forward runs on all of them; ``close`` stops them.
 
     Raises:
         ValueError: a kernel backend that cannot run here (naming ``--kernels``), or a parallel layout
-            that cannot (``check_parallel``, naming the flag), before any weight is read.
+            that cannot (``check_parallel``, naming the flag), before any weight is read; a proposer on
+            a parallel engine (naming ``--draft-model``).
     """
 
-    def __init__(self, config: EngineConfig, model: CausalLM | None = None, redis_url: str = ""):
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: CausalLM | None = None,
+        redis_url: str = "",
+        proposer: DraftProposer | None = None,
+    ):
         self.config = config
+        if proposer is not None and config.world_size > 1:
+            raise ValueError(
+                f"draft_model: speculative decoding is not supported yet on a parallel engine "
+                f"({config.world_size} ranks); drop --draft-model or run one rank"
+            )
         check_kernels(config.kernel_backend, config.device, config.batch_invariant)
         prebuilt = model is not None
         check_parallel(config, prebuilt=prebuilt)
@@ -74,13 +94,21 @@ class EngineCore:
             self.close()
             raise
         self.model = model
+        if proposer is None and config.draft_model:
+            from .speculative.draft_model import DraftModelProposer  # the draft model's own stack
+
+            proposer = DraftModelProposer(config, self.model)
+        self.proposer = proposer
+        self.spec_counters = SpecCounters(proposer.num_draft_tokens) if proposer is not None else None
         use_graphs = self._use_cuda_graphs()
-        self.cache = CacheManager.for_model(config, self.model, scratch=use_graphs, redis_url=redis_url)
+        self.cache = CacheManager.for_model(
+            config, self.model, scratch=use_graphs, redis_url=redis_url, checkpoints=proposer is not None
+        )
         self.model_fingerprint = (
             checkpoint_fingerprint(config.model) if not prebuilt else f"built:{config.model}"
         )
         self.scheduler = Scheduler(
-            self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len
+            self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, proposer
         )
         self.adapters = AdapterRegistry(self.model)
         for name, folder in config.adapter_folders().items():
@@ -243,12 +271,31 @@ class EngineCore:
         self.scheduler.abort(request_id)
 
     def step(self) -> list[Request]:
-        """Run one step; returns the requests that finished in it."""
-        output = self.scheduler.schedule()
+        """Run one step (drafting first, with a proposer); returns the requests that finished in it."""
+        drafts = self._propose()
+        output = self.scheduler.schedule(drafts)
         if not output.chunks:
             return []
+        started = time.perf_counter()
         sampled = self.runner.execute(output, self.scheduler.requests)
+        if output.drafts:
+            self.spec_counters.add_target_seconds(time.perf_counter() - started)
+            for chunk in output.chunks:
+                if chunk.num_draft:
+                    self.spec_counters.verified(chunk.num_draft, sampled[chunk.request_id].num_accepted)
         return self.scheduler.update(output, sampled)
+
+    def _propose(self) -> dict[str, DraftTokens]:
+        """The proposer's drafts for the requests that may verify this step (none without one)."""
+        if self.proposer is None:
+            return {}
+        requests = self.scheduler.draftable()
+        if not requests:
+            return {}
+        started = time.perf_counter()
+        drafts = self.proposer.propose(requests)
+        self.spec_counters.add_draft_seconds(time.perf_counter() - started)
+        return drafts
 
     @property
     def has_unfinished(self) -> bool:
@@ -260,8 +307,12 @@ class EngineCore:
             self.ranks.close()
 
     def check_integrity(self) -> None:
-        """Pools consistent, and with no request in flight, nothing held."""
+        """Pools consistent (and the proposer's), every request's state and checkpoint slots accounted
+        for, and with no request in flight, nothing held."""
         self.cache.check_integrity()
+        self.scheduler.check_integrity()
+        if self.proposer is not None:
+            self.proposer.check_integrity()
         if not self.has_unfinished:
             assert self.cache.blocks.num_free == self.cache.blocks.num_blocks, "blocks leaked"
             assert self.cache.slots.num_free == self.cache.slots.num_slots, "state slots leaked"

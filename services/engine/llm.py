@@ -11,6 +11,7 @@ from .engine_config import EngineConfig
 from .engine_core import EngineCore
 from .request import FinishReason, Request, RequestOutput
 from .scoring import ScoreItem, score_tokens
+from .speculative.proposal import DraftProposer
 
 Prompt = str | list[int] | dict
 
@@ -34,6 +35,8 @@ class LLM:
         batch_invariant: bitwise-reproducible numerics whatever the batch.
         prebuilt: a model already on ``device`` (``build_random_model``); ``model`` then only names it.
         redis_url: the Redis of the L3 below the engine's own host tier (``redis_l3_gib``).
+        proposer: speculative decoding's drafts (``EngineCore``'s ``proposer``); None: the draft model
+            of ``draft_model``, if given.
         **engine_options: other ``EngineConfig`` fields (``max_num_seqs``, ``max_num_batched_tokens``,
             ``block_size``, ``num_blocks``, ``max_model_len``, ``dtype``).
     """
@@ -45,12 +48,13 @@ class LLM:
         batch_invariant: bool = False,
         prebuilt: CausalLM | None = None,
         redis_url: str = "",
+        proposer: DraftProposer | None = None,
         **engine_options,
     ):
         self.config = EngineConfig(
             model=str(model), device=device, batch_invariant=batch_invariant, **engine_options
         )
-        self.engine = EngineCore(self.config, prebuilt, redis_url=redis_url)
+        self.engine = EngineCore(self.config, prebuilt, redis_url=redis_url, proposer=proposer)
         self.tokenizer: Tokenizer | None = None
         if prebuilt is None:
             try:

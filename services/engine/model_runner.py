@@ -16,6 +16,7 @@ from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs
 from .request import Request
 from .scheduler import SampledToken, SchedulerOutput
+from .speculative.acceptance import Verified, verify
 
 
 class ModelRunner:
@@ -49,18 +50,33 @@ class ModelRunner:
         self.split = SplitStep(model, cache.block_tokens) if layout.pcp * layout.pp > 1 else None
 
     @torch.no_grad()
-    def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, SampledToken]:
-        """Run the step's chunks and sample for those that end at their request's last token.
+    def execute(
+        self, output: SchedulerOutput, requests: dict[str, Request]
+    ) -> dict[str, SampledToken | Verified]:
+        """Run the step's chunks and sample for those that end at their request's last token; verify
+        the drafts of verify chunks (``num_draft > 0``: logits of their last ``1 + k`` rows,
+        ``acceptance.verify``).
 
         Returns:
-            ``request_id -> SampledToken`` for every sampling chunk.
+            ``request_id -> SampledToken`` for every plain sampling chunk, ``-> Verified`` for every
+            verify chunk.
         """
         chunks = output.chunks
         adapters = [self._adapter_slot(requests[c.request_id]) for c in chunks]
         steps = [
-            SequenceStep(c.token_ids, c.past, c.block_table, c.slot, adapter)
+            SequenceStep(
+                c.token_ids,
+                c.past,
+                c.block_table,
+                c.slot,
+                adapter,
+                num_draft=c.num_draft,
+                checkpoint_slot=requests[c.request_id].checkpoint_slot if c.num_draft else -1,
+            )
             for c, adapter in zip(chunks, adapters, strict=True)
         ]
+        if any(chunk.num_draft for chunk in chunks):
+            return self._verify_step(output, requests, steps)
         sampling = [i for i, chunk in enumerate(chunks) if chunk.samples]
         picked = [requests[chunks[i].request_id] for i in sampling]
         params = [r.params for r in picked]
@@ -88,6 +104,40 @@ class ModelRunner:
             )
             for j, request in enumerate(picked)
         }
+
+    def _verify_step(
+        self, output: SchedulerOutput, requests: dict[str, Request], steps: list[SequenceStep]
+    ) -> dict[str, SampledToken | Verified]:
+        """An eager step with verify chunks: one logits row per plain sampling chunk, ``1 + k`` per
+        verify chunk; the plain rows are sampled together, each verify chunk's rows verified alone."""
+        ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
+        plain = [i for i, chunk in enumerate(output.chunks) if chunk.samples and not chunk.num_draft]
+        verifying = [i for i, chunk in enumerate(output.chunks) if chunk.num_draft]
+        plain_rows = [ends[i] - 1 for i in plain]
+        verify_rows = [list(range(ends[i] - 1 - output.chunks[i].num_draft, ends[i])) for i in verifying]
+        logits = self.forward(steps, plain_rows + [row for rows in verify_rows for row in rows])
+        results: dict[str, SampledToken | Verified] = {}
+        if plain:
+            picked = [requests[output.chunks[i].request_id] for i in plain]
+            sampled = self.model.kernels.sampling.sample(
+                logits[: len(plain)], [r.params for r in picked], [r.sample_position for r in picked]
+            )
+            for j, request in enumerate(picked):
+                results[request.request_id] = SampledToken(
+                    sampled.token_ids[j], sampled.logprobs[j], sampled.top_logprobs[j]
+                )
+        start = len(plain)
+        for i, rows in zip(verifying, verify_rows, strict=True):
+            request = requests[output.chunks[i].request_id]
+            results[request.request_id] = verify(
+                logits[start : start + len(rows)],
+                output.drafts[request.request_id],
+                request.params,
+                request.sample_position,
+                self.model.kernels.sampling,
+            )
+            start += len(rows)
+        return results
 
     def forward(self, steps: list[SequenceStep], logit_rows: list[int]) -> torch.Tensor | None:
         """Build the step's metadata and run the model on the paged cache (no sampling): rank 0's

@@ -4,16 +4,32 @@ Each ``schedule()`` fills one step's token budget: running requests first (a dec
 an unfinished prefill its next chunk), then waiting requests in arrival order. A request that cannot
 get blocks preempts the most recently admitted running request, which frees everything and waits to
 recompute its tokens; nothing is lost. ``update()`` applies the sampled tokens and finishes requests.
+
+Speculative decoding: ``schedule(drafts)`` turns a drafted request's chunk into a verify chunk, its
+uncomputed tokens (the "tail") followed by its drafts::
+
+    all_ids:  | computed (past) | tail |                       (tail: up to k + 1 tokens)
+    chunk:                      | tail | draft 0 .. draft k-1 |  logits of its last 1 + k rows
+    all k accepted:   num_computed = past + len(chunk)    (the slot holds the state after the drafts)
+    fewer accepted:   num_computed = past + len(tail)     (the slot is restored from the checkpoint the
+                                                           KDA layers took after the tail; the accepted
+                                                           drafts and the new token: the next tail)
+
+``update()`` appends the verified tokens one by one (a stop ends the request at that token), rolls
+back or advances, and tells the proposer how many drafts were accepted.
 """
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from common.errors import NoCapacity
 
 from .cache_manager import CacheManager
 from .request import FinishReason, Request, RequestStatus
+from .speculative.acceptance import Verified
+from .speculative.proposal import DraftProposer, DraftTokens
 
 
 @dataclass(frozen=True)
@@ -26,14 +42,17 @@ class ScheduledChunk:
     block_table: tuple[int, ...]
     slot: int
     samples: bool  # the chunk ends at the request's last known token: sample the next one
+    num_draft: int = 0  # a verify chunk: its last ``num_draft`` tokens are ``SchedulerOutput.drafts``
 
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """One step's work: the chunks, in batch order, and the requests preempted to make room."""
+    """One step's work: the chunks, in batch order, the requests preempted to make room, and the
+    drafts of the verify chunks (cut to what fits), by request id."""
 
     chunks: tuple[ScheduledChunk, ...]
     preempted: tuple[str, ...]
+    drafts: Mapping[str, DraftTokens] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -57,12 +76,20 @@ class Scheduler:
         max_num_seqs: running requests at most.
         max_num_batched_tokens: tokens per step at most.
         max_model_len: prompt + generated tokens a request may reach.
+        proposer: speculative decoding's proposer (told what was accepted, and when a request stops
+            holding its cache); None without speculation.
     """
 
     def __init__(
-        self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+        self,
+        cache: CacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        proposer: DraftProposer | None = None,
     ):
         self.cache = cache
+        self.proposer = proposer
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -137,8 +164,7 @@ class Scheduler:
     def release_held(self, request_id: str) -> None:
         """Prefill side: the handoff is done (or abandoned); free the kept cache."""
         request = self.held.pop(request_id)
-        self.cache.record_end(request)
-        self.cache.release(request)
+        self._release(request)
         request.status = RequestStatus.FINISHED
 
     def take_queue_times(self) -> list[float]:
@@ -176,18 +202,41 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.reserved or self.held)
 
-    def schedule(self) -> SchedulerOutput:
+    def draftable(self) -> list[Request]:
+        """The running requests a proposer drafts for this step: every prompt token computed, at least
+        one token generated, not prefill-only (``hold_cache``), and room for one draft under
+        ``max_tokens`` and ``max_model_len``."""
+        return [
+            request
+            for request in self.running
+            if request.output_ids
+            and request.num_computed >= len(request.prompt_ids)
+            and not request.hold_cache
+            and self._draft_room(request) > 0
+        ]
+
+    def schedule(self, drafts: Mapping[str, DraftTokens] | None = None) -> SchedulerOutput:
+        """Fill one step. ``drafts``: the proposer's tokens for ``draftable()`` requests; each becomes
+        a verify chunk (drafts cut to what ``max_tokens``, ``max_model_len`` and the budget leave; a
+        request whose drafts do not fit, or do not get blocks, runs a plain chunk). The proposer
+        forgets the requests whose drafts were not scheduled."""
+        drafts = drafts or {}
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
-        scheduled: list[Request] = []
+        verifying: dict[str, DraftTokens] = {}
         for request in list(self.running):
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            count = self._chunk_size(request, request.num_computed, budget)
+            proposal = self._fit_drafts(request, drafts.get(request.request_id), budget)
+            count = self._running_chunk_size(request, proposal, budget)
             while not self.cache.can_grow(request, count):
+                if proposal is not None:  # drop the drafts before preempting anyone
+                    proposal = None
+                    count = self._running_chunk_size(request, proposal, budget)
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -196,8 +245,9 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue
             self.cache.grow(request, count)
-            chunks.append(self._chunk(request, count))
-            scheduled.append(request)
+            chunks.append(self._chunk(request, count, proposal))
+            if proposal is not None:
+                verifying[request.request_id] = proposal
             budget -= count
         while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
@@ -222,10 +272,42 @@ class Scheduler:
                     count = recount
             chunks.append(self._chunk(request, count))
             budget -= count
-        return SchedulerOutput(tuple(chunks), tuple(preempted))
+        for request_id in drafts.keys() - verifying.keys():
+            self.proposer.release(request_id)  # its drafts were not verified: the proposer starts over
+        return SchedulerOutput(tuple(chunks), tuple(preempted), verifying)
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, SampledToken]) -> list[Request]:
-        """Advance the scheduled requests past their chunks and apply sampled tokens.
+    def _draft_room(self, request: Request) -> int:
+        """Drafts a verify step of ``request`` may carry: it emits up to ``k + 1`` tokens, which must not
+        pass ``max_tokens`` or ``max_model_len``."""
+        emitted = request.params.max_tokens - len(request.output_ids)
+        return min(emitted, self.max_model_len - request.num_tokens) - 1
+
+    def _fit_drafts(self, request: Request, proposal: DraftTokens | None, budget: int) -> DraftTokens | None:
+        """``proposal`` cut to the request's draft room and what the budget leaves after its tail (its
+        distributions' rows too); None when no draft fits."""
+        if proposal is None:
+            return None
+        room = min(len(proposal.token_ids), self._draft_room(request), budget - request.num_pending)
+        if room <= 0:
+            return None
+        if room == len(proposal.token_ids):
+            return proposal
+        probs = None if proposal.probs is None else proposal.probs[:room]
+        return DraftTokens(proposal.token_ids[:room], probs)
+
+    def _running_chunk_size(self, request: Request, proposal: DraftTokens | None, budget: int) -> int:
+        """Tokens of a running request's chunk: with drafts the whole tail and the drafts (a verify
+        chunk is never cut: its state is committed only at its checkpoint or its end), else the plain
+        chunk size."""
+        if proposal is None:
+            return self._chunk_size(request, request.num_computed, budget)
+        return request.num_pending + len(proposal.token_ids)
+
+    def update(
+        self, output: SchedulerOutput, sampled: Mapping[str, SampledToken | Verified]
+    ) -> list[Request]:
+        """Advance the scheduled requests past their chunks and apply sampled tokens (a ``Verified``
+        for each verify chunk).
 
         Returns:
             The requests that finished in this step.
@@ -235,23 +317,56 @@ class Scheduler:
             request = self.requests.get(chunk.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
+            if chunk.num_draft:
+                if self._apply_verified(request, chunk, sampled[chunk.request_id]):
+                    finished.append(request)
+                continue
             request.num_computed = chunk.past + len(chunk.token_ids)
             self.cache.record_progress(request)
             if chunk.samples and self._append_sample(request, sampled[chunk.request_id]):
                 finished.append(request)
         return finished
 
+    def _apply_verified(self, request: Request, chunk: ScheduledChunk, verified: Verified) -> bool:
+        """Append a verify step's tokens up to the first that stops the request, commit the chunk's
+        tokens whose state is right (all of it when every draft was accepted and kept, else its tail,
+        restoring the slot from the checkpoint), then finish the request or tell the proposer. Returns
+        whether the request finished."""
+        reason, before = None, len(request.output_ids)
+        for index, token in enumerate(verified.token_ids):
+            logprob = None if verified.logprobs is None else verified.logprobs[index]
+            top = None if verified.top_logprobs is None else verified.top_logprobs[index]
+            self._record_token(request, SampledToken(token, logprob, top))
+            reason = self._stop_reason(request, token)
+            if reason is not None:
+                break
+        kept = len(request.output_ids) - before  # a stop may drop the last accepted drafts
+        if verified.num_accepted == chunk.num_draft and kept >= chunk.num_draft:
+            request.num_computed = chunk.past + len(chunk.token_ids)
+        else:
+            self.cache.rollback(request)
+            request.num_computed = chunk.past + len(chunk.token_ids) - chunk.num_draft
+        self.cache.record_progress(request)
+        if reason is not None:
+            self._finish(request, reason)
+            return True
+        self.proposer.commit(request, verified.num_accepted)
+        return False
+
     def _append_sample(self, request: Request, token: SampledToken) -> bool:
         """Record a sampled token; finish the request if it stops here. Returns whether it did."""
+        self._record_token(request, token)
+        reason = self._stop_reason(request, token.token_id)
+        if reason is not None:
+            self._finish(request, reason)
+        return reason is not None
+
+    def _record_token(self, request: Request, token: SampledToken) -> None:
         request.output_ids.append(token.token_id)
         if token.logprob is not None:
             request.logprobs.append(token.logprob)
         if token.top_logprobs is not None:
             request.top_logprobs.append(token.top_logprobs)
-        reason = self._stop_reason(request, token.token_id)
-        if reason is not None:
-            self._finish(request, reason)
-        return reason is not None
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         params = request.params
@@ -275,22 +390,48 @@ class Scheduler:
                 count = point - start
         return count
 
-    def _chunk(self, request: Request, count: int) -> ScheduledChunk:
+    def _chunk(self, request: Request, count: int, drafts: DraftTokens | None = None) -> ScheduledChunk:
+        """The request's next ``count`` tokens from ``num_computed``: known tokens, then ``drafts``."""
         start = request.num_computed
+        num_draft = len(drafts.token_ids) if drafts is not None else 0
+        known = tuple(request.all_ids[start : start + count - num_draft])
         return ScheduledChunk(
             request_id=request.request_id,
-            token_ids=tuple(request.all_ids[start : start + count]),
+            token_ids=known + (drafts.token_ids if drafts is not None else ()),
             past=start,
             block_table=tuple(request.block_table),
             slot=request.slot,
-            samples=start + count == request.num_tokens,
+            samples=start + len(known) == request.num_tokens,
+            num_draft=num_draft,
         )
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        self._forget_drafts(request)
         self.cache.release(request)
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
+
+    def _release(self, request: Request) -> None:
+        """The request stops holding its cache for good: snapshot its end, free it, tell the proposer."""
+        self._forget_drafts(request)
+        self.cache.record_end(request)
+        self.cache.release(request)
+
+    def _forget_drafts(self, request: Request) -> None:
+        if self.proposer is not None:
+            self.proposer.release(request.request_id)
+
+    def check_integrity(self) -> None:
+        """Every request holding a cache (running, reserved, held) holds its own state slot and, when
+        speculating, a checkpoint slot; no slot is held twice and no other slot is in use."""
+        holders = [*self.running, *self.reserved.values(), *self.held.values()]
+        checkpoints = [r.checkpoint_slot for r in holders if r.checkpoint_slot is not None]
+        slots = [r.slot for r in holders] + checkpoints
+        assert None not in slots, "a request holding a cache has no state slot"
+        assert len(set(slots)) == len(slots), "a state slot is held twice"
+        assert len(slots) == self.cache.slots_per_request * len(holders), "a request lacks a checkpoint slot"
+        assert set(slots) == self.cache.slots.used, "state slots in use that no request holds"
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request in self.running:
@@ -305,6 +446,5 @@ class Scheduler:
             self.held[request.request_id] = request
             return
         self.held.pop(request.request_id, None)
-        self.cache.record_end(request)
-        self.cache.release(request)
+        self._release(request)
         request.status = RequestStatus.FINISHED

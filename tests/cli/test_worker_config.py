@@ -65,6 +65,8 @@ def test_every_field_is_reachable_from_baton_worker_flags(section, name):
         argv += ["--tp", str(value)]
     if name == "redis_l3_gib":  # an L3 sits below the engine's own tier, in the worker's Redis
         argv += ["--host-cache-gib", "1", "--redis-url", "redis://cache:6379/0"]
+    if name in ("draft_model", "num_draft_tokens"):  # speculative decoding takes both or neither
+        argv += ["--num-draft-tokens", "3"] if name == "draft_model" else ["--draft-model", "/draft"]
     config = worker(argv)
     got = getattr(config if section == "worker" else config.engine, name)
     assert got == value and got != default

@@ -74,8 +74,8 @@ def counted_generate(llm, prompt, tenant):
     scheduler = llm.engine.scheduler
     schedule, ran = scheduler.schedule, []
 
-    def counting():
-        output = schedule()
+    def counting(*args):
+        output = schedule(*args)
         ran.append(output.num_tokens)
         return output
 
