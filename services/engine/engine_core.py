@@ -25,6 +25,7 @@ from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .request import Request
 from .scheduler import Scheduler
+from .speculative.draft_compatibility import check_draft_compatible
 from .speculative.proposal import DraftProposer, DraftTokens
 from .speculative.spec_counters import SpecCounters
 
@@ -80,6 +81,8 @@ class EngineCore:
             )
         check_kernels(config.kernel_backend, config.device, config.batch_invariant)
         prebuilt = model is not None
+        if proposer is None and config.draft_model and not prebuilt:  # before any weight is read
+            check_draft_compatible(config.model, config.draft_model)
         check_parallel(config, prebuilt=prebuilt)
         # Several ranks: the followers start now and load their shards beside this one (rank 0).
         self.ranks = RankGroup(config) if config.world_size > 1 else None

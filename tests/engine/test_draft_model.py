@@ -2,7 +2,6 @@
 continuation, commit keeps or rolls back its KDA state so the next drafts are a fresh run's, sampled
 drafts carry their distributions, release frees everything, and the start-up compatibility check."""
 
-import dataclasses
 import json
 import shutil
 
@@ -23,14 +22,6 @@ PROMPTS = [list(range(5, 5 + n)) for n in (23, 7, 1, 40)]
 FIRST_TOKEN = 9  # the "target's" first generated token of every request
 GREEDY = SamplingParams(temperature=0)
 ENGINE = {"block_size": 8, "max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 128}
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecConfig(EngineConfig):
-    """``EngineConfig`` with the two speculative fields helper speccore adds to it (drop at merge)."""
-
-    draft_model: str = ""
-    num_draft_tokens: int = 0
 
 
 def draft_overrides(family):
@@ -69,7 +60,7 @@ def draft_llms(checkpoints):
 
 def make_proposer(checkpoints, family, k, batch_invariant=False):
     target_dir, draft_dir = checkpoints(family)
-    config = SpecConfig(
+    config = EngineConfig(
         model=str(target_dir), device=TEST_DEVICE, dtype="float32", draft_model=str(draft_dir),
         num_draft_tokens=k, batch_invariant=batch_invariant, **ENGINE,
     )  # fmt: skip
@@ -239,7 +230,7 @@ def test_num_draft_tokens_and_the_loaded_vocabulary_are_checked(checkpoints, tin
     with pytest.raises(ValueError, match="--num-draft-tokens"):
         make_proposer(checkpoints, "k3", k=0)
     target_dir = checkpoints("k3")[0]
-    config = SpecConfig(
+    config = EngineConfig(
         model=str(target_dir), draft_model=str(tiny_checkpoint("k3", vocab_size=512)), num_draft_tokens=2
     )
     with pytest.raises(ValueError, match="--draft-model: .* has vocab_size 512, the target has 1024"):

@@ -24,6 +24,8 @@ def check_draft_compatible(target_dir: str | Path, draft_dir: str | Path) -> Non
         ValueError: naming ``--draft-model`` and what differs.
         FileNotFoundError, ConfigError: a folder without a readable ``config.json``.
     """
+    if not (Path(draft_dir) / "config.json").is_file():
+        raise ValueError(f"--draft-model: {draft_dir} is not a checkpoint folder (no config.json)")
     target, draft = read_model_info(target_dir), read_model_info(draft_dir)
     if draft.family != target.family:
         raise ValueError(
