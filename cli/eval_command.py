@@ -13,7 +13,9 @@ documents; a document's tail shorter than a window is left out). Reported, as a 
 - FP8 KV: the windows run with FP8 and with model-dtype blocks (``measure_kv_format``): log-prob
   error at each real next token, and the DSA indexer's top-k overlap (windows longer than
   ``index_topk`` only: shorter ones select every key);
-- the draft's accepted length: not measurable until speculative decoding exists (issue 18).
+- the draft's accepted length: the same greedy continuations through the engine speculating with
+  ``--draft`` at each of ``--draft-tokens`` (default 1-7) draft tokens: drafts accepted per verify,
+  and whether the tokens stayed the plain engine's (greedy speculation must not change them).
 """
 
 import argparse
@@ -28,10 +30,10 @@ from common.sampling_params import SamplingParams
 from services.config_flags import add_config_flags, engine_config
 from services.engine import LLM
 from services.engine.benchmark.kv_format_bench import measure_kv_format
-from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
+from services.engine.engine_config import MAX_DRAFT_TOKENS, PARALLEL_DEGREES, EngineConfig
 from tools.demo_model import corpus
 
-DRAFT_ACCEPTANCE_UNAVAILABLE = "not available until speculative decoding exists (issue 18)"
+NO_DRAFT = "no --draft given"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -55,10 +57,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--prompt-len", type=int, default=32, help="tokens per such prompt (default 32)")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
+    parser.add_argument(
+        "--draft-tokens",
+        default="1,2,3,4,5,6,7",
+        help="draft lengths k for the accepted length (default 1-7)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
-    # One rank (LLM.score); the FP8 comparison runs both KV formats, so the format is not a flag.
+    # One rank (LLM.score); the FP8 comparison runs both KV formats, so the format is not a flag; the
+    # draft is --draft, speculated with at each --draft-tokens.
     add_config_flags(
-        parser.add_argument_group("engine"), EngineConfig, exclude=("model", "kv_format", *PARALLEL_DEGREES)
+        parser.add_argument_group("engine"),
+        EngineConfig,
+        exclude=("model", "kv_format", "draft_model", "num_draft_tokens", *PARALLEL_DEGREES),
     )
     parser.set_defaults(run=run)
 
@@ -95,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
     results["dsa_overlap"] = _dsa_overlap(
         report.indexer_overlap, args.seq_len, served.engine.model.index_topk
     )
-    results["draft_acceptance"] = DRAFT_ACCEPTANCE_UNAVAILABLE
+    results["draft_acceptance"] = (
+        draft_acceptance(served, model, args.draft, prompts, args.max_tokens, _draft_lengths(args), options)
+        if args.draft is not None
+        else NO_DRAFT
+    )
     _print_table(results)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
@@ -107,6 +121,38 @@ def perplexity(llm: LLM, windows: list[list[int]]) -> float:
     logprobs = llm.score([w[:1] for w in windows], [w[1:] for w in windows])
     values = [value for row in logprobs for value in row]
     return math.exp(-sum(values) / len(values))
+
+
+def draft_acceptance(
+    served: LLM,
+    model: str,
+    draft: Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    lengths: list[int],
+    options: dict,
+) -> dict:
+    """Greedy continuations of ``prompts`` through the engine speculating with ``draft`` at each draft
+    length ``k`` in ``lengths``.
+
+    Returns:
+        ``str(k) -> {"accepted_per_verify", "verifies", "same_tokens"}``: drafts accepted per verify
+        step, how many verifies that is over, and whether every token equals ``served``'s plain
+        greedy continuation.
+    """
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    plain = [o.token_ids for o in served.generate(prompts, params)]
+    results = {}
+    for k in lengths:
+        speculating = LLM(model, **options | {"draft_model": str(draft), "num_draft_tokens": k})
+        tokens = [o.token_ids for o in speculating.generate(prompts, params)]
+        counts = speculating.engine.spec_counters.counts()
+        results[str(k)] = {
+            "accepted_per_verify": counts.mean_accepted,
+            "verifies": counts.verifies,
+            "same_tokens": tokens == plain,
+        }
+    return results
 
 
 def served_vs_offline(served: LLM, reference: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -156,6 +202,19 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"--text: {args.text} not found")
     if args.draft is not None and not args.draft.is_dir():
         raise FileNotFoundError(f"--draft: {args.draft} is not a checkpoint folder")
+    _draft_lengths(args)
+
+
+def _draft_lengths(args: argparse.Namespace) -> list[int]:
+    try:
+        lengths = [int(part) for part in args.draft_tokens.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--draft-tokens: {args.draft_tokens!r} is not a comma-separated list of integers"
+        ) from None
+    if not lengths or not all(1 <= k <= MAX_DRAFT_TOKENS for k in lengths):
+        raise ValueError(f"--draft-tokens: {args.draft_tokens!r} needs integers in [1, {MAX_DRAFT_TOKENS}]")
+    return lengths
 
 
 def documents(text: Path | None) -> Iterator[str]:
@@ -203,6 +262,19 @@ def _dsa_overlap(overlap: float | None, seq_len: int, topk: int | None) -> float
     return overlap
 
 
+def _acceptance_rows(acceptance: dict | str) -> list[tuple[str, str]]:
+    if isinstance(acceptance, str):
+        return [("draft accepted per verify", acceptance)]
+    return [
+        (
+            f"draft accepted per verify (k={k})",
+            f"{row['accepted_per_verify']:.2f} over {row['verifies']} verifies"
+            + ("" if row["same_tokens"] else "; TOKENS DIFFER from plain greedy"),
+        )
+        for k, row in acceptance.items()
+    ]
+
+
 def _print_table(results: dict) -> None:
     comparison, kv = results["served_vs_offline"], results["kv_fp8"]
     rows = [
@@ -219,7 +291,7 @@ def _print_table(results: dict) -> None:
         ),
         ("FP8 KV argmax agreement", f"{kv['argmax_agreement']:.4f}"),
         ("DSA top-k overlap (FP8 vs auto)", _number(results["dsa_overlap"])),
-        ("draft accepted length (1-7)", results["draft_acceptance"]),
+        *_acceptance_rows(results["draft_acceptance"]),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -33,7 +33,7 @@ def test_reports_perplexity_agreement_fp8_error_and_overlap(tiny_checkpoint, tex
     model, draft = tiny_checkpoint("k3"), tiny_checkpoint("k3", seed=1)
     out = tmp_path / "eval.json"
     flags = ["--seq-len", str(SEQ_LEN), "--max-windows", "3", "--kv-windows", "2", "--prompts", "2"]
-    flags += ["--prompt-len", "8", "--max-tokens", "6", "--dtype", "float32"]
+    flags += ["--prompt-len", "8", "--max-tokens", "6", "--dtype", "float32", "--draft-tokens", "1,3"]
     argv = ["eval", "--model", str(model), "--draft", str(draft), "--text", str(text_file), *flags]
     assert main([*argv, "--json", str(out)]) == 0
     results = json.loads(out.read_text())
@@ -65,8 +65,11 @@ def test_reports_perplexity_agreement_fp8_error_and_overlap(tiny_checkpoint, tex
 
     printed = capsys.readouterr().out
     assert "perplexity (draft)" in printed and "DSA top-k overlap" in printed
-    (line,) = [line for line in printed.splitlines() if line.startswith("draft accepted length (1-7)")]
-    assert line.endswith("not available until speculative decoding exists (issue 18)")
+    acceptance = results["draft_acceptance"]
+    assert list(acceptance) == ["1", "3"]
+    for k, row in acceptance.items():
+        assert row["same_tokens"] and row["verifies"] > 0 and 0 <= row["accepted_per_verify"] <= int(k)
+        assert f"draft accepted per verify (k={k})" in printed
 
 
 def test_default_text_is_the_heldout_corpus_and_short_windows_select_every_key(tiny_checkpoint, tmp_path):

@@ -27,6 +27,12 @@ class SpecCounts:
     draft_seconds: float
     target_seconds: float
 
+    @property
+    def mean_accepted(self) -> float:
+        """Drafts accepted per verify (0.0 before the first verify)."""
+        accepted = sum(length * count for length, count in enumerate(self.accepted_lengths))
+        return accepted / self.verifies if self.verifies else 0.0
+
 
 class SpecCounters:
     """The running counters of an engine drafting ``num_draft_tokens`` per verify."""
