@@ -21,8 +21,9 @@ from services.engine.capacity import (
     format_bytes,
     ledger_dict,
 )
-from services.engine.engine_config import EngineConfig
+from services.engine.engine_config import MAX_DRAFT_TOKENS, EngineConfig
 from services.engine.model.backends import default_kernels
+from services.engine.model.config import ModelConfig
 from services.engine.model.config_loader import load_model_config
 from services.engine.parallel.layout import ParallelLayout
 
@@ -43,6 +44,8 @@ CAPACITY_FIELDS = (
     "tp",
     "dcp",
     "ep",
+    "draft_model",
+    "num_draft_tokens",
 )
 
 
@@ -94,13 +97,47 @@ def run(args: argparse.Namespace) -> int:
         dcp=args.dcp,
         ep=args.ep,
     )
+    draft = _draft_ledger(args, config, dtype)
     memory = round(args.memory_gib * GIB)
-    fits = [fit(ledger, memory, length) for length in context_lens]
+    fits = [fit(ledger, memory, length, draft, args.num_draft_tokens) for length in context_lens]
     if args.json:
-        print(json.dumps(_json_report(args, ledger, memory, fits), indent=2))
+        print(json.dumps(_json_report(args, ledger, memory, fits, draft), indent=2))
     else:
-        print("\n".join(_human_report(args, config.layer_types, ledger, memory, fits)))
+        print("\n".join(_human_report(args, config.layer_types, ledger, memory, fits, draft)))
     return 0
+
+
+def _draft_ledger(args: argparse.Namespace, target: ModelConfig, dtype) -> CapacityLedger | None:
+    """The draft model's ledger under the target's cache settings (``--draft-model``), or None.
+
+    Raises:
+        ValueError: a draft without ``--num-draft-tokens`` in 1..16 (or drafts without a draft), a
+            parallel layout, or a draft of another family or vocabulary, naming the flag.
+    """
+    if not args.draft_model and not args.num_draft_tokens:
+        return None
+    if not args.draft_model or not 1 <= args.num_draft_tokens <= MAX_DRAFT_TOKENS:
+        raise ValueError(
+            f"--draft-model, --num-draft-tokens: give both (k in 1..{MAX_DRAFT_TOKENS}), got "
+            f"{args.draft_model or 'no draft'} with {args.num_draft_tokens} drafts"
+        )
+    if args.tp * args.dcp * args.ep > 1:
+        raise ValueError("--draft-model: speculative decoding runs on one rank for now; drop --tp/--dcp/--ep")
+    draft = load_model_config(Path(args.draft_model))
+    if draft.family != target.family or draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"--draft-model: a {draft.family} draft with vocab_size {draft.vocab_size} cannot draft for a "
+            f"{target.family} target with vocab_size {target.vocab_size}"
+        )
+    return capacity_ledger(
+        draft,
+        dtype,
+        args.block_size,
+        args.kv_format,
+        args.batch_invariant,
+        args.max_num_batched_tokens,
+        args.max_num_seqs,
+    )
 
 
 def parse_context_lens(values: list[str] | None) -> list[int]:
@@ -124,9 +161,12 @@ def parse_context_lens(values: list[str] | None) -> list[int]:
     return lengths
 
 
-def _nothing_fits(ledger: CapacityLedger, memory: int) -> str | None:
-    """The line saying nothing fits, or None when at least the weights and workspace do."""
+def _nothing_fits(ledger: CapacityLedger, memory: int, draft: CapacityLedger | None = None) -> str | None:
+    """The line saying nothing fits, or None when at least the weights and workspace (the draft's
+    too) do."""
     weights, workspace = ledger.weight_bytes, ledger.workspace_bytes
+    if draft is not None:
+        weights, workspace = weights + draft.weight_bytes, workspace + draft.workspace_bytes
     if weights + workspace < memory:
         return None
     budget = f"exceed --memory-gib ({format_bytes(memory)})"
@@ -135,13 +175,22 @@ def _nothing_fits(ledger: CapacityLedger, memory: int) -> str | None:
     return f"nothing fits: weights ({format_bytes(weights)}) + workspace ({format_bytes(workspace)}) {budget}"
 
 
-def _json_report(args, ledger: CapacityLedger, memory: int, fits: list[ContextFit]) -> dict:
-    message = _nothing_fits(ledger, memory)
+def _json_report(
+    args, ledger: CapacityLedger, memory: int, fits: list[ContextFit], draft: CapacityLedger | None
+) -> dict:
+    message = _nothing_fits(ledger, memory, draft)
     return {
         "model": str(args.model),
         "memory_bytes": memory,
         "kernels": args.kernels,
         "ledger": ledger_dict(ledger),
+        "draft": None
+        if draft is None
+        else {
+            "model": args.draft_model,
+            "num_draft_tokens": args.num_draft_tokens,
+            "ledger": ledger_dict(draft),
+        },
         "fits": [fit_dict(result) for result in fits],
         "nothing_fits": message is not None,
         "message": message,
@@ -149,7 +198,12 @@ def _json_report(args, ledger: CapacityLedger, memory: int, fits: list[ContextFi
 
 
 def _human_report(
-    args, layer_types, ledger: CapacityLedger, memory: int, fits: list[ContextFit]
+    args,
+    layer_types,
+    ledger: CapacityLedger,
+    memory: int,
+    fits: list[ContextFit],
+    draft: CapacityLedger | None = None,
 ) -> list[str]:
     b = format_bytes
     lines = [
@@ -193,6 +247,8 @@ def _human_report(
     lines += _table(
         [(term, b(size)) for term, size in ledger.workspace] + [("total", b(ledger.workspace_bytes))]
     )
+    if draft is not None:
+        lines += _speculative_lines(args, ledger, draft, fits)
     lines += ["", "Transfer per request (prefill -> decode: packed blocks + one KDA slot)"]
     rows = [("context", "blocks", "KV", "KDA slot", "total")]
     for r in fits:
@@ -206,12 +262,13 @@ def _human_report(
             )
         )
     lines += _table(rows, align=">>>>>", header=True)
+    weights, workspace = fits[0].weight_bytes, fits[0].workspace_bytes  # the draft's included
     lines += [
         "",
-        f"Fit in {b(memory)} (weights {b(ledger.weight_bytes)} {_pct(ledger.weight_bytes, memory)},"
-        f" workspace {b(ledger.workspace_bytes)} {_pct(ledger.workspace_bytes, memory)})",
+        f"Fit in {b(memory)} (weights {b(weights)} {_pct(weights, memory)},"
+        f" workspace {b(workspace)} {_pct(workspace, memory)})",
     ]
-    message = _nothing_fits(ledger, memory)
+    message = _nothing_fits(ledger, memory, draft)
     if message:
         return [*lines, f"  {message}"]
     rows = [
@@ -224,6 +281,7 @@ def _human_report(
             "KDA slots",
             "KDA state",
             "KDA %",
+            "speculative",
             "free",
             "limiting",
         )
@@ -239,11 +297,29 @@ def _human_report(
                 f"{r.kda_slots:,}",
                 b(r.kda_bytes),
                 _pct(r.kda_bytes, memory),
+                b(r.spec_bytes),
                 b(r.free_bytes),
                 r.limiting,
             )
         )
-    return lines + _table(rows, align=">>>>>>>>><", header=True)
+    return lines + _table(rows, align=">>>>>>>>>><", header=True)
+
+
+def _speculative_lines(
+    args, ledger: CapacityLedger, draft: CapacityLedger, fits: list[ContextFit]
+) -> list[str]:
+    b = format_bytes
+    lines = [
+        "",
+        f"Speculative decoding (--draft-model {args.draft_model}, --num-draft-tokens "
+        f"{args.num_draft_tokens}): draft weights {b(draft.weight_bytes)} ({draft.num_parameters:,} "
+        f"parameters), workspace {b(draft.workspace_bytes)}; per request: the target's checkpoint slot "
+        f"{b(ledger.kda_slot_bytes)}, the draft's KV {b(draft.kv_bytes_per_token)}/token and two slots of "
+        f"{b(draft.kda_slot_bytes)}",
+    ]
+    rows = [("context", "speculative per request")]
+    rows += [(f"{r.context_len:,}", b(r.spec_bytes_per_request)) for r in fits]
+    return lines + _table(rows, align=">>", header=True)
 
 
 def _pct(part: int, whole: int) -> str:

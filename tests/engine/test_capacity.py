@@ -290,6 +290,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         ("k3", preset_config("k3", "tiny")),
         ("deepseek", preset_config("deepseek_v32", "tiny")),
         ("bad", {**preset_config("k3", "tiny"), "kv_lora_rank": "wide"}),
+        ("k3-draft", with_layers(preset_config("k3", "tiny"), 2)),
     ):
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps(raw))
@@ -443,3 +444,27 @@ def test_per_rank_weight_bytes_equal_a_loaded_shard(tiny_checkpoint):
     loaded = sum(p.numel() * p.element_size() for p in shard.parameters())
     split = ledger("k3", tp=2, ep=2)
     assert split.weight_bytes == loaded < ledger("k3").weight_bytes
+
+
+def test_cli_with_a_draft_reports_and_fits_the_speculative_part(folders, capsys):
+    k3, draft = str(folders["k3"]), str(folders["k3-draft"])
+    common = ["capacity", "--model", k3, "--memory-gib", "1", "--context-len", "4090", "--json"]
+    assert baton_main([*common, "--draft-model", draft, "--num-draft-tokens", "7"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    target, drafted = ledger("k3"), ledger(load_model_config(folders["k3-draft"]))
+    assert report["draft"]["ledger"]["weight_bytes"] == drafted.weight_bytes
+    (result,) = report["fits"]
+    expected = fit(target, GIB, 4090, draft=drafted, num_draft_tokens=7)
+    assert result["requests"] == expected.requests and result["spec_bytes_per_request"] > 0
+    assert baton_main([*common[:-1], "--draft-model", draft, "--num-draft-tokens", "7"]) == 0
+    assert "Speculative decoding (--draft-model" in capsys.readouterr().out
+    for bad, needle in (
+        (["--draft-model", draft], "--draft-model, --num-draft-tokens: give both"),
+        (
+            ["--draft-model", str(folders["deepseek"]), "--num-draft-tokens", "2"],
+            "--draft-model: a deepseek_v32",
+        ),
+        (["--draft-model", draft, "--num-draft-tokens", "2", "--tp", "2"], "--draft-model: speculative"),
+    ):
+        assert baton_main([*common, *bad]) == 2
+        assert needle in capsys.readouterr().err
