@@ -46,6 +46,7 @@ def register_spec(kinds: argparse._SubParsersAction) -> None:
         "for the random checkpoint)",
     )
     bench.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else seeded")
+    bench.add_argument("--repeats", type=int, default=2, help="timed runs per row, best kept (default 2)")
     bench.add_argument(
         "--self-draft",
         default=True,
@@ -76,7 +77,15 @@ def run_spec(args: argparse.Namespace) -> int:
         prompts = _prompts(args, target, max(batches))
         arms = spec_arms(str(target), str(draft) if draft else "", drafts, args.self_draft)
         rows = run_spec_bench(
-            str(target), arms, prompts, batches, args.decode_tokens, args.temperature, args.device, **options
+            str(target),
+            arms,
+            prompts,
+            batches,
+            args.decode_tokens,
+            args.temperature,
+            args.device,
+            args.repeats,
+            **options,
         )
     print(format_rows(rows, note))
     if args.json:

@@ -5,8 +5,10 @@ tokens per step with each draft (a draft checkpoint, and the target as its own d
 then total, the ceiling of what drafting ``k`` tokens can give at that batch). Per row: decode
 tokens/s, TPOT (decode seconds per generated token of one request), the ratio to the plain engine's
 tokens/s at that batch, the mean drafts accepted per verify and per-position acceptance, and the share
-of decode time spent in the draft. Decode time is a full run's time minus a prefill-only run's (as
-``baton bench engine`` measures it); the draft's own catch-up on the prompt counts as decode time.
+of decode time spent in the draft. Decode time is timed directly on the engine's step loop: from the
+step after every request has its first token (the prefill's) to the last step; the draft's own
+catch-up on the prompt at its first verify counts as decode time. Each row is the best of ``repeats``
+timed runs after an untimed one (kernels compile per shape).
 """
 
 import time
@@ -67,6 +69,7 @@ def run_spec_bench(
     decode_tokens: int,
     temperature: float,
     device: str,
+    repeats: int = 2,
     **engine_options,
 ) -> list[SpecBenchRow]:
     """Measure every arm at every batch size on the first ``batch`` prompts (see the module docstring).
@@ -77,6 +80,7 @@ def run_spec_bench(
         prompts: at least ``max(batches)`` token-id prompts.
         decode_tokens: tokens generated per request after the first.
         temperature: 0 for greedy; otherwise sampled with seeds 0, 1, ... per request.
+        repeats: timed runs per row (the best is kept).
         engine_options: more ``EngineConfig`` fields (``dtype``, ``kernels``, ...).
     """
     if len(prompts) < max(batches):
@@ -97,7 +101,7 @@ def run_spec_bench(
         )
         for batch in batches:
             plain = plain_rate.get(batch)
-            row = _measure(llm, arm, prompts[:batch], decode_tokens, temperature, device, plain)
+            row = _measure(llm, arm, prompts[:batch], decode_tokens, temperature, device, plain, repeats)
             if arm.name == PLAIN:
                 plain_rate[batch] = row.decode_tokens_per_s
             rows.append(row)
@@ -115,13 +119,22 @@ def _params(batch: int, max_tokens: int, temperature: float) -> list[SamplingPar
     ]
 
 
-def _timed(device: str, work, *args) -> float:
+def _synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def _decode_seconds(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], device: str) -> float:
+    """Seconds of the decode phase: every step after each request has its first token."""
+    engine = llm.engine
+    requests = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+    while any(not request.output_ids for request in requests):
+        engine.step()
+    _synchronize(device)
     start = time.perf_counter()
-    work(*args)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    while engine.has_unfinished:
+        engine.step()
+    _synchronize(device)
     return time.perf_counter() - start
 
 
@@ -133,19 +146,19 @@ def _measure(
     temperature: float,
     device: str,
     plain_rate: float | None,
+    repeats: int,
 ) -> SpecBenchRow:
     batch = len(prompts)
     full = _params(batch, decode_tokens + 1, temperature)
-    llm.generate(prompts, full)  # untimed: kernels compile per shape
-    prefill_time = _timed(device, llm.generate, prompts, _params(batch, 1, temperature))
+    _decode_seconds(llm, prompts, full, device)  # untimed: kernels compile per shape
     counters = getattr(llm.engine, "spec_counters", None)
     before = counters.counts() if counters is not None else None
-    total_time = _timed(device, llm.generate, prompts, full)
-    decode_time = max(total_time - prefill_time, 1e-9)
+    times = [_decode_seconds(llm, prompts, full, device) for _ in range(repeats)]
+    decode_time = min(times)
     rate = batch * decode_tokens / decode_time
     accepted = by_position = share = None
-    if before is not None:
-        accepted, by_position, share = _acceptance(before, counters.counts(), decode_time)
+    if before is not None:  # over every timed run: the counters grew through all of them
+        accepted, by_position, share = _acceptance(before, counters.counts(), sum(times))
     return SpecBenchRow(
         arm=arm.name,
         num_draft_tokens=arm.num_draft_tokens,
@@ -163,7 +176,7 @@ def _acceptance(
     before: SpecCounts, after: SpecCounts, decode_time: float
 ) -> tuple[float, tuple[float, ...], float]:
     """Mean drafts accepted per verify, acceptance rate per draft position, and the draft's share of
-    decode time, over what the counters gained between ``before`` and ``after``."""
+    ``decode_time`` (the runs' total), over what the counters gained between ``before`` and ``after``."""
     verifies = after.verifies - before.verifies
     lengths = [a - b for a, b in zip(after.accepted_lengths, before.accepted_lengths, strict=True)]
     accepted = sum(n * count for n, count in enumerate(lengths)) / verifies if verifies else 0.0

@@ -1,0 +1,45 @@
+"""``baton bench spec``: plain, draft and self-draft arms side by side; the self-draft's acceptance is
+total and its tokens/s a real measurement; the CLI's table and JSON; bad flags named."""
+
+import json
+
+from cli.main import main
+from services.engine.benchmark.spec_bench import PLAIN, SELF_DRAFT, run_spec_bench, spec_arms
+from tests.engine.test_draft_model import draft_overrides
+
+
+def test_arms_side_by_side_and_the_self_draft_accepts_everything(tiny_checkpoint):
+    target, draft = tiny_checkpoint("k3"), tiny_checkpoint("k3", seed=1, **draft_overrides("k3"))
+    arms = spec_arms(str(target), str(draft), [2], self_draft=True)
+    assert [(a.name, a.num_draft_tokens) for a in arms] == [(PLAIN, 0), ("draft", 2), (SELF_DRAFT, 2)]
+    prompts = [list(range(3, 3 + n)) for n in (9, 14)]
+    rows = run_spec_bench(
+        str(target), arms, prompts, [1, 2], 6, 0.0, "cpu", repeats=1, dtype="float32", batch_invariant=True
+    )
+    assert [(r.arm, r.batch) for r in rows] == [(a.name, b) for a in arms for b in (1, 2)]
+    for row in rows:
+        assert row.decode_tokens_per_s > 0 and row.tpot_ms > 0
+        if row.arm == PLAIN:
+            assert row.speedup == 1.0 and row.accepted_per_verify is None
+        else:
+            assert 0 < row.draft_time_share < 1 and len(row.acceptance_by_position) == 2
+    for row in (r for r in rows if r.arm == SELF_DRAFT):
+        assert row.accepted_per_verify == 2.0 and row.acceptance_by_position == (1.0, 1.0)
+
+
+def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "spec.json"
+    argv = ["bench", "spec", "--batches", "1", "--decode-tokens", "3", "--prompt-len", "8"]
+    argv += ["--num-draft-tokens", "2", "--repeats", "1", "--dtype", "float32", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("random weights: acceptance is meaningless")
+    assert [r["arm"] for r in json.loads(out.read_text())["rows"]] == [PLAIN, "draft", SELF_DRAFT]
+    for bad, needle in (
+        (["--batches", "0"], "--batches"),
+        (["--num-draft-tokens", "x"], "--num-draft-tokens"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--draft-model", str(tmp_path)], "--draft-model: needs --model"),
+    ):
+        assert main(["bench", "spec", *bad]) == 2
+        assert needle in capsys.readouterr().err
