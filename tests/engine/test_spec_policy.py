@@ -48,7 +48,7 @@ def test_zero_when_verify_and_draft_cost_more_than_the_tokens_they_add():
     time_steps(policy, plain=1.0, target=lambda k: 1.0, draft=lambda k: 1.0)
     assert policy.expected_tokens(K) == pytest.approx(1.9375)
     assert policy.best(BATCH) == PLAIN
-    assert decide(policy, 16)[1:] == [PLAIN] * 15  # the first decision explores (below)
+    assert decide(policy, 15) == [PLAIN] * 15  # the 16th explores (below)
 
 
 def test_the_best_k_on_synthetic_costs():
@@ -58,7 +58,7 @@ def test_the_best_k_on_synthetic_costs():
     rates = [policy.expected_tokens(k) / (1.0 + 0.25 * k) for k in range(1, K + 1)]
     assert rates == pytest.approx([1.44, 1.6267, 1.6869, 1.6808], abs=1e-4)
     assert policy.best(BATCH) == 3
-    assert decide(policy, 16)[1:] == [3] * 15
+    assert decide(policy, 15) == [3] * 15
 
 
 @pytest.mark.parametrize(("draft", "best"), [(0.95, PLAIN), (0.85, 1)], ids=["2.6%-win", "8.1%-win"])
@@ -69,39 +69,42 @@ def test_a_win_below_the_margin_is_a_plain_step(draft, best):
     assert policy.best(BATCH) == best
 
 
-def test_exploration_times_the_stalest_option_every_n_decisions():
-    """Off (plain wins): the bucket's first decision and every 16th try the option measured longest ago
-    (never measured first, k ascending); each one measured moves to the back of the queue."""
+def test_exploration_tries_the_untried_then_the_stalest_every_n_decisions():
+    """Off (plain wins): the bucket first tries the options the warm-up did not (0..K-1, one step each),
+    then every 16th decision the option used longest ago, which then moves to the back of the queue."""
     policy = warmed(0.0)
     policy.observe_step(BATCH, K, 1.0, 1.0)  # the warm-up timed K only
     chosen = []
-    for _ in range(49):
+    for _ in range(48):
         k = policy.choose(BATCH)
         chosen.append(k)
         policy.observe_step(BATCH, k, 1.0, 1.0 if k else 0.0)
-    explored = {i: k for i, k in enumerate(chosen) if i % 16 == 0}
-    assert explored == {0: PLAIN, 16: 1, 32: 2, 48: 3}
-    assert all(k == PLAIN for i, k in enumerate(chosen) if i % 16)
+    explored = {decision: k for decision, k in enumerate(chosen, 1) if k != PLAIN}
+    assert chosen[0] == PLAIN and explored == {2: 1, 3: 2, 4: 3, 16: K, 32: 1, 48: 2}
 
 
 def test_while_speculating_a_plain_step_is_timed_every_n_decisions():
     policy = warmed(1.0)
     time_steps(policy, plain=1.0, target=lambda k: 1.0, draft=lambda k: 0.1 * k)
     chosen = []
-    for _ in range(33):
+    for _ in range(48):
         k = policy.choose(BATCH)
         chosen.append(k)
         policy.observe_step(BATCH, k, 1.0, 0.1 * k)
     assert policy.best(BATCH) == K
-    assert [(i, k) for i, k in enumerate(chosen) if k != K] == [(0, PLAIN), (16, 1), (32, 2)]
+    assert [(decision, k) for decision, k in enumerate(chosen, 1) if k != K] == [
+        (16, PLAIN),
+        (32, 1),
+        (48, 2),
+    ]
 
 
-def test_buckets_are_powers_of_two_and_an_untimed_bucket_drafts_k():
+def test_buckets_are_powers_of_two_and_an_untimed_bucket_tries_each_k_then_drafts_k():
     assert [bucket_of(n) for n in (1, 2, 3, 4, 7, 8, 33)] == [1, 2, 2, 4, 4, 8, 32]
     policy = warmed(0.5)
     time_steps(policy, plain=1.0, target=lambda k: 1.0, draft=lambda k: 1.0, batch=5)
     assert policy.best(7) == PLAIN and policy.best(8) is None
-    assert decide(policy, 3, batch=8) == [PLAIN, K, K]  # explore plain first, fixed until it is timed
+    assert decide(policy, K + 3, batch=8) == [PLAIN, 1, 2, 3, K, K, K]  # none timed: fixed
     with pytest.raises(ValueError, match="batch_size"):
         bucket_of(0)
 

@@ -13,10 +13,11 @@ keeps, per batch-size bucket (the number of draftable requests rounded down to a
 The expected tokens a verify at ``k`` emits per request are ``E_k = 1 + sum_{j=1..k} prod_{i<=j}
 alpha_i``; the rule picks the measured ``k`` maximising ``E_k / (t_verify(k) + t_draft(k))`` and takes
 it when that beats a plain step's ``1 / t_plain`` by ``margin``, else 0. The first ``warmup_verify_steps``
-verify steps draft ``K`` (the fixed behaviour); after that, a bucket's first decision and every
-``explore_every``-th one try the option (0..K, not the current best) measured longest ago, never
-measured first, so a plain step is timed while speculating and a speculative one while off. A bucket
-without both a plain and a speculative measurement drafts ``K``.
+verify steps draft ``K`` (the fixed behaviour). After that, a bucket first tries each option (0..K)
+it has not used yet, in that order, one step each; then every ``explore_every``-th decision tries the
+option (not the current best) used longest ago, so a plain step is timed while speculating and a
+speculative one while off. A bucket without both a plain and a speculative measurement (a tried step
+that had a prompt chunk in it is not timed) drafts ``K``.
 """
 
 from dataclasses import dataclass, field
@@ -42,13 +43,13 @@ class BucketCosts:
     Attributes:
         target_seconds: ``k -> EMA`` of the target's step time (``k = 0``: plain steps).
         draft_seconds: ``k -> EMA`` of the draft's time per step (``k >= 1``).
-        measured_at: ``k -> decisions`` (below) when ``k`` was last measured.
+        used_at: ``k -> decisions`` (below) when ``k`` was last chosen or timed.
         decisions: steps the policy decided for this bucket after the warm-up.
     """
 
     target_seconds: dict[int, float] = field(default_factory=dict)
     draft_seconds: dict[int, float] = field(default_factory=dict)
-    measured_at: dict[int, int] = field(default_factory=dict)
+    used_at: dict[int, int] = field(default_factory=dict)
     decisions: int = 0
 
     def step_seconds(self, k: int) -> float | None:
@@ -99,13 +100,19 @@ class SpecPolicy:
             return self.num_draft_tokens
         costs = self.buckets.setdefault(bucket_of(batch_size), BucketCosts())
         costs.decisions += 1
+        options = range(self.num_draft_tokens + 1)
         best = self.best(batch_size)
         if best is None:  # no rule without both arms timed: fixed, until exploration times the other
             best = self.num_draft_tokens
-        if (costs.decisions - 1) % self.explore_every == 0:
-            others = [k for k in range(self.num_draft_tokens + 1) if k != best]
-            return min(others, key=lambda k: costs.measured_at.get(k, -1))
-        return best
+        untried = [k for k in options if k not in costs.used_at]
+        if untried:
+            k = untried[0]
+        elif costs.decisions % self.explore_every == 0:
+            k = min((k for k in options if k != best), key=costs.used_at.__getitem__)
+        else:
+            k = best
+        costs.used_at[k] = costs.decisions
+        return k
 
     def best(self, batch_size: int) -> int | None:
         """The rule on ``batch_size``'s bucket: the measured ``k`` of most expected tokens per second if
@@ -145,7 +152,7 @@ class SpecPolicy:
         costs.target_seconds[k] = _smoothed(costs.target_seconds.get(k), target_seconds, self.smoothing)
         if k != PLAIN:
             costs.draft_seconds[k] = _smoothed(costs.draft_seconds.get(k), draft_seconds, self.smoothing)
-        costs.measured_at[k] = costs.decisions
+        costs.used_at[k] = costs.decisions
 
     def observe_verifies(self, verifies: list[tuple[int, int]]) -> None:
         """One step's verifies, ``(num_drafted, num_accepted)`` each: the acceptance rate at each
