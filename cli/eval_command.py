@@ -64,11 +64,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     # One rank (LLM.score); the FP8 comparison runs both KV formats, so the format is not a flag; the
-    # draft is --draft, speculated with at each --draft-tokens.
+    # draft is --draft, speculated with at each --draft-tokens (always k: a fixed policy).
     add_config_flags(
         parser.add_argument_group("engine"),
         EngineConfig,
-        exclude=("model", "kv_format", "draft_model", "num_draft_tokens", *PARALLEL_DEGREES),
+        exclude=("model", "kv_format", "draft_model", "num_draft_tokens", "spec_policy", *PARALLEL_DEGREES),
     )
     parser.set_defaults(run=run)
 
@@ -144,7 +144,8 @@ def draft_acceptance(
     plain = [o.token_ids for o in served.generate(prompts, params)]
     results = {}
     for k in lengths:
-        speculating = LLM(model, **options | {"draft_model": str(draft), "num_draft_tokens": k})
+        spec = {"draft_model": str(draft), "num_draft_tokens": k, "spec_policy": "fixed"}  # k every step
+        speculating = LLM(model, **options | spec)
         tokens = [o.token_ids for o in speculating.generate(prompts, params)]
         counts = speculating.engine.spec_counters.counts()
         results[str(k)] = {

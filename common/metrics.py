@@ -368,6 +368,19 @@ class Metrics:
         self.spec_target_seconds = Counter(
             "baton_spec_target_seconds_total", "Wall time the target's steps took", registry=r
         )
+        self.spec_draft_tokens = Gauge(
+            "baton_spec_draft_tokens",
+            "Tokens drafted per request in the last step with requests to draft for (0: a plain step; "
+            "--spec-policy adaptive chooses it)",
+            registry=r,
+        )
+        self.spec_steps = Counter(
+            "baton_spec_steps_total",
+            "Steps with requests to draft for, by tokens drafted per request (draft_tokens 0: plain steps "
+            "the policy chose)",
+            ["draft_tokens"],
+            registry=r,
+        )
         self._spec_seen: dict[tuple, float] = {}  # (metric, labels) -> the total last observed
 
     def observe_spec(self, counts) -> None:
@@ -382,7 +395,9 @@ class Metrics:
         ]
         totals += [(self.spec_draft_seconds, (), counts.draft_seconds)]
         totals += [(self.spec_target_seconds, (), counts.target_seconds)]
+        totals += [(self.spec_steps, (str(k),), t) for k, t in enumerate(counts.steps_by_draft_tokens)]
         _grow(totals, self._spec_seen)
+        self.spec_draft_tokens.set(counts.draft_tokens)
 
     def redis_health(self, up: bool) -> None:
         """``baton_hicache_redis_up`` for this process's role (a ``RedisLink``'s ``on_health``)."""

@@ -93,12 +93,15 @@ HELP = {
     "draft_model": "checkpoint folder of a draft model for speculative decoding (default: none)",
     "num_draft_tokens": "tokens the draft model proposes per verify step, 1-16 (1-7 measured); needs "
     "--draft-model",
+    "spec_policy": "how many tokens to draft each step: adaptive (the k up to --num-draft-tokens this "
+    "engine measured to give the most tokens per second, none where speculation loses; "
+    "docs/speculative.md) or fixed (always --num-draft-tokens)",
 }
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
     from services.engine.cache.layout import KV_FORMATS
-    from services.engine.engine_config import PREFETCH_POLICIES
+    from services.engine.engine_config import PREFETCH_POLICIES, SPEC_POLICIES
     from services.engine.model.backends import KERNEL_BACKENDS
 
     return {
@@ -107,6 +110,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "kv_format": KV_FORMATS,
         "kernels": KERNEL_BACKENDS,
         "prefetch_policy": PREFETCH_POLICIES,
+        "spec_policy": SPEC_POLICIES,
     }
 
 

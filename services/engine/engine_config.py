@@ -10,6 +10,7 @@ DEVICES = ("cpu", "cuda")
 PREFETCH_POLICIES = ("best_effort", "wait", "timeout_ms")  # services/engine/prefetch_gate.py
 PARALLEL_DEGREES = ("tp", "dcp", "pp", "pcp", "ep")
 MAX_DRAFT_TOKENS = 16
+SPEC_POLICIES = ("adaptive", "fixed")  # services/engine/speculative/spec_policy.py
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class EngineConfig:
             of processes the engine runs as), and expert parallelism over ranks of one stage.
         draft_model: checkpoint folder of a draft model for speculative decoding ("" for none).
         num_draft_tokens: tokens the draft proposes per verify step (1 to 16; 0 with no draft model).
+        spec_policy: ``adaptive`` (``speculative/spec_policy.py``: each step drafts the ``k`` up to
+            ``num_draft_tokens`` that this engine measured to give the most tokens per second, 0 where
+            speculation loses) or ``fixed`` (every step drafts ``num_draft_tokens``).
     """
 
     model: str
@@ -89,6 +93,7 @@ class EngineConfig:
     ep: int = 1
     draft_model: str = ""
     num_draft_tokens: int = 0
+    spec_policy: str = "adaptive"
 
     def __post_init__(self):
         self.adapter_folders()  # raises naming ``adapters``
@@ -124,6 +129,10 @@ class EngineConfig:
         self._check_speculation()
 
     def _check_speculation(self) -> None:
+        if self.spec_policy not in SPEC_POLICIES:
+            raise ValueError(
+                f"spec_policy: {self.spec_policy!r} is not supported ({', '.join(SPEC_POLICIES)})"
+            )
         k = self.num_draft_tokens
         if not isinstance(k, int) or isinstance(k, bool):
             raise ValueError(f"num_draft_tokens: must be an integer, got {k!r}")

@@ -24,10 +24,11 @@ from .cuda_graphs import DecodeGraphs, capture_sizes
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .request import Request
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .speculative.draft_compatibility import check_draft_compatible
-from .speculative.proposal import DraftProposer, DraftTokens
+from .speculative.proposal import DraftProposer
 from .speculative.spec_counters import SpecCounters
+from .speculative.spec_policy import SpecPolicy
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,9 @@ class EngineCore:
 
     With a proposer every step first drafts for the running requests past their prompt, and the
     target verifies the drafts in the step (``scheduler.py``); ``spec_counters`` counts the verifies.
+    How many tokens a step drafts is ``config.num_draft_tokens`` (``spec_policy`` fixed), or what
+    ``spec_policy`` (a ``SpecPolicy``, adaptive) chooses from the times ``clock`` measures (tests set a
+    fake ``clock``).
 
     With ``config.world_size > 1`` this process is rank 0 of a ``RankGroup``: the follower ranks start
     here, each loads its shard, and every step's forward runs on all of them; ``close`` stops them.
@@ -103,6 +107,9 @@ class EngineCore:
             proposer = DraftModelProposer(config, self.model)
         self.proposer = proposer
         self.spec_counters = SpecCounters(proposer.num_draft_tokens) if proposer is not None else None
+        adaptive = proposer is not None and config.spec_policy == "adaptive"
+        self.spec_policy = SpecPolicy(proposer.num_draft_tokens) if adaptive else None
+        self.clock = time.perf_counter
         use_graphs = self._use_cuda_graphs()
         self.cache = CacheManager.for_model(
             config, self.model, scratch=use_graphs, redis_url=redis_url, checkpoints=proposer is not None
@@ -275,30 +282,60 @@ class EngineCore:
 
     def step(self) -> list[Request]:
         """Run one step (drafting first, with a proposer); returns the requests that finished in it."""
-        drafts = self._propose()
+        draftable = self.scheduler.draftable() if self.proposer is not None else []
+        num_tokens = self._draft_length(len(draftable))
+        started = self.clock()
+        drafts = self.proposer.propose(draftable, num_tokens) if num_tokens else {}
+        draft_seconds = self.clock() - started
         output = self.scheduler.schedule(drafts)
         if not output.chunks:
             return []
-        started = time.perf_counter()
+        started = self.clock()
         sampled = self.runner.execute(output, self.scheduler.requests)
-        if output.drafts:
-            self.spec_counters.add_target_seconds(time.perf_counter() - started)
-            for chunk in output.chunks:
-                if chunk.num_draft:
-                    self.spec_counters.verified(chunk.num_draft, sampled[chunk.request_id].num_accepted)
+        target_seconds = self.clock() - started
+        if draftable:
+            self._count_speculation(draftable, num_tokens, output, sampled, draft_seconds, target_seconds)
         return self.scheduler.update(output, sampled)
 
-    def _propose(self) -> dict[str, DraftTokens]:
-        """The proposer's drafts for the requests that may verify this step (none without one)."""
-        if self.proposer is None:
-            return {}
-        requests = self.scheduler.draftable()
-        if not requests:
-            return {}
-        started = time.perf_counter()
-        drafts = self.proposer.propose(requests)
-        self.spec_counters.add_draft_seconds(time.perf_counter() - started)
-        return drafts
+    def _draft_length(self, batch_size: int) -> int:
+        """Tokens to draft per request this step (0: none) for ``batch_size`` draftable requests."""
+        if not batch_size:
+            return 0
+        if self.spec_policy is None:
+            return self.proposer.num_draft_tokens
+        return self.spec_policy.choose(batch_size)
+
+    def _count_speculation(
+        self,
+        draftable: list[Request],
+        num_tokens: int,
+        output: SchedulerOutput,
+        sampled: dict,
+        draft_seconds: float,
+        target_seconds: float,
+    ) -> None:
+        """Add a step with draftable requests to ``spec_counters`` and tell ``spec_policy`` what it cost
+        (when every chunk was a decode or verify chunk: a prompt chunk's time would blur the two arms)."""
+        counters = self.spec_counters
+        counters.stepped(num_tokens)
+        if num_tokens:
+            counters.add_draft_seconds(draft_seconds)
+        verifies = [
+            (chunk.num_draft, sampled[chunk.request_id].num_accepted)
+            for chunk in output.chunks
+            if chunk.num_draft
+        ]
+        if verifies:
+            counters.add_target_seconds(target_seconds)
+        for num_drafted, num_accepted in verifies:
+            counters.verified(num_drafted, num_accepted)
+        if self.spec_policy is None:
+            return
+        self.spec_policy.observe_verifies(verifies)
+        decoding = {request.request_id for request in draftable}
+        if all(chunk.request_id in decoding for chunk in output.chunks) and not output.preempted:
+            k = num_tokens if verifies else 0  # drafts all dropped by the scheduler: a plain step
+            self.spec_policy.observe_step(len(draftable), k, target_seconds, draft_seconds if k else 0.0)
 
     @property
     def has_unfinished(self) -> bool:

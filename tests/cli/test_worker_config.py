@@ -24,6 +24,7 @@ STRINGS = {
     "adapters": ("tuned=/adapters/tuned",),
     "redis_url": "redis://cache:6379/0",
     "prefetch_policy": "wait",
+    "spec_policy": "fixed",
 }
 # A valid value other than the default for numbers whose range excludes the generic one.
 NUMBERS = {"host_cache_kda_fraction": 0.5}

@@ -32,6 +32,9 @@ ENGINE_VALUES = {
     "cudaGraphs": ("cuda_graphs", False),
     "batchInvariant": ("batch_invariant", True),
     "adapters": ("adapters", ("policy=/adapters/policy",)),
+    "draftModel": ("draft_model", "/models/draft"),
+    "numDraftTokens": ("num_draft_tokens", 3),
+    "specPolicy": ("spec_policy", "fixed"),
 }
 
 

@@ -27,10 +27,11 @@ class Script:
 
 
 class ScriptedProposer(DraftProposer):
-    """Drafts ``num_draft_tokens`` tokens of each prompt's ``Script`` (requests are matched by prompt;
-    a prompt without a script gets no drafts).
+    """Drafts ``num_tokens`` (None: ``num_draft_tokens``) tokens of each prompt's ``Script`` (requests
+    are matched by prompt; a prompt without a script gets no drafts).
 
     Attributes:
+        proposals: the ``num_tokens`` asked for by every ``propose``, in order.
         commits: ``(request_id, num_accepted)`` of every ``commit``, in order.
         released: ids passed to ``release``.
     """
@@ -39,10 +40,13 @@ class ScriptedProposer(DraftProposer):
         self.num_draft_tokens = num_draft_tokens
         self.scripts = scripts
         self.pending: dict[str, tuple[int, ...]] = {}  # drafts proposed, not yet committed or released
+        self.proposals: list[int] = []
         self.commits: list[tuple[str, int]] = []
         self.released: list[str] = []
 
-    def propose(self, requests: list[Request]) -> dict[str, DraftTokens]:
+    def propose(self, requests: list[Request], num_tokens: int | None = None) -> dict[str, DraftTokens]:
+        k = self.draft_length(num_tokens)
+        self.proposals.append(k)
         drafts = {}
         for request in requests:
             assert request.request_id not in self.pending, "proposed again before commit or release"
@@ -51,7 +55,7 @@ class ScriptedProposer(DraftProposer):
             if script is None:
                 continue  # not scripted: it decodes without drafts
             start = len(request.output_ids)
-            tokens = tuple(self._draft(script, start + i) for i in range(self.num_draft_tokens))
+            tokens = tuple(self._draft(script, start + i) for i in range(k))
             self.pending[request.request_id] = tokens
             drafts[request.request_id] = DraftTokens(tokens)
         return drafts
@@ -74,7 +78,7 @@ class ScriptedProposer(DraftProposer):
         self.released.append(request_id)
 
     def check_integrity(self) -> None:
-        assert all(len(d) == self.num_draft_tokens for d in self.pending.values())
+        assert all(1 <= len(d) <= self.num_draft_tokens for d in self.pending.values())
 
 
 def expected_verifies(script: Script, k: int, max_tokens: int) -> list[tuple[int, int]]:

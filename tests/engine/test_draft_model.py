@@ -132,6 +132,31 @@ def test_commit_keeps_or_rolls_back_so_next_drafts_equal_a_fresh_run(family, che
     release_all(proposer, requests)
 
 
+def test_a_shorter_proposal_commits_by_its_own_k(checkpoints, draft_llms):
+    """``propose(num_tokens=2)`` on a ``k = 4`` proposer (the policy shrank the step): two drafts, one
+    fed, and commit keeps it with 1 or 2 accepted, rolls back with 0; the next full proposal is a fresh
+    run's."""
+    proposer = make_proposer(checkpoints, "k3", k=4)
+    requests = make_requests(lambda i: GREEDY)[:3]
+    short = proposer.propose(requests, num_tokens=2)
+    want = greedy_continuations(draft_llms("k3"), [r.all_ids for r in requests], 2)
+    assert [short[r.request_id].token_ids for r in requests] == want
+    for request, num_accepted in zip(requests, (0, 1, 2), strict=True):
+        seat = proposer.seats[request.request_id]
+        assert seat.num_computed == seat.checkpoint + 1  # one fed draft, not k - 1 = 3
+        accept(proposer, request, short[request.request_id].token_ids, num_accepted)
+        assert seat.num_computed == seat.checkpoint + (1 if num_accepted >= 1 else 0), f"{num_accepted}"
+    full = proposer.propose(requests)
+    want = greedy_continuations(draft_llms("k3"), [r.all_ids for r in requests], 4)
+    assert [full[r.request_id].token_ids for r in requests] == want
+    for request in requests:
+        accept(proposer, request, full[request.request_id].token_ids, 0)
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=r"num_tokens: must be in \[1, 4\]"):
+            proposer.propose(requests, num_tokens=bad)
+    release_all(proposer, requests)
+
+
 def sampled(seed):
     def params_of(i):
         return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, min_p=0.01, seed=seed + i)

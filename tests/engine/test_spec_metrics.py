@@ -29,13 +29,17 @@ def test_two_successive_counts_grow_the_counters_by_their_difference():
     assert sample_values(metrics) == {
         "baton_spec_draft_seconds_total": 0.0,
         "baton_spec_target_seconds_total": 0.0,
+        "baton_spec_draft_tokens": 0.0,
     }
 
+    counters.stepped(3)
     counters.verified(3, 1)
     counters.verified(3, 3)
     counters.add_draft_seconds(0.25)
     counters.add_target_seconds(1.0)
     metrics.observe_spec(counters.counts())
+    counters.stepped(0)  # a plain step the policy chose
+    counters.stepped(2)
     counters.verified(2, 0)  # near max_tokens: two drafts
     counters.verified(3, 2)
     counters.add_draft_seconds(0.5)
@@ -56,6 +60,11 @@ def test_two_successive_counts_grow_the_counters_by_their_difference():
         'baton_spec_accepted_tokens_total{position="2"}': 1.0,
         "baton_spec_draft_seconds_total": 0.75,
         "baton_spec_target_seconds_total": 3.0,
+        'baton_spec_steps_total{draft_tokens="0"}': 1.0,
+        'baton_spec_steps_total{draft_tokens="1"}': 0.0,
+        'baton_spec_steps_total{draft_tokens="2"}': 1.0,
+        'baton_spec_steps_total{draft_tokens="3"}': 1.0,
+        "baton_spec_draft_tokens": 2.0,
     }
 
 
@@ -94,4 +103,4 @@ def test_an_engine_pass_carries_the_engine_spec_counts(service):
     counters.add_draft_seconds(0.125)
     core.spec_counters = counters
     engine.refresh()
-    assert passes[-1].spec_counts == SpecCounts(2, 1, (0, 1, 0), (1, 1), (1, 0), 0.125, 0.0)
+    assert passes[-1].spec_counts == SpecCounts(2, 1, (0, 1, 0), (1, 1), (1, 0), 0.125, 0.0, 2, (0, 0, 0))

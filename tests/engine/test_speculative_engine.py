@@ -269,8 +269,12 @@ def test_a_handed_off_request_speculates_from_its_next_step(plain, tiny_checkpoi
         (dict(draft_model="draft", num_draft_tokens=17), "--num-draft-tokens"),
         (dict(draft_model="draft", num_draft_tokens=0), "--num-draft-tokens"),
         (dict(draft_model="draft", num_draft_tokens=3, tp=2), "--draft-model"),
+        (
+            dict(draft_model="draft", num_draft_tokens=3, spec_policy="greedy"),
+            "spec_policy: 'greedy'.*adaptive",
+        ),
     ],
-    ids=["no-k", "no-draft", "k-too-big", "k-zero", "parallel"],
+    ids=["no-k", "no-draft", "k-too-big", "k-zero", "parallel", "policy"],
 )
 def test_config_errors_name_the_flag(fields, named):
     with pytest.raises(ValueError, match=named):

@@ -133,3 +133,6 @@ def test_the_speculative_decoding_row_shows_acceptance_length_and_draft_time(das
     assert {"baton_spec_accepted_tokens_total", "baton_spec_accepted_length_total"} <= length
     time_share = metric_names(exprs["Draft time share"])
     assert time_share == {"baton_spec_draft_seconds_total", "baton_spec_target_seconds_total"}
+    draft_tokens = exprs["Draft tokens per step"]
+    assert "by (draft_tokens)" in draft_tokens
+    assert metric_names(draft_tokens) == {"baton_spec_steps_total", "baton_spec_draft_tokens"}

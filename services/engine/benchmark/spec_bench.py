@@ -89,7 +89,11 @@ def run_spec_bench(
     rows: list[SpecBenchRow] = []
     plain_rate: dict[int, float] = {}
     for arm in arms:
-        spec = {"draft_model": arm.draft, "num_draft_tokens": arm.num_draft_tokens} if arm.draft else {}
+        spec = (  # each arm measures its own k: no policy changing it
+            {"draft_model": arm.draft, "num_draft_tokens": arm.num_draft_tokens, "spec_policy": "fixed"}
+            if arm.draft
+            else {}
+        )
         llm = LLM(
             target,
             device=device,

@@ -2,7 +2,8 @@
 
 The draft keeps its own cache (a block pool and a KDA state-slot pool, no prefix cache, no host
 tier) and, per request, a ``DraftSeat``: its blocks, its state slot, a checkpoint slot and how many of
-the request's tokens it has computed. One ``propose`` for a request::
+the request's tokens it has computed. One ``propose`` of ``k`` drafts (``num_draft_tokens``, or fewer
+for the step) for a request::
 
     all_ids:  | computed by the draft | tail (not yet) |
                                       ^ forward(tail): draft 1 from the last row
@@ -47,7 +48,8 @@ class DraftSeat:
         num_computed: leading tokens whose rows and state the draft holds (after a ``propose``, that
             count includes the fed drafts, which are not in ``all_ids`` until ``commit``).
         checkpoint: tokens the checkpoint slot's state covers.
-        drafted: the last proposal's tokens until it is committed; None when nothing is pending.
+        drafted: the last proposal's tokens until it is committed (its length is that proposal's
+            ``k``: commit keeps ``k - 1`` fed drafts); None when nothing is pending.
     """
 
     block_table: list[int]
@@ -114,8 +116,9 @@ class DraftModelProposer(DraftProposer):
         self.seats: dict[str, DraftSeat] = {}
 
     @torch.no_grad()
-    def propose(self, requests: list[Request]) -> dict[str, DraftTokens]:
-        """Draft ``num_draft_tokens`` tokens for each request, all requests in the same forwards.
+    def propose(self, requests: list[Request], num_tokens: int | None = None) -> dict[str, DraftTokens]:
+        """Draft ``num_tokens`` (None: ``num_draft_tokens``) tokens for each request, all requests in
+        the same forwards.
 
         A seat's tail is ``all_ids[num_computed:]`` (the whole sequence the first time); a proposal
         never committed (the engine decoded the request without verifying it) is dropped first: the
@@ -123,8 +126,10 @@ class DraftModelProposer(DraftProposer):
 
         Raises:
             RuntimeError: more requests than the draft's ``max_num_seqs`` seats.
-            ValueError: a request with no token the draft has not computed.
+            ValueError: a request with no token the draft has not computed; ``num_tokens`` outside
+                ``[1, num_draft_tokens]``.
         """
+        k = self.draft_length(num_tokens)
         if not requests:
             return {}
         seats = [self._seat(request) for request in requests]
@@ -142,7 +147,7 @@ class DraftModelProposer(DraftProposer):
         params = [request.params for request in requests]
         drafted: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
-        for step in range(self.num_draft_tokens):
+        for step in range(k):
             if step > 0:  # feed the previous drafts; their rows give the next ones
                 logits = self._feed(seats, [[tokens[-1]] for tokens in drafted])
             positions = [request.sample_position + step for request in requests]
@@ -163,14 +168,14 @@ class DraftModelProposer(DraftProposer):
         """Keep the fed drafts the target accepted, or roll the slot back to the checkpoint.
 
         Raises:
-            ValueError: ``num_accepted`` outside ``[0, k]``, or ``output_ids`` not continuing with the
-                accepted drafts after the checkpoint.
+            ValueError: ``num_accepted`` outside ``[0, k]`` (the proposal's ``k``), or ``output_ids``
+                not continuing with the accepted drafts after the checkpoint.
             KeyError: a request with no proposal to commit.
         """
         seat = self.seats.get(request.request_id)
         if seat is None or seat.drafted is None:
             raise KeyError(f"request {request.request_id!r}: commit without a pending proposal")
-        k = self.num_draft_tokens
+        k = len(seat.drafted)
         if not 0 <= num_accepted <= k:
             raise ValueError(f"num_accepted: must be in [0, {k}], got {num_accepted}")
         accepted = request.all_ids[seat.checkpoint : seat.checkpoint + num_accepted + 1]

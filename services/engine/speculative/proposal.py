@@ -1,6 +1,7 @@
 """The contract between the engine and whatever drafts tokens for it.
 
 Per engine step, for every running request past its prompt, a ``DraftProposer`` proposes ``k`` tokens
+(``num_draft_tokens``, or fewer where ``SpecPolicy`` shrinks it for the step; none in a plain step)
 that follow the request's known tokens (``Request.all_ids``); the target verifies them in one step
 (the request's uncomputed tokens then the ``k`` drafts, ``1 + k`` logit rows at the end), accepts a
 prefix of them and adds one token of its own; the proposer is then told how many it accepted.
@@ -30,7 +31,7 @@ class DraftTokens:
 
 
 class DraftProposer(ABC):
-    """Drafts ``num_draft_tokens`` tokens per request and tracks what the target accepted.
+    """Drafts up to ``num_draft_tokens`` tokens per request and tracks what the target accepted.
 
     A proposer keeps whatever per-request state it needs (a draft model's cache) from the first
     ``propose`` that names a request until ``release``.
@@ -39,13 +40,25 @@ class DraftProposer(ABC):
     num_draft_tokens: int
 
     @abstractmethod
-    def propose(self, requests: list[Request]) -> dict[str, DraftTokens]:
-        """Draft for each of ``requests`` (running, every prompt token known, at least one generated).
+    def propose(self, requests: list[Request], num_tokens: int | None = None) -> dict[str, DraftTokens]:
+        """Draft ``num_tokens`` (None: ``num_draft_tokens``; else 1 to it) for each of ``requests``
+        (running, every prompt token known, at least one generated).
 
         Returns:
-            ``request_id -> DraftTokens`` with exactly ``num_draft_tokens`` tokens each; a request left
-            out decodes one token this step without drafts.
+            ``request_id -> DraftTokens`` with exactly ``num_tokens`` tokens each; a request left out
+            decodes one token this step without drafts.
+
+        Raises:
+            ValueError: ``num_tokens`` outside ``[1, num_draft_tokens]``.
         """
+
+    def draft_length(self, num_tokens: int | None) -> int:
+        """``num_tokens`` checked against ``num_draft_tokens`` (None: all of them)."""
+        if num_tokens is None:
+            return self.num_draft_tokens
+        if not 1 <= num_tokens <= self.num_draft_tokens:
+            raise ValueError(f"num_tokens: must be in [1, {self.num_draft_tokens}], got {num_tokens}")
+        return num_tokens
 
     @abstractmethod
     def commit(self, request: Request, num_accepted: int) -> None:

@@ -1,6 +1,7 @@
 """Speculative decoding's counters: drafted and accepted tokens by draft position, accepted length
-per verify, and the time the draft and the target take. The engine loop adds to ``SpecCounters``;
-``counts`` copies the totals (``SpecCounts``) for the worker's metrics once per pass."""
+per verify, the time the draft and the target take, and the steps by how many tokens were drafted. The
+engine loop adds to ``SpecCounters``; ``counts`` copies the totals (``SpecCounts``) for the worker's
+metrics once per pass."""
 
 from dataclasses import dataclass
 
@@ -17,6 +18,9 @@ class SpecCounts:
         drafted_by_position, accepted_by_position: per draft position ``i`` (0-based), drafts
             proposed there and drafts accepted there (``k`` entries each).
         draft_seconds, target_seconds: wall time of the draft's proposals and of the target's steps.
+        draft_tokens: the ``k`` of the last step that had requests to draft for (0: a plain step).
+        steps_by_draft_tokens: ``steps_by_draft_tokens[k]``: such steps drafting ``k`` per request
+            (``k + 1`` entries; ``[0]``: plain steps the policy chose, ``docs/speculative.md``).
     """
 
     num_draft_tokens: int
@@ -26,6 +30,8 @@ class SpecCounts:
     accepted_by_position: tuple[int, ...]
     draft_seconds: float
     target_seconds: float
+    draft_tokens: int = 0
+    steps_by_draft_tokens: tuple[int, ...] = ()
 
     @property
     def mean_accepted(self) -> float:
@@ -45,6 +51,8 @@ class SpecCounters:
         self.accepted_by_position = [0] * num_draft_tokens
         self.draft_seconds = 0.0
         self.target_seconds = 0.0
+        self.draft_tokens = num_draft_tokens
+        self.steps_by_draft_tokens = [0] * (num_draft_tokens + 1)
 
     def verified(self, num_drafted: int, num_accepted: int) -> None:
         """One request's verify: ``num_drafted`` drafts (``k``, fewer near ``max_tokens``), of which
@@ -61,6 +69,13 @@ class SpecCounters:
         for position in range(num_accepted):
             self.accepted_by_position[position] += 1
 
+    def stepped(self, draft_tokens: int) -> None:
+        """A step with requests to draft for drafted ``draft_tokens`` per request (0: none)."""
+        if not 0 <= draft_tokens <= self.num_draft_tokens:
+            raise ValueError(f"draft_tokens: must be in [0, {self.num_draft_tokens}], got {draft_tokens}")
+        self.draft_tokens = draft_tokens
+        self.steps_by_draft_tokens[draft_tokens] += 1
+
     def add_draft_seconds(self, seconds: float) -> None:
         self.draft_seconds += seconds
 
@@ -76,4 +91,6 @@ class SpecCounters:
             tuple(self.accepted_by_position),
             self.draft_seconds,
             self.target_seconds,
+            self.draft_tokens,
+            tuple(self.steps_by_draft_tokens),
         )

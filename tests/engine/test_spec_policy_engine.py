@@ -1,0 +1,148 @@
+"""``SpecPolicy`` in the engine loop, on a fake clock that the target's steps and the proposer advance
+by set costs (never wall time): where speculation loses the engine stops drafting after its warm-up
+(the proposer sees only the policy's exploration), where a shorter ``k`` wins it drafts that ``k``, and
+greedy tokens stay plain decoding's either way, also with the draft model at every ``k`` the policy
+may choose."""
+
+import pytest
+
+from common.sampling_params import SamplingParams
+from services.engine import LLM
+from services.engine.speculative.spec_policy import PLAIN
+from tests.conftest import TEST_DEVICE
+from tests.engine.scripted_proposer import Script, ScriptedProposer
+from tests.engine.test_draft_model import draft_overrides
+
+K = 3
+PROMPT = list(range(5, 21))
+ENGINE = dict(dtype="float32", device=TEST_DEVICE, block_size=8, max_num_seqs=4, max_num_batched_tokens=64)
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+class FakeClock:
+    """``EngineCore.clock``: time moves only when a target step or a proposal says what it cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def costed(llm: LLM, target_seconds, draft_seconds) -> FakeClock:
+    """Put ``llm``'s engine on a ``FakeClock``: each target step costs ``target_seconds(k)`` (``k``: the
+    step's most drafts per request, 0 for a plain step) and each proposal ``draft_seconds(k)``."""
+    core, clock = llm.engine, FakeClock()
+    core.clock = clock
+    execute, propose = core.runner.execute, core.proposer.propose
+
+    def timed_execute(output, requests):
+        clock.now += target_seconds(max((c.num_draft for c in output.chunks), default=0))
+        return execute(output, requests)
+
+    def timed_propose(requests, num_tokens=None):
+        clock.now += draft_seconds(num_tokens)
+        return propose(requests, num_tokens)
+
+    core.runner.execute, core.proposer.propose = timed_execute, timed_propose
+    return clock
+
+
+@pytest.fixture(scope="module")
+def target(tiny_checkpoint):
+    return str(tiny_checkpoint("k3"))
+
+
+@pytest.fixture(scope="module")
+def plain_tokens(target):
+    """``plain_tokens(max_tokens)``: the plain engine's greedy continuation of ``PROMPT``."""
+    llm = LLM(target, **ENGINE)
+    return lambda max_tokens: tuple(llm.generate([PROMPT], greedy(max_tokens))[0].token_ids)
+
+
+def scripted(target, continuation, wrong=frozenset()) -> LLM:
+    proposer = ScriptedProposer(K, {tuple(PROMPT): Script(continuation, frozenset(wrong))})
+    return LLM(target, proposer=proposer, **ENGINE)
+
+
+def test_drafting_stops_where_speculation_loses(target, plain_tokens):
+    """Every draft wrong (one token per verify) and a verify step plus its draft costing two plain
+    steps: after the 16 warm-up verifies (``k = 3``) and one step to time each other ``k`` (0, 1, 2),
+    the engine decodes plainly; the proposer is asked again only by the exploration at the bucket's
+    16th decision (``k = 3``, the one used longest ago)."""
+    max_tokens = 40
+    want = plain_tokens(max_tokens)
+    llm = scripted(target, want, wrong=range(max_tokens))
+    costed(llm, target_seconds=lambda k: 1.0, draft_seconds=lambda k: 1.0)
+    got = llm.generate([PROMPT], greedy(max_tokens))[0]
+    assert tuple(got.token_ids) == want
+    core = llm.engine
+    assert core.proposer.proposals == [K] * 16 + [1, 2, K]
+    counts = core.spec_counters.counts()
+    decode_steps = max_tokens - 2  # the prefill gives the first token; the last is not draftable
+    assert counts.steps_by_draft_tokens == (decode_steps - 19, 1, 1, 17)
+    assert counts.draft_tokens == PLAIN and counts.verifies == 19
+    assert core.spec_policy.best(1) == PLAIN
+    core.check_integrity()
+
+
+def test_the_engine_drafts_the_k_that_wins(target, plain_tokens):
+    """Every draft right (E_k = 1 + k) and a proposal of k costing 0.1 k^2 plain steps: tokens per
+    second 1.82, 2.14, 2.11 at k = 1, 2, 3: after the warm-up (k = 3) and one step at 0 and at 1 to
+    time them, the engine drafts 2 (it times 2 by drafting it)."""
+    max_tokens = 16 * (K + 1) + 40
+    want = plain_tokens(max_tokens)
+    llm = scripted(target, want)
+    costed(llm, target_seconds=lambda k: 1.0, draft_seconds=lambda k: 0.1 * k * k)
+    got = llm.generate([PROMPT], greedy(max_tokens))[0]
+    assert tuple(got.token_ids) == want
+    proposals = llm.engine.proposer.proposals
+    assert proposals[:16] == [K] * 16 and llm.engine.spec_policy.best(1) == 2
+    after = proposals[16:]
+    assert after[0] == 1 and after[1:] == [2] * (len(after) - 1) and len(after) > 5, after
+    counts = llm.engine.spec_counters.counts()
+    assert counts.steps_by_draft_tokens[PLAIN] == 1  # the bucket's first decision timed a plain step
+    assert set(n for _, n in llm.engine.proposer.commits[16:]) <= {1, 2}  # drafts right: all accepted
+    llm.engine.check_integrity()
+
+
+class CyclingPolicy:
+    """Stands in for ``SpecPolicy``: the draft lengths of ``lengths`` in turn, from the first step."""
+
+    def __init__(self, lengths):
+        self.lengths, self.chosen = list(lengths), []
+
+    def choose(self, batch_size: int) -> int:
+        k = self.lengths[len(self.chosen) % len(self.lengths)]
+        self.chosen.append(k)
+        return k
+
+    def observe_step(self, batch_size, k, target_seconds, draft_seconds) -> None:
+        pass
+
+    def observe_verifies(self, verifies) -> None:
+        pass
+
+
+@pytest.mark.parametrize("family", ["k3", "deepseek_v32"])
+def test_the_draft_model_at_every_k_keeps_plain_tokens(family, tiny_checkpoint):
+    """The draft model's seats commit proposals of the step's ``k`` (4, 1, plain, 2, 3 in turn; its
+    fed drafts are ``k - 1``), catching up after plain steps: greedy tokens are plain decoding's."""
+    target = tiny_checkpoint(family)
+    draft = tiny_checkpoint(family, seed=1, **draft_overrides(family))
+    prompts = [PROMPT, list(range(3, 9)), list(range(40, 70))]
+    params = greedy(24)
+    want = [o.token_ids for o in LLM(str(target), **ENGINE).generate(prompts, params)]
+    llm = LLM(str(target), draft_model=str(draft), num_draft_tokens=4, **ENGINE)
+    llm.engine.spec_policy = policy = CyclingPolicy([4, 1, PLAIN, 2, 3])
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    assert set(policy.chosen) == {4, 1, PLAIN, 2, 3}
+    counts = llm.engine.spec_counters.counts()
+    assert all(n > 0 for n in counts.steps_by_draft_tokens[1:]) and counts.steps_by_draft_tokens[PLAIN] > 0
+    assert sum(counts.accepted_lengths) == counts.verifies > 0
+    llm.engine.check_integrity()
+    assert not llm.engine.proposer.seats
