@@ -74,7 +74,7 @@ def tiny_checkpoint(tmp_path_factory):
 # ``make test`` runs files whole on 2 workers (``--dist loadfile --no-loadscope-reorder``): a long
 # file handed out last would run on alone at the end, so these go first, the rest as collected.
 SLOWEST_FIRST = (
-    "tests/services/test_rolling_restart.py",  # 84-112
+    "tests/services/test_rolling_restart.py",  # 84-112 (one step of the roll since: about 2/3 the CPU time)
     "tests/parallel/test_rank_group.py",  # 72
     "tests/faults/test_fault_suite.py",  # 55
     "tests/engine/test_invariant_triton_engine.py",  # 43

@@ -217,9 +217,11 @@ def test_bench_kernels_help_lists_every_op():
 
 
 def test_bench_engine_compares_backends_side_by_side(tmp_path):
+    # One batch size, of two sequences (the varlen path): the interpreted Triton rows take most of this
+    # test's time, and a second batch size only repeats the same loop.
     report = tmp_path / "engine.json"
     result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "bench", "engine", "--family", "kimi_linear", "--batches", "1,2"]
+        [sys.executable, "-m", "cli.main", "bench", "engine", "--family", "kimi_linear", "--batches", "2"]
         + [
             "--contexts",
             "16",
@@ -239,12 +241,7 @@ def test_bench_engine_compares_backends_side_by_side(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "step/bound" in result.stdout and "baton/peer" in result.stdout
     data = json.loads(report.read_text())
-    assert [(r["kernels"], r["batch"]) for r in data["rows"]] == [
-        ("reference", 1),
-        ("reference", 2),
-        ("triton", 1),
-        ("triton", 2),
-    ]
+    assert [(r["kernels"], r["batch"]) for r in data["rows"]] == [("reference", 2), ("triton", 2)]
     assert data["weight_bytes"] > 0 and data["copy_bytes_per_s"] > 0
     assert data["peer"].startswith("none (the peer runs fla-core")
 
