@@ -283,7 +283,7 @@ class EngineCore:
     def step(self) -> list[Request]:
         """Run one step (drafting first, with a proposer); returns the requests that finished in it."""
         draftable = self.scheduler.draftable() if self.proposer is not None else []
-        num_tokens = self._draft_length(len(draftable))
+        num_tokens = self._draft_length(draftable)
         started = self.clock()
         drafts = self.proposer.propose(draftable, num_tokens) if num_tokens else {}
         draft_seconds = self.clock() - started
@@ -297,13 +297,16 @@ class EngineCore:
             self._count_speculation(draftable, num_tokens, output, sampled, draft_seconds, target_seconds)
         return self.scheduler.update(output, sampled)
 
-    def _draft_length(self, batch_size: int) -> int:
-        """Tokens to draft per request this step (0: none) for ``batch_size`` draftable requests."""
-        if not batch_size:
+    def _draft_length(self, draftable: list[Request]) -> int:
+        """Tokens to draft per request this step (0: none). The adaptive policy chooses, except in a
+        step with a seeded sampled request: its tokens depend on how many drafts each verify had, and
+        they must depend only on its seed, so such steps draft ``num_draft_tokens`` as the fixed
+        policy does (greedy tokens never depend on it)."""
+        if not draftable:
             return 0
-        if self.spec_policy is None:
+        if self.spec_policy is None or any(_seeded_sampling(r) for r in draftable):
             return self.proposer.num_draft_tokens
-        return self.spec_policy.choose(batch_size)
+        return self.spec_policy.choose(len(draftable))
 
     def _count_speculation(
         self,
@@ -356,3 +359,7 @@ class EngineCore:
         if not self.has_unfinished:
             assert self.cache.blocks.num_free == self.cache.blocks.num_blocks, "blocks leaked"
             assert self.cache.slots.num_free == self.cache.slots.num_slots, "state slots leaked"
+
+
+def _seeded_sampling(request: Request) -> bool:
+    return request.params.seed is not None and not request.params.greedy

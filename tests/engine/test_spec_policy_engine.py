@@ -89,6 +89,30 @@ def test_drafting_stops_where_speculation_loses(target, plain_tokens):
     core.check_integrity()
 
 
+def test_a_seeded_sampled_request_keeps_every_draft_where_speculation_loses(target, tiny_checkpoint):
+    """A draft costing ten plain steps: the policy turns greedy drafting down after its warm-up, but a
+    step holding a seeded sampled request drafts K every time (its tokens must depend only on its seed,
+    not on the draft lengths the policy picks)."""
+    draft = tiny_checkpoint("k3", seed=1, **draft_overrides("k3"))
+    llm = LLM(target, draft_model=str(draft), num_draft_tokens=K, **ENGINE)
+    costed(llm, target_seconds=lambda k: 1.0, draft_seconds=lambda k: 10.0)
+    lengths, propose = [], llm.engine.proposer.propose
+
+    def recorded(requests, num_tokens=None):
+        lengths.append(num_tokens)
+        return propose(requests, num_tokens)
+
+    llm.engine.proposer.propose = recorded
+    llm.generate([PROMPT], greedy(40))
+    assert lengths[:16] == [K] * 16 and len(lengths) < 38  # plain steps after the warm-up
+    lengths.clear()
+    seeded = SamplingParams(max_tokens=30, temperature=0.8, seed=5, ignore_eos=True)
+    llm.generate([PROMPT], seeded)
+    assert len(lengths) >= 10 and set(lengths) == {K}  # every step drafted K (accepted drafts skip steps)
+    assert llm.engine.spec_policy.best(1) != K  # left to itself the policy would have drafted less
+    llm.engine.check_integrity()
+
+
 def test_the_engine_drafts_the_k_that_wins(target, plain_tokens):
     """Every draft right (E_k = 1 + k) and a proposal of k costing 0.1 k^2 plain steps: tokens per
     second 1.82, 2.14, 2.11 at k = 1, 2, 3: after the warm-up (k = 3) and one step at 0 and at 1 to

@@ -76,7 +76,7 @@ def test_sampled_speculation_repeats_by_seed_and_a_self_draft_is_accepted_in_ful
     params = [
         SamplingParams(temperature=0.9, top_k=50, seed=s, max_tokens=10, ignore_eos=True) for s in (1, 2, 3)
     ]
-    spec_llm = engine(target, draft, 3, spec_policy="fixed")  # adaptive: the tokens follow the chosen k
+    spec_llm = engine(target, draft, 3)  # adaptive, but seeded sampled steps draft every k
     first, again = spec_llm.generate(PROMPTS, params), spec_llm.generate(PROMPTS, params)
     assert [o.token_ids for o in first] == [o.token_ids for o in again]
     assert len({tuple(o.token_ids) for o in first}) == len(PROMPTS)
