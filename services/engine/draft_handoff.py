@@ -9,8 +9,8 @@
  draft_arrived: the seat counts the    ◄──  (PrefillResponse.draft_transfer_bytes > 0)
    prompt as computed                       release_held frees the held draft seat too
 ```
-Nothing here is required: a prefill engine without a draft, with another draft, or with no free draft
-seat sends the target's rows only, and the decode engine's reserved seat then catches up by itself at
+Nothing here is required: a prefill engine without a draft, or with another draft, sends the target's
+rows only, and the decode engine's reserved seat then catches up by itself at
 the request's first proposal (``DraftModelProposer``), as after a local prefill. Only single-rank
 engines speculate, so draft rows are always copied whole, row for row.
 """
@@ -84,11 +84,9 @@ def prefill_draft(
     proposer: DraftProposer | None, request: Request, wanted: DraftLayout | None
 ) -> DraftRows | None:
     """Prefill side, once the target's prefill is held: the prompt through the draft into a held seat,
-    when the reservation asks for draft rows laid out as this engine's (``wanted``) and a seat is free;
-    else None (the decode engine's draft then catches up by itself: not an error)."""
+    when the reservation asks for draft rows laid out as this engine's (``wanted``); else None (the
+    decode engine's draft then catches up by itself: not an error)."""
     if wanted is None or wanted != draft_layout_of(proposer):
-        return None
-    if not proposer.can_prefill_seat(len(request.prompt_ids)):
         return None
     seat = proposer.prefill_seat(request)
     return DraftRows(tuple(seat.block_table), seat.slot)

@@ -232,16 +232,11 @@ class DraftModelProposer(DraftProposer):
             )
         seat.num_computed = seat.checkpoint = num_tokens
 
-    def can_prefill_seat(self, num_tokens: int) -> bool:
-        """Whether a new seat of ``num_tokens`` computed tokens fits now (a prefill engine's held
-        requests are not bounded by ``max_num_seqs``, so its draft may be full)."""
-        blocks = -(-num_tokens // self.blocks.block_size)
-        return self.slots.num_free >= 2 and self.blocks.num_free >= blocks
-
     @torch.no_grad()
     def prefill_seat(self, request: Request) -> DraftSeat:
         """Prefill side of a handoff: a new seat for ``request`` holding its prompt's rows and state
-        (prompt tokens only), kept until ``release``. Check ``can_prefill_seat`` first.
+        (prompt tokens only), kept until ``release``. A seat is always free: the engine's running and
+        held requests share its ``max_num_seqs`` target state slots, and the draft has a seat for each.
 
         Raises:
             ValueError: the request already has a seat.
