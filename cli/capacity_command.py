@@ -249,8 +249,9 @@ def _human_report(
     )
     if draft is not None:
         lines += _speculative_lines(args, ledger, draft, fits)
-    lines += ["", "Transfer per request (prefill -> decode: packed blocks + one KDA slot)"]
-    rows = [("context", "blocks", "KV", "KDA slot", "total")]
+    with_draft = " + the draft's blocks and slot" if draft is not None else ""
+    lines += ["", f"Transfer per request (prefill -> decode: packed blocks + one KDA slot{with_draft})"]
+    rows = [("context", "blocks", "KV", "KDA slot", *(("draft",) if draft else ()), "total")]
     for r in fits:
         rows.append(
             (
@@ -258,10 +259,11 @@ def _human_report(
                 f"{r.kv_blocks_per_request:,}",
                 b(r.kv_bytes_per_request),
                 b(r.kda_bytes_per_request),
+                *((b(r.draft_transfer_bytes),) if draft else ()),
                 b(r.transfer_bytes),
             )
         )
-    lines += _table(rows, align=">>>>>", header=True)
+    lines += _table(rows, align=">" * len(rows[0]), header=True)
     weights, workspace = fits[0].weight_bytes, fits[0].workspace_bytes  # the draft's included
     lines += [
         "",

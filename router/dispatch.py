@@ -379,6 +379,7 @@ def _decode_request(request_id: str, first) -> workers_pb2.DecodeRequest:
         request_id=request_id,
         first_token_id=first.first_token_id,
         first_top_logprobs=first.first_top_logprobs,
+        draft_state=first.draft_transfer_bytes > 0,  # the draft's rows came too: it need not catch up
     )
     if first.HasField("first_logprob"):
         decode_request.first_logprob = first.first_logprob

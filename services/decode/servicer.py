@@ -148,7 +148,7 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
             top_logprobs=[(t.token_id, t.logprob) for t in request.first_top_logprobs] or None,
         )
         self.faults.pause("decode_start")
-        stream = self.engine.accept_handoff(request_id, first)
+        stream = self.engine.accept_handoff(request_id, first, with_draft=request.draft_state)
         yield from self._stream(request_id, stream, context)
 
     def _await_state(self, request_id: str, context) -> bool:

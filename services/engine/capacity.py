@@ -16,8 +16,9 @@ KV blocks plus its KDA slot::
 With speculative decoding (``fit(..., draft=...)``) the draft's weights and workspace join the
 target's, and each request also holds the speculative part: the target's checkpoint slot (KDA
 rollback), the blocks its ``k`` drafted positions may need past ``L``, and the draft model's own
-blocks for ``L + k`` tokens and two slots (state and checkpoint). The handoff does not carry the
-draft's state yet, so the transfer stays the target's.
+blocks for ``L + k`` tokens and two slots (state and checkpoint). The handoff then carries the draft's
+prompt rows too (``services/engine/draft_handoff.py``): its ``ceil(L / B)`` blocks and one slot join
+the transfer.
 
 With a parallel layout (``tp``, ``dcp``, ``ep``) every figure is one rank's and the budget is one
 device's: the weights are a rank's shard (TP and EP split them); TP splits the KDA heads (a rank's
@@ -117,7 +118,8 @@ class ContextFit:
     ``kda_slots`` are the pool sizes to configure for ``requests`` concurrent contexts. With a draft,
     ``weight_bytes`` and ``workspace_bytes`` are both models' (``draft_weight_bytes`` the draft's part)
     and ``spec_bytes_per_request`` is what speculation adds to each request (the module docstring);
-    ``kv_*`` and ``kda_*`` stay the target's.
+    ``kv_*`` and ``kda_*`` stay the target's; ``draft_transfer_bytes`` is the draft's part of
+    ``transfer_bytes`` (its prompt blocks and one slot; 0 without a draft).
     """
 
     context_len: int
@@ -137,10 +139,12 @@ class ContextFit:
     draft_weight_bytes: int = 0
     spec_bytes_per_request: int = 0
     spec_bytes: int = 0
+    draft_transfer_bytes: int = 0
 
     @property
     def transfer_bytes(self) -> int:
-        return self.kv_bytes_per_request + self.kda_bytes_per_request
+        """What one request's handoff writes: the target's blocks and slot, and the draft's."""
+        return self.kv_bytes_per_request + self.kda_bytes_per_request + self.draft_transfer_bytes
 
     def fraction(self, part: str) -> float:
         """Share of ``memory_bytes`` taken by ``weight``, ``workspace``, ``kv``, ``kda``, ``spec`` or ``free``
@@ -283,6 +287,7 @@ def fit(
         draft_weight_bytes=draft.weight_bytes if draft is not None else 0,
         spec_bytes_per_request=spec,
         spec_bytes=requests * spec,
+        draft_transfer_bytes=draft.transfer_bytes(context_len) if draft is not None else 0,
     )
 
 

@@ -21,10 +21,11 @@ from services.engine.parallel.rank_group import RankGroup, rank_device
 
 from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs, capture_sizes
+from .draft_handoff import draft_arrived, reserve_draft
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .request import Request
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import SampledToken, Scheduler, SchedulerOutput
 from .speculative.draft_compatibility import check_draft_compatible
 from .speculative.proposal import DraftProposer
 from .speculative.spec_counters import SpecCounters
@@ -218,13 +219,33 @@ class EngineCore:
         """Decode side of a handoff: hold room for the prompt's state (see ``services.engine.handoff``).
         ``resumed_tokens`` and ``adapter`` as in ``add_request``.
 
+        With a draft model the request's draft seat is reserved too (blocks for the prompt, its slots).
+
         Raises:
             ValueError: a bad request (as ``add_request``).
             NoCapacity: nothing free right now.
         """
         request = self._new_request(prompt_ids, params, request_id, tenant, adapter, resumed_tokens)
         self.scheduler.reserve(request)
+        try:  # a draft model's seat, for draft rows a handoff may bring
+            reserve_draft(self.proposer, request)
+        except BaseException:
+            self.scheduler.abort(request.request_id)
+            raise
         return request
+
+    def complete_reserved(self, request_id: str, first: SampledToken, with_draft: bool = False) -> Request:
+        """Decode side: the reservation's state has arrived; decode from ``first`` (the prefill's token).
+        ``with_draft``: the handoff wrote the draft seat's prompt rows too (``draft_handoff.py``), so
+        the draft's first proposal computes only what follows the prompt; else it catches up.
+
+        Raises:
+            KeyError: no such reserved request.
+            ValueError: ``with_draft`` on an engine without a draft model.
+        """
+        if with_draft:
+            draft_arrived(self.proposer, self.scheduler.reserved[request_id])
+        return self.scheduler.complete_reserved(request_id, first)
 
     def cached_prefix_tokens(self, prompt_ids: list[int], tenant: str = "", adapter: str = "") -> int:
         """Leading prompt tokens this engine's prefix cache would serve now (a lookup, no side effects).

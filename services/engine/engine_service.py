@@ -24,6 +24,7 @@ from common.sampling_params import SamplingParams
 from services.transfer import TransferBackend, TransferEndpoint
 
 from .adapters.lora_adapter import LoraAdapter
+from .draft_handoff import register_draft_pools, reserved_draft
 from .engine_core import EngineCore
 from .engine_loop import EngineLoop, RequestDelta
 from .engine_views import EngineInfo, EnginePass, PoolState, info_of, load_of, pool_state_of, spec_counts_of
@@ -32,7 +33,7 @@ from .handoff import (
     HeldPrefill,
     Reservation,
     check_decode_hit,
-    held_prefill,
+    held_prefill_for,
     layout_of,
     register_pools,
     reservation_of,
@@ -76,6 +77,7 @@ class EngineService:
         self._model_config = engine.model.config  # for the handoff checks (immutable)
         self.info: EngineInfo = info_of(engine)
         self._cache = engine.cache  # for register_pools only: the pools' storages never move
+        self._proposer = engine.proposer  # for register_pools only: its draft's pools, if any
         self.world_size = engine.config.world_size
         self._group: GroupHandoff | None = None  # every rank's transfer agent (register_pools)
         self.rank_endpoints: tuple[TransferEndpoint, ...] = ()  # a parallel engine's, in rank order
@@ -100,14 +102,17 @@ class EngineService:
         """Register the block and slot pools with a transfer backend (at start). A parallel engine's
         followers each open their own agent over their pools (``rank_endpoints``: every rank's, in rank
         order); an engine that ``sends`` handoffs (a prefill worker) also registers a staging buffer on
-        every rank, so it can write into a decode group of another layout.
+        every rank, so it can write into a decode group of another layout. A draft model's pools
+        (single-rank engines only) are registered beside the target's.
 
         Raises:
             TransferError: a rank could not open its agent.
         """
         if self.world_size == 1 and not sends:
-            register_pools(backend, self._cache)
+            register_pools(backend, self._cache, self._proposer)
             return
+        if self.world_size == 1:
+            register_draft_pools(backend, self._proposer)
 
         def open_group(engine: EngineCore) -> GroupHandoff:
             return GroupHandoff.open(
@@ -170,21 +175,24 @@ class EngineService:
             reserved = engine.reserve(
                 prompt_ids, params, request_id, tenant, resumed_tokens=resumed_tokens, adapter=adapter
             )
-            return ReserveResult(reservation_of(reserved, self.layout), 0)
+            draft = reserved_draft(engine.proposer, request_id)
+            return ReserveResult(reservation_of(reserved, self.layout, draft), 0)
 
         return self.loop.call(reserve_or_decline)
 
-    def accept_handoff(self, request_id: str, first: SampledToken) -> DeltaStream:
-        """The reservation's state has arrived: decode it from ``first`` (the prefill's token).
+    def accept_handoff(self, request_id: str, first: SampledToken, with_draft: bool = False) -> DeltaStream:
+        """The reservation's state has arrived: decode it from ``first`` (the prefill's token);
+        ``with_draft``: the draft's prompt rows came too (``EngineCore.complete_reserved``).
 
         Raises:
             KeyError: no such reservation (freed meanwhile).
+            ValueError: ``with_draft`` on an engine without a draft model.
         """
 
         def start(engine: EngineCore) -> DeltaStream:
             reserved = engine.scheduler.reserved[request_id]
             stream = self.loop.watch(reserved)
-            engine.scheduler.complete_reserved(request_id, first)
+            engine.complete_reserved(request_id, first, with_draft)
             return stream
 
         return self.loop.call(start)
@@ -295,13 +303,14 @@ class EngineService:
             lambda engine: self._group.send(held, num_tokens, reservation, endpoints, timeout_s)
         )
 
-    def held_prefill(self, request_id: str) -> HeldPrefill:
-        """What ``send_state`` needs of a finished prefill.
+    def held_prefill(self, request_id: str, reservation: Reservation | None = None) -> HeldPrefill:
+        """What ``send_state`` needs of a finished prefill for ``reservation``: with the draft's prompt
+        rows when it asks for rows of this engine's draft (computed now, held until ``discard``).
 
         Raises:
             KeyError: nothing held for ``request_id`` (aborted, or discarded).
         """
-        return self.loop.call(lambda engine: held_prefill(engine.scheduler.held[request_id]))
+        return self.loop.call(lambda engine: held_prefill_for(engine, request_id, reservation))
 
     def discard(self, request_id: str) -> None:
         """Free whatever the engine still keeps for ``request_id``: a held prefill's cache, or the

@@ -16,6 +16,9 @@ and its parallel degrees) and the prefill engine refuses one that differs from i
 fields (block size, layout fingerprints) may differ: each prefill rank then sends its bytes to the
 decode ranks that own them (``parallel/rank_handoff.py``, by ``parallel/handoff_plan.py``'s plan,
 which refuses a pair it cannot map).
+
+With a draft model on both sides the draft's prompt rows go in the same write (``draft_handoff.py``);
+a draft layout that differs is no error: the draft's rows are then simply not sent.
 """
 
 import dataclasses
@@ -24,10 +27,20 @@ from dataclasses import dataclass
 from services.transfer import BLOCKS, STATE, TransferBackend, TransferStats
 
 from .cache_manager import CacheManager
+from .draft_handoff import (
+    DraftLayout,
+    DraftRows,
+    draft_layout_of,
+    draft_nbytes,
+    draft_row_pairs,
+    prefill_draft,
+    register_draft_pools,
+)
 from .engine_core import EngineCore
 from .parallel.layout import ParallelLayout
 from .request import Request, RequestStatus
 from .scheduler import SampledToken
+from .speculative.proposal import DraftProposer
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,7 @@ class HandoffLayout:
     numerics: str  # ``default`` or ``batch_invariant`` (CF-BI keeps open-chunk rows in the slot)
     model: str  # the engine's model fingerprint (also the prefix-cache salt)
     parallel: ParallelLayout = ParallelLayout()  # the engine's ranks (block_size: one rank's pool's)
+    draft: DraftLayout | None = None  # the draft model's pools (None: no draft); never refused
 
     @property
     def single_rank(self) -> bool:
@@ -50,6 +64,7 @@ class HandoffLayout:
 
 # Fields that describe one rank's pools: equal row for row only between two single-rank engines.
 _RANK_LOCAL = ("block_size", "block_layout", "slot_layout", "parallel")
+_OPTIONAL = ("draft",)  # rows a handoff sends only when both sides agree on them
 
 
 @dataclass(frozen=True)
@@ -58,19 +73,23 @@ class Reservation:
     layout those rows have (None only where the sender did not say). ``cached_tokens``: the leading
     prompt tokens whose blocks the decode engine already holds (its own prefix hit, from its device
     pool or its host tier; a multiple of its block's tokens): the handoff writes only the blocks after
-    them, and the KDA slot whole."""
+    them, and the KDA slot whole. ``draft``: the decode engine's draft seat for the prompt (None
+    without a draft model), written only by a prefill engine whose draft has ``layout.draft``."""
 
     request_id: str
     block_ids: tuple[int, ...]
     slot: int
     layout: HandoffLayout | None = None
     cached_tokens: int = 0
+    draft: DraftRows | None = None
 
 
 @dataclass(frozen=True)
 class HeldPrefill:
     """What a prefill engine keeps for a request's handoff: its prompt blocks, its slot and the first
-    token (a copy: the engine may free the request once the handoff is done)."""
+    token (a copy: the engine may free the request once the handoff is done); ``draft``: its draft's
+    held prompt rows when the reservation asked for them and this engine could fill them, and
+    ``draft_nbytes`` their size."""
 
     request_id: str
     block_ids: tuple[int, ...]
@@ -78,6 +97,8 @@ class HeldPrefill:
     first: SampledToken
     num_cached_tokens: int
     num_cached_tokens_host: int = 0  # of ``num_cached_tokens``, loaded from the host tier
+    draft: DraftRows | None = None
+    draft_nbytes: int = 0
 
 
 def layout_of(engine: EngineCore) -> HandoffLayout:
@@ -92,6 +113,7 @@ def layout_of(engine: EngineCore) -> HandoffLayout:
         numerics="batch_invariant" if engine.config.batch_invariant else "default",
         model=engine.model_fingerprint,
         parallel=engine.config.layout,
+        draft=draft_layout_of(engine.proposer),
     )
 
 
@@ -111,7 +133,7 @@ def check_layout(decode: HandoffLayout | None, prefill: HandoffLayout) -> None:
         )
     whole_rows = row_for_row(decode, prefill)
     for field in dataclasses.fields(HandoffLayout):
-        if field.name in _RANK_LOCAL and not whole_rows:
+        if field.name in _OPTIONAL or (field.name in _RANK_LOCAL and not whole_rows):
             continue
         theirs, ours = getattr(decode, field.name), getattr(prefill, field.name)
         if theirs != ours:
@@ -143,12 +165,15 @@ def row_for_row(decode: HandoffLayout, prefill: HandoffLayout) -> bool:
     return decode.single_rank and prefill.single_rank
 
 
-def reservation_of(request: Request, layout: HandoffLayout | None = None) -> Reservation:
-    """The reservation a decode engine made for ``request`` (``EngineCore.reserve``), with its layout."""
+def reservation_of(
+    request: Request, layout: HandoffLayout | None = None, draft: DraftRows | None = None
+) -> Reservation:
+    """The reservation a decode engine made for ``request`` (``EngineCore.reserve``), with its layout
+    and its draft seat's rows (``draft_handoff.reserve_draft``)."""
     if request.status is not RequestStatus.RESERVED:
         raise ValueError(f"request {request.request_id!r} is not reserved")
     return Reservation(
-        request.request_id, tuple(request.block_table), request.slot, layout, request.num_cached_tokens
+        request.request_id, tuple(request.block_table), request.slot, layout, request.num_cached_tokens, draft
     )
 
 
@@ -170,17 +195,39 @@ def held_prefill(request: Request) -> HeldPrefill:
     )
 
 
-def register_pools(backend: TransferBackend, cache: CacheManager) -> None:
-    """Register an engine's block and slot memory with a transfer backend (either side)."""
+def held_prefill_for(engine: EngineCore, request_id: str, reservation: Reservation | None) -> HeldPrefill:
+    """``held_prefill`` of ``engine``'s held request, with its draft's prompt rows computed now into a
+    held seat (freed by ``release_held``) when ``reservation`` asks for draft rows laid out as this
+    engine's draft (``draft_handoff.prefill_draft``); without them when it cannot.
+
+    Raises:
+        KeyError: nothing held for ``request_id``.
+    """
+    request = engine.scheduler.held[request_id]
+    held = held_prefill(request)
+    asked = reservation is not None and reservation.draft is not None and reservation.layout is not None
+    rows = prefill_draft(engine.proposer, request, reservation.layout.draft if asked else None)
+    if rows is None:
+        return held
+    return dataclasses.replace(held, draft=rows, draft_nbytes=draft_nbytes(engine.proposer, rows))
+
+
+def register_pools(
+    backend: TransferBackend, cache: CacheManager, proposer: DraftProposer | None = None
+) -> None:
+    """Register an engine's block and slot memory with a transfer backend (either side), and its draft
+    model's beside them when ``proposer`` has one."""
     backend.register(BLOCKS, cache.blocks.storage)
     backend.register(STATE, cache.slots.storage)
+    register_draft_pools(backend, proposer)
 
 
 def send_state(
     backend: TransferBackend, peer: str, held: HeldPrefill, reservation: Reservation
 ) -> TransferStats:
     """Write a held prefill's prompt blocks and KDA slot into ``reservation`` on ``peer``: the blocks
-    after the reservation's ``cached_tokens`` (the decode engine holds the ones before), the slot whole.
+    after the reservation's ``cached_tokens`` (the decode engine holds the ones before), the slot whole;
+    with ``held.draft`` and ``reservation.draft``, the draft's prompt blocks and slot in the same write.
     ``backend`` is a ``TransferBackend`` or anything with its ``write`` (``SharedTransfer``).
 
     Raises:
@@ -196,6 +243,7 @@ def send_state(
     rows = {
         BLOCKS: list(zip(held.block_ids, reservation.block_ids, strict=True))[held_by_decode:],
         STATE: [(held.slot, reservation.slot)],
+        **draft_row_pairs(held.draft, reservation.draft),
     }
     return backend.write(peer, rows, message=held.request_id)
 

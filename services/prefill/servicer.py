@@ -13,7 +13,7 @@ from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
-from services.engine.handoff import HeldPrefill, row_for_row, send_state
+from services.engine.handoff import HeldPrefill, Reservation, row_for_row, send_state
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb
 from services.transfer import TransferStats
 from services.transfer.inbox import SharedTransfer
@@ -86,7 +86,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         try:
             # The caller left: stop computing (queued, not awaited: this runs on gRPC's event thread).
             when_call_ends(context, lambda: self.engine.abort(request_id))
-            held = self._prefilled(request_id, stream)
+            held = self._prefilled(request_id, stream, reservation)
             if not context.is_active():  # the router gave up: write nothing into memory it may have freed
                 raise TransferError(f"request {request_id!r} was cancelled before its handoff")
             self.faults.pause("handoff")
@@ -106,6 +106,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         finally:  # whatever happened, this worker keeps nothing for the request
             self.engine.discard(request_id)
         self.metrics.transfer_bytes.labels(self.transfer.name).inc(stats.nbytes)
+        self.metrics.handoff_draft_bytes.labels(self.transfer.name).inc(held.draft_nbytes)
         self.metrics.handoff_decode_held_tokens.inc(reservation.cached_tokens)
         self.metrics.transfer_seconds.labels(self.transfer.name).inc(stats.seconds)
         first = held.first
@@ -116,6 +117,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             cached_tokens=held.num_cached_tokens,
             cached_tokens_host=held.num_cached_tokens_host,
             rank_transfer_bytes=rank_bytes,
+            draft_transfer_bytes=held.draft_nbytes,
         )
         if first.logprob is not None:
             response.first_logprob = first.logprob
@@ -123,8 +125,9 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             response.first_top_logprobs.append(generation_pb2.TopLogprob(token_id=token_id, logprob=logprob))
         return response
 
-    def _prefilled(self, request_id: str, stream) -> HeldPrefill:
-        """The held prefill once it is done.
+    def _prefilled(self, request_id: str, stream, reservation: Reservation) -> HeldPrefill:
+        """The held prefill once it is done (with its draft's rows when ``reservation`` asks for rows
+        this worker's draft can fill: ``EngineService.held_prefill``).
 
         Raises:
             TransferError: it was aborted (its caller left).
@@ -140,7 +143,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             ) from None
         if deltas[-1].finish_reason == "abort":
             raise TransferError(f"request {request_id!r} was aborted during prefill")
-        return self.engine.held_prefill(request_id)
+        return self.engine.held_prefill(request_id, reservation)
 
     def _inject_failure(self) -> None:
         with self._faults_lock:

@@ -4,6 +4,7 @@ message, which the router reads too, is ``common/sampling_pb.py``."""
 import dataclasses
 
 from proto.baton.v1 import generation_pb2, workers_pb2
+from services.engine.draft_handoff import DraftLayout, DraftRows
 from services.engine.engine_loop import RequestDelta
 from services.engine.handoff import HandoffLayout, Reservation
 from services.engine.parallel.layout import ParallelLayout
@@ -75,7 +76,10 @@ def endpoint_from_pb(message: workers_pb2.TransferEndpoint) -> TransferEndpoint:
 
 
 def layout_to_pb(layout: HandoffLayout) -> workers_pb2.CacheLayout:
-    return workers_pb2.CacheLayout(**dataclasses.asdict(layout))
+    fields = dataclasses.asdict(layout)
+    if fields["draft"] is None:
+        del fields["draft"]
+    return workers_pb2.CacheLayout(**fields)
 
 
 def layout_from_pb(message: workers_pb2.CacheLayout, field: str) -> HandoffLayout:
@@ -83,6 +87,11 @@ def layout_from_pb(message: workers_pb2.CacheLayout, field: str) -> HandoffLayou
     rank."""
     fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(HandoffLayout)}
     fields["parallel"] = ParallelLayout()
+    fields["draft"] = None
+    if message.HasField("draft"):
+        fields["draft"] = DraftLayout(
+            **{f.name: getattr(message.draft, f.name) for f in dataclasses.fields(DraftLayout)}
+        )
     if message.HasField("parallel"):
         degrees = message.parallel
         try:
@@ -103,6 +112,9 @@ def reservation_to_pb(reservation: Reservation) -> workers_pb2.CacheReservation:
     )
     if reservation.layout is not None:
         message.layout.CopyFrom(layout_to_pb(reservation.layout))
+    if reservation.draft is not None:
+        message.draft_block_ids.extend(reservation.draft.block_ids)
+        message.draft_slot = reservation.draft.slot
     return message
 
 
@@ -111,8 +123,11 @@ def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
     if not message.request_id:
         raise ValueError("reservation.request_id: required")
     layout = layout_from_pb(message.layout, "reservation.layout") if message.HasField("layout") else None
+    draft = None
+    if message.HasField("draft_slot"):
+        draft = DraftRows(tuple(message.draft_block_ids), message.draft_slot)
     return Reservation(
-        message.request_id, tuple(message.block_ids), message.slot, layout, message.cached_tokens
+        message.request_id, tuple(message.block_ids), message.slot, layout, message.cached_tokens, draft
     )
 
 

@@ -17,12 +17,14 @@ request id, which the receiver sees as a ``Notification`` once the bytes have la
   ``measure_copy_bandwidth`` (the in-process copy that is the limit).
 """
 
-from .backend import BLOCKS, STATE, Notification, TransferBackend, TransferStats
+from .backend import BLOCKS, DRAFT_BLOCKS, DRAFT_STATE, STATE, Notification, TransferBackend, TransferStats
 from .endpoint import RegionInfo, TransferEndpoint
 from .registry import known_backends, make_backend
 
 __all__ = [
     "BLOCKS",
+    "DRAFT_BLOCKS",
+    "DRAFT_STATE",
     "STATE",
     "Notification",
     "RegionInfo",

@@ -44,6 +44,8 @@ from .row_plan import RowSpan, plan_row_copies
 
 BLOCKS = "blocks"  # the packed-block pool (BlockPool.storage)
 STATE = "state"  # the KDA state-slot pool (StateSlotPool.storage)
+DRAFT_BLOCKS = "draft_blocks"  # a speculative draft model's packed-block pool (DraftModelProposer.blocks)
+DRAFT_STATE = "draft_state"  # the draft model's KDA state-slot pool (DraftModelProposer.slots)
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,10 @@ def test_fit_with_a_draft_counts_its_weights_and_the_speculative_part():
     assert spec.workspace_bytes == target.workspace_bytes + draft.workspace_bytes
     room = GIB - spec.weight_bytes - spec.workspace_bytes
     assert spec.requests == room // (256 * 3584 + 19200 + speculative) < plain.requests
-    assert spec.transfer_bytes == plain.transfer_bytes  # the handoff does not carry the draft yet
+    # The handoff carries the draft's prompt blocks (4090 tokens: 256 of them) and one draft slot.
+    assert spec.draft_transfer_bytes == 256 * draft.kv_block_bytes + draft.kda_slot_bytes
+    assert spec.transfer_bytes == plain.transfer_bytes + spec.draft_transfer_bytes
+    assert plain.draft_transfer_bytes == 0
     parts = ("weight", "workspace", "kv", "kda", "spec", "free")
     assert sum(spec.fraction(p) for p in parts) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="num_draft_tokens"):
@@ -456,8 +459,15 @@ def test_cli_with_a_draft_reports_and_fits_the_speculative_part(folders, capsys)
     (result,) = report["fits"]
     expected = fit(target, GIB, 4090, draft=drafted, num_draft_tokens=7)
     assert result["requests"] == expected.requests and result["spec_bytes_per_request"] > 0
+    assert result["transfer_bytes"] == expected.transfer_bytes > fit(target, GIB, 4090).transfer_bytes
+    assert result["draft_transfer_bytes"] == drafted.transfer_bytes(4090)
     assert baton_main([*common[:-1], "--draft-model", draft, "--num-draft-tokens", "7"]) == 0
-    assert "Speculative decoding (--draft-model" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Speculative decoding (--draft-model" in out
+    transfer = out.split("Transfer per request")[1].splitlines()
+    assert "the draft's blocks and slot" in transfer[0] and "draft" in transfer[1]
+    assert format_bytes(expected.draft_transfer_bytes) in transfer[3]
+    assert format_bytes(expected.transfer_bytes) in transfer[3]
     for bad, needle in (
         (["--draft-model", draft], "--draft-model, --num-draft-tokens: give both"),
         (

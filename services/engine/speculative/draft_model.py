@@ -16,6 +16,11 @@ checkpoint + k - 1); otherwise the slot is restored from the checkpoint (a whole
 KDA field, CF-BI open rows included) and computed = checkpoint. What the target added after that is
 the next tail; the MLA rows past ``computed`` are simply written again. Blocks are kept until
 ``release`` (rewritten, never read past ``computed``).
+
+A handoff may carry a seat's prompt rows (``services/engine/draft_handoff.py``): the decode engine
+``reserve_seat``s blocks for the prompt and a slot, the prefill engine ``prefill_seat``s the prompt into
+a seat of its own and writes its rows there, and ``seat_arrived`` then counts the prompt as computed
+(the first token is the next tail). A reserved seat whose rows never come catches up by itself.
 """
 
 from dataclasses import dataclass
@@ -27,6 +32,7 @@ from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.cache.state_pool import StateSlotPool
+from services.engine.checkpoint.fingerprint import checkpoint_fingerprint
 from services.engine.checkpoint.loader import load_model
 from services.engine.engine_config import EngineConfig
 from services.engine.model.causal_lm import CausalLM
@@ -97,6 +103,7 @@ class DraftModelProposer(DraftProposer):
                 f"--draft-model: {config.draft_model} has vocab_size {self.model.config.vocab_size}, the "
                 f"target has {target.config.vocab_size}; the draft must share the target's vocabulary"
             )
+        self.model_fingerprint = checkpoint_fingerprint(config.draft_model)
         self.max_tokens_per_forward = config.max_num_batched_tokens
         self.device = self.model.device
         dtype = self.model.dtype
@@ -199,6 +206,51 @@ class DraftModelProposer(DraftProposer):
         self.blocks.free(seat.block_table)
         self.slots.free(seat.slot)
         self.slots.free(seat.checkpoint_slot)
+
+    def reserve_seat(self, request: Request) -> DraftSeat:
+        """Decode side of a handoff: the request's seat, with blocks for its prompt, nothing computed
+        yet (a prefill engine may write the prompt's rows into them; ``seat_arrived`` then counts them).
+
+        Raises:
+            RuntimeError: no free seat (the engine's ``max_num_seqs`` bounds its reserved and running
+                requests, so this means a request already holds one).
+        """
+        seat = self._seat(request)
+        self._grow(seat, len(request.prompt_ids))
+        return seat
+
+    def seat_arrived(self, request_id: str, num_tokens: int) -> None:
+        """The reserved seat's first ``num_tokens`` tokens' rows and state were written by a handoff:
+        the next proposal computes only what follows them.
+
+        Raises:
+            KeyError: no seat for ``request_id``.
+            ValueError: a seat that has computed something, or fewer blocks than ``num_tokens`` need.
+        """
+        seat = self.seats[request_id]
+        if seat.num_computed or seat.drafted is not None:
+            raise ValueError(f"request {request_id!r}: its draft seat is not a fresh reservation")
+        if len(seat.block_table) * self.blocks.block_size < num_tokens:
+            raise ValueError(
+                f"request {request_id!r}: {len(seat.block_table)} draft blocks cannot hold "
+                f"{num_tokens} tokens"
+            )
+        seat.num_computed = seat.checkpoint = num_tokens
+
+    @torch.no_grad()
+    def prefill_seat(self, request: Request) -> DraftSeat:
+        """Prefill side of a handoff: a new seat for ``request`` holding its prompt's rows and state
+        (prompt tokens only), kept until ``release``. A seat is always free: the engine's running and
+        held requests share its ``max_num_seqs`` target state slots, and the draft has a seat for each.
+
+        Raises:
+            ValueError: the request already has a seat.
+        """
+        if request.request_id in self.seats:
+            raise ValueError(f"request {request.request_id!r}: already has a draft seat")
+        seat = self._seat(request)
+        self._feed([seat], [list(request.prompt_ids)])
+        return seat
 
     def check_integrity(self) -> None:
         """The pools are consistent and hold exactly what the live seats hold."""
