@@ -38,7 +38,12 @@ def models(tiny_checkpoint):
 
 
 def engine(target, draft=None) -> EngineCore:
-    spec = {"draft_model": str(draft), "num_draft_tokens": K} if draft is not None else {}
+    # fixed: every decode step drafts K (the adaptive policy's plain steps would move the first feed)
+    spec = (
+        {"draft_model": str(draft), "num_draft_tokens": K, "spec_policy": "fixed"}
+        if draft is not None
+        else {}
+    )
     return EngineCore(EngineConfig(model=str(target), device=TEST_DEVICE, dtype="float32", **ENGINE, **spec))
 
 
