@@ -85,18 +85,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_model_config(args.model)  # the only file read
     ParallelLayout(tp=args.tp, dcp=args.dcp, ep=args.ep).validate(config, args.batch_invariant)  # names --tp
     dtype = DTYPES[args.dtype or config.torch_dtype]
-    ledger = capacity_ledger(
-        config,
-        dtype,
-        args.block_size,
-        args.kv_format,
-        args.batch_invariant,
-        args.max_num_batched_tokens,
-        args.max_num_seqs,
-        tp=args.tp,
-        dcp=args.dcp,
-        ep=args.ep,
-    )
+    ledger = _ledger(args, config, dtype, tp=args.tp, dcp=args.dcp, ep=args.ep)
     draft = _draft_ledger(args, config, dtype)
     memory = round(args.memory_gib * GIB)
     fits = [fit(ledger, memory, length, draft, args.num_draft_tokens) for length in context_lens]
@@ -129,14 +118,20 @@ def _draft_ledger(args: argparse.Namespace, target: ModelConfig, dtype) -> Capac
             f"--draft-model: a {draft.family} draft with vocab_size {draft.vocab_size} cannot draft for a "
             f"{target.family} target with vocab_size {target.vocab_size}"
         )
+    return _ledger(args, draft, dtype)
+
+
+def _ledger(args: argparse.Namespace, config: ModelConfig, dtype, **parallel: int) -> CapacityLedger:
+    """``config``'s ledger under the command's cache settings (and parallel degrees)."""
     return capacity_ledger(
-        draft,
+        config,
         dtype,
         args.block_size,
         args.kv_format,
         args.batch_invariant,
         args.max_num_batched_tokens,
         args.max_num_seqs,
+        **parallel,
     )
 
 
