@@ -6,6 +6,7 @@ import torch
 from services.engine import LLM, SamplingParams
 from services.engine.checkpoint.loader import load_model
 from tests.conftest import FAMILIES, TEST_DEVICE
+from tests.preemptions import counted_preemptions
 
 PROMPTS = [list(range(5, 5 + n)) for n in (23, 7, 1, 40)]
 
@@ -61,18 +62,8 @@ def test_preemption_under_a_small_cache_keeps_outputs(engines):
     tight = engines("k3", max_num_seqs=4, block_size=4, num_blocks=16, max_num_batched_tokens=64)
     prompts = [list(range(10, 10 + n)) for n in (20, 18, 15, 12)]
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    preemptions = []
-    original_preempt = tight.engine.scheduler._preempt
-
-    def counting(request):
-        preemptions.append(request.request_id)
-        original_preempt(request)
-
-    tight.engine.scheduler._preempt = counting
-    try:
+    with counted_preemptions(tight) as preemptions:
         squeezed = tight.generate(prompts, params)
-    finally:
-        tight.engine.scheduler._preempt = original_preempt
     assert preemptions, "the small cache should have forced a preemption"
     assert [o.token_ids for o in squeezed] == [o.token_ids for o in roomy.generate(prompts, params)]
     tight.engine.check_integrity()

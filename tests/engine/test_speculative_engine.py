@@ -25,6 +25,7 @@ from services.engine.speculative.proposal import DraftTokens
 from services.transfer import make_backend
 from tests.conftest import TEST_DEVICE
 from tests.engine.scripted_proposer import Script, ScriptedProposer, expected_verifies
+from tests.preemptions import counted_preemptions
 
 FAMILIES = ("k3", "deepseek_v32")
 K = 3
@@ -152,15 +153,8 @@ def test_max_tokens_inside_a_verify(max_tokens, plain, tiny_checkpoint):
 def test_preemption_under_a_small_cache_keeps_outputs(family, plain, tiny_checkpoint):
     want = plain(family)
     llm = speculative(tiny_checkpoint, family, want, MIXED, block_size=4, num_blocks=12)
-    preempted = []
-    original = llm.engine.scheduler._preempt
-
-    def counting(request):
-        preempted.append(request.request_id)
-        original(request)
-
-    llm.engine.scheduler._preempt = counting
-    got = llm.generate(PROMPTS, GREEDY)
+    with counted_preemptions(llm) as preempted:
+        got = llm.generate(PROMPTS, GREEDY)
     assert preempted, "the small cache should have forced a preemption"
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert set(preempted) <= set(llm.engine.proposer.released)

@@ -11,6 +11,7 @@ import torch
 from services.engine import LLM, SamplingParams
 from services.engine.checkpoint.loader import load_model
 from tests.conftest import FAMILIES, TEST_DEVICE
+from tests.preemptions import counted_preemptions
 from trainer import make_trainable
 
 from .served import assert_bitwise, assert_served_invariant
@@ -105,18 +106,8 @@ def test_prefix_cache_hit(make_llm, trainer_model):
 def test_preemption_and_recompute(make_llm, trainer_model):
     llm = make_llm("k3", max_num_seqs=4, block_size=4, num_blocks=16, max_num_batched_tokens=64)
     prompts = [list(range(10, 10 + n)) for n in (20, 18, 15, 12)]
-    preempted = []
-    original = llm.engine.scheduler._preempt
-
-    def counting(request):
-        preempted.append(request.request_id)
-        original(request)
-
-    llm.engine.scheduler._preempt = counting
-    try:
+    with counted_preemptions(llm) as preempted:
         outputs = serve(llm, prompts, replace(SAMPLED, max_tokens=10))
-    finally:
-        llm.engine.scheduler._preempt = original
     assert preempted, "the small pool should have forced a preemption"
     assert assert_bitwise(trainer_model("k3"), outputs) == 4 * 10
 
