@@ -273,7 +273,8 @@ class Scheduler:
             chunks.append(self._chunk(request, count))
             budget -= count
         for request_id in drafts.keys() - verifying.keys():
-            self.proposer.release(request_id)  # its drafts were not verified: the proposer starts over
+            if request_id in self.requests:  # its drafts were not verified: the proposer keeps its state
+                self.proposer.discard(self.requests[request_id])
         return SchedulerOutput(tuple(chunks), tuple(preempted), verifying)
 
     def _draft_room(self, request: Request) -> int:

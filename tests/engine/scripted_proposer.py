@@ -34,6 +34,7 @@ class ScriptedProposer(DraftProposer):
         proposals: the ``num_tokens`` asked for by every ``propose``, in order.
         commits: ``(request_id, num_accepted)`` of every ``commit``, in order.
         released: ids passed to ``release``.
+        discarded: ids passed to ``discard``.
     """
 
     def __init__(self, num_draft_tokens: int, scripts: dict[tuple[int, ...], Script]):
@@ -43,6 +44,7 @@ class ScriptedProposer(DraftProposer):
         self.proposals: list[int] = []
         self.commits: list[tuple[str, int]] = []
         self.released: list[str] = []
+        self.discarded: list[str] = []
 
     def propose(self, requests: list[Request], num_tokens: int | None = None) -> dict[str, DraftTokens]:
         k = self.draft_length(num_tokens)
@@ -72,6 +74,10 @@ class ScriptedProposer(DraftProposer):
         emitted = request.output_ids[len(request.output_ids) - num_accepted - 1 :]
         assert tuple(emitted[:num_accepted]) == drafts[:num_accepted], "output does not end with the drafts"
         self.commits.append((request.request_id, num_accepted))
+
+    def discard(self, request: Request) -> None:
+        self.pending.pop(request.request_id, None)
+        self.discarded.append(request.request_id)
 
     def release(self, request_id: str) -> None:
         self.pending.pop(request_id, None)

@@ -237,6 +237,24 @@ def test_uncommitted_proposal_is_dropped_and_seats_are_bounded(checkpoints, draf
     release_all(proposer, requests)
 
 
+def test_discard_rolls_back_and_keeps_the_seat(checkpoints, draft_llms):
+    proposer = make_proposer(checkpoints, "k3", k=3)
+    requests = make_requests(lambda i: GREEDY)
+    proposer.propose(requests)
+    checkpoints_at = {r.request_id: proposer.seats[r.request_id].checkpoint for r in requests}
+    for request in requests:  # the drafts did not fit the step
+        proposer.discard(request)
+        seat = proposer.seats[request.request_id]
+        assert seat.drafted is None and seat.num_computed == checkpoints_at[request.request_id]
+        request.output_ids.append(FIRST_TOKEN)  # the plain step's token
+    again = proposer.propose(requests)  # from the certain state: only the new token is fed
+    want = greedy_continuations(draft_llms("k3"), [r.all_ids for r in requests], 3)
+    assert [again[r.request_id].token_ids for r in requests] == want
+    assert {r.request_id: proposer.seats[r.request_id].checkpoint - 1 for r in requests} == checkpoints_at
+    proposer.discard(Request("unknown", [5], GREEDY, frozenset()))  # ignored
+    release_all(proposer, requests)
+
+
 def test_release_frees_everything_and_integrity_sees_a_leak(checkpoints):
     proposer = make_proposer(checkpoints, "k3", k=2)
     requests = make_requests(lambda i: GREEDY)

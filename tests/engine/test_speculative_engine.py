@@ -185,6 +185,24 @@ def test_drafts_and_their_distributions_are_cut_to_fit(max_tokens, budget, kept,
     engine.abort(request.request_id)
 
 
+def test_drafts_that_do_not_fit_are_discarded_not_released(tiny_checkpoint):
+    """A budget of one token leaves no room for drafts after the tail: the request decodes plainly and
+    the proposer is told to discard the drafts (keeping its state), not to release the request."""
+    path = str(tiny_checkpoint("deepseek_v32"))
+    proposer = ScriptedProposer(K, {})
+    engine = EngineCore(
+        EngineConfig(path, device=TEST_DEVICE, dtype="float32", max_num_batched_tokens=1), proposer=proposer
+    )
+    request = engine.add_request(PROMPTS[1][:1], dataclasses.replace(GREEDY, max_tokens=4))
+    while not request.output_ids:
+        engine.step()
+    output = engine.scheduler.schedule({request.request_id: DraftTokens((1, 2, 3))})
+    (chunk,) = output.chunks
+    assert chunk.num_draft == 0 and not output.drafts
+    assert proposer.discarded == [request.request_id] and proposer.released == []
+    engine.abort(request.request_id)
+
+
 def test_each_request_holds_a_checkpoint_slot_while_it_runs(plain, tiny_checkpoint):
     family = "k3"
     want = plain(family)

@@ -198,6 +198,12 @@ class DraftModelProposer(DraftProposer):
         else:
             self._roll_back(seat)
 
+    def discard(self, request: Request) -> None:
+        """Roll the seat back to its checkpoint: its fed drafts were never verified."""
+        seat = self.seats.get(request.request_id)
+        if seat is not None and seat.drafted is not None:
+            self._roll_back(seat)
+
     def release(self, request_id: str) -> None:
         """Free the request's blocks and both slots (unknown ids are ignored)."""
         seat = self.seats.pop(request_id, None)

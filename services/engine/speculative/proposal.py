@@ -66,6 +66,12 @@ class DraftProposer(ABC):
         ``output_ids`` already end with them and the target's own next token."""
 
     @abstractmethod
+    def discard(self, request: Request) -> None:
+        """The request's last drafts were not verified (they did not fit the step): forget them and
+        keep its state, so the next ``propose`` continues from what is certain. Unknown ids, or a
+        request with no pending drafts, are ignored."""
+
+    @abstractmethod
     def release(self, request_id: str) -> None:
         """Forget the request (finished, aborted or preempted): free what it held. Unknown ids are
         ignored."""
