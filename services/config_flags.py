@@ -91,8 +91,8 @@ HELP = {
     "ep": "expert-parallel ranks (the routed experts split across ranks holding the same tokens; "
     "divides tp x dcp)",
     "draft_model": "checkpoint folder of a draft model for speculative decoding (default: none)",
-    "num_draft_tokens": "tokens the draft model proposes per verify step, 1-16 (1-7 measured); needs "
-    "--draft-model",
+    "num_draft_tokens": "tokens the draft model proposes per verify step, 1-16 (the benchmarks sweep "
+    "1-7); needs --draft-model",
     "spec_policy": "how many tokens to draft each step: adaptive (the k up to --num-draft-tokens this "
     "engine measured to give the most tokens per second, none where speculation loses; "
     "docs/speculative.md) or fixed (always --num-draft-tokens)",
