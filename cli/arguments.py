@@ -18,6 +18,19 @@ def parse_token_ids(text: str, flag: str) -> list[int]:
     return ids
 
 
+def positive_int_list(text: str, flag: str, maximum: int | None = None) -> list[int]:
+    """``"1,8,32"`` -> ``[1, 8, 32]``: comma-separated integers, each at least 1 (and at most ``maximum``
+    when given); a ValueError naming ``flag`` otherwise."""
+    bound = "positive integers" if maximum is None else f"integers in [1, {maximum}]"
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated {bound}, got {text!r}") from None
+    if not values or min(values) < 1 or (maximum is not None and max(values) > maximum):
+        raise ValueError(f"{flag}: expected comma-separated {bound}, got {text!r}")
+    return values
+
+
 def check_vocabulary(ids: list[int], vocab_size: int, flag: str) -> None:
     """Raise ValueError naming ``flag`` and the first id outside ``[0, vocab_size)``."""
     for position, token in enumerate(ids):

@@ -34,7 +34,7 @@ from services.engine.model.backends import KERNEL_BACKENDS
 from services.transfer import known_backends
 from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidth
 
-from .arguments import DTYPES
+from .arguments import DTYPES, positive_int_list
 from .bench_faults_command import register_faults
 from .bench_hicache_command import register_hicache
 from .bench_spec_command import register_spec
@@ -205,19 +205,9 @@ def _register_fuzz(kinds: argparse._SubParsersAction) -> None:
     fuzz.set_defaults(run=run_fuzz_bench)
 
 
-def _positive_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise ValueError(f"{flag}: expected comma-separated positive integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag}: expected comma-separated positive integers, got {text!r}")
-    return values
-
-
 def run_engine(args: argparse.Namespace) -> int:
-    batches = _positive_list(args.batches, "--batches")
-    contexts = _positive_list(args.contexts, "--contexts")
+    batches = positive_int_list(args.batches, "--batches")
+    contexts = positive_int_list(args.contexts, "--contexts")
     modes = args.modes.split(",")
     if any(mode not in ("default", "invariant") for mode in modes):
         raise ValueError(f"--modes: expected default and/or invariant, got {args.modes!r}")

@@ -12,8 +12,9 @@ from common.tokenizer import Tokenizer
 from services.engine.benchmark.spec_bench import format_rows, run_spec_bench, spec_arms
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.presets import preset_config, with_layers
+from services.engine.engine_config import MAX_DRAFT_TOKENS
 
-from .arguments import DTYPES
+from .arguments import DTYPES, positive_int_list
 from .eval_command import documents, text_windows
 
 RANDOM_NOTE = (
@@ -61,8 +62,8 @@ def register_spec(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_spec(args: argparse.Namespace) -> int:
-    batches = _positive_list(args.batches, "--batches")
-    drafts = _positive_list(args.num_draft_tokens, "--num-draft-tokens")
+    batches = positive_int_list(args.batches, "--batches")
+    drafts = positive_int_list(args.num_draft_tokens, "--num-draft-tokens", MAX_DRAFT_TOKENS)
     for flag, value, minimum in (
         ("--decode-tokens", args.decode_tokens, 1),
         ("--prompt-len", args.prompt_len, 2),
@@ -119,13 +120,3 @@ def _prompts(args: argparse.Namespace, target: Path, count: int) -> list[list[in
             f"batch needs {count}; give a shorter --prompt-len or a longer --text"
         )
     return windows
-
-
-def _positive_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{flag}: {text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag}: {text!r} needs integers >= 1")
-    return values

@@ -33,6 +33,8 @@ from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.engine_config import MAX_DRAFT_TOKENS, PARALLEL_DEGREES, EngineConfig
 from tools.demo_model import corpus
 
+from .arguments import positive_int_list
+
 NO_DRAFT = "no --draft given"
 
 
@@ -207,15 +209,7 @@ def _check_counts(args: argparse.Namespace) -> None:
 
 
 def _draft_lengths(args: argparse.Namespace) -> list[int]:
-    try:
-        lengths = [int(part) for part in args.draft_tokens.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(
-            f"--draft-tokens: {args.draft_tokens!r} is not a comma-separated list of integers"
-        ) from None
-    if not lengths or not all(1 <= k <= MAX_DRAFT_TOKENS for k in lengths):
-        raise ValueError(f"--draft-tokens: {args.draft_tokens!r} needs integers in [1, {MAX_DRAFT_TOKENS}]")
-    return lengths
+    return positive_int_list(args.draft_tokens, "--draft-tokens", MAX_DRAFT_TOKENS)
 
 
 def documents(text: Path | None) -> Iterator[str]:

@@ -20,6 +20,7 @@ from services.engine.model.causal_lm import CausalLM
 from .hardware import HBM_BYTES_PER_S, copy_bandwidth
 from .launch_count import LaunchCount, count_launches
 from .peer import PeerModel
+from .timing import synchronize
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,12 @@ class EngineBenchReport:
         }
 
 
-def _synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _timed(device: str, work, *args) -> float:
     """Seconds ``work(*args)`` takes, the device synchronised on both sides."""
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     work(*args)
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 

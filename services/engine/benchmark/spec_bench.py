@@ -14,10 +14,10 @@ timed runs after an untimed one (kernels compile per shape).
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-
 from services.engine import LLM, SamplingParams
 from services.engine.speculative.spec_counters import SpecCounts
+
+from .timing import synchronize
 
 PLAIN = "plain"
 SELF_DRAFT = "self-draft"
@@ -123,22 +123,17 @@ def _params(batch: int, max_tokens: int, temperature: float) -> list[SamplingPar
     ]
 
 
-def _synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _decode_seconds(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], device: str) -> float:
     """Seconds of the decode phase: every step after each request has its first token."""
     engine = llm.engine
     requests = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params, strict=True)]
     while any(not request.output_ids for request in requests):
         engine.step()
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     while engine.has_unfinished:
         engine.step()
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 

@@ -1,5 +1,6 @@
 """How every benchmark here times its work: host-timed medians, device medians, CUDA-graph replays.
 
+- ``synchronize``: the wait around a host-timed span.
 - ``timed``: seconds, the device synchronised around each call (CPU or GPU; the limit probes and
   anything with host work in it, such as the per-row sampler).
 - ``device_us``: microseconds, ``triton.testing.do_bench`` median with L2 flushed between runs (a
@@ -14,6 +15,12 @@ from collections.abc import Callable
 import torch
 
 _REPEATS = 10
+
+
+def synchronize(device: str) -> None:
+    """Wait for ``device``'s queued work (a no-op on the CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def timed(device: str, work: Callable[[], object], repeats: int = _REPEATS) -> float:

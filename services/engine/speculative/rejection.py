@@ -50,13 +50,9 @@ def verify_sampled(
 ) -> Verified:
     """Accept a prefix of a sampled request's ``drafts`` by rejection sampling and add one token.
 
-    Args:
-        logits: ``[1 + k, vocab]``: row ``i`` is the target's next-token logits after the request's
-            known tokens and the first ``i`` drafts.
-        drafts: the ``k`` drafted tokens and ``probs [k, vocab]``, the distributions they were drawn from.
-        params: the request's sampling parameters (temperature > 0).
-        position: the request's sample position at row 0; row ``i`` draws the token at ``position + i``.
-        sampling: the engine's sampling backend: it draws the bonus token when every draft is accepted.
+    Arguments as ``acceptance.verify`` (here ``params.temperature > 0`` and ``drafts.probs [k, vocab]``,
+    the distributions the drafts were drawn from, given); ``sampling`` draws the extra token when every
+    draft is accepted.
 
     Returns:
         ``Verified``: the accepted drafts then one more token; log-probs are the raw ones of each
