@@ -81,3 +81,12 @@ def test_fp8_blocks_are_smaller_used_and_close(family, tiny_checkpoint):
     else:
         assert 0.5 < report.indexer_overlap <= 1.0
         assert report.logprob_abs_diff_mean < 2.0
+
+
+def test_fp8_comparison_runs_on_a_batch_invariant_model(tiny_checkpoint):
+    """`baton eval --batch-invariant`: the comparison's slots keep the CF-BI open chunk the model writes."""
+    model = load_model(tiny_checkpoint("k3"), dtype=torch.float32)
+    model.set_batch_invariant(True)
+    prompt = torch.randint(0, 1024, (40,), generator=torch.Generator().manual_seed(7)).tolist()
+    report = measure_kv_format(model, [prompt], chunk=16, block=16)
+    assert report.tokens == 40 and report.logprob_abs_diff_max > 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.cache.paged_cache import PagedModelCache
@@ -57,7 +58,8 @@ def _run(model: CausalLM, kv_format: str, prompt: list[int], chunk: int, block: 
     dtype, device = model.lm_head.weight.dtype, model.lm_head.weight.device
     layout = block_layout(model.config, block, dtype, kv_format)
     blocks = BlockPool(layout, block, -(-len(prompt) // block), device)
-    slots = StateSlotPool(slot_layout(model.config, dtype), 1, device)
+    open_rows = FIXED_CHUNK if model.numerics.batch_invariant else 0  # CF-BI KDA keeps its open chunk
+    slots = StateSlotPool(slot_layout(model.config, dtype, open_rows), 1, device)
     table, slot = tuple(blocks.allocate(blocks.num_blocks)), slots.allocate()
     cache = PagedModelCache(blocks, slots, model.config, dtype)
     kernels = model.kernels
