@@ -62,10 +62,15 @@ def k3_dir(tmp_path_factory) -> Path:
     return out
 
 
-def test_console_script_is_installed():
-    assert shutil.which("baton", path=str(Path(sys.executable).parent)), (
-        "pip install -e . should provide `baton`"
-    )
+def test_console_script_runs_outside_the_checkout(tmp_path):
+    """The installed `baton` imports every command's modules from the installed packages, not from the
+    working directory (a module left out of pyproject's packages fails here, not in `make run`)."""
+    script = shutil.which("baton", path=str(Path(sys.executable).parent))
+    assert script, "pip install -e . should provide `baton`"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run([script, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "eval" in result.stdout and "train" in result.stdout
 
 
 @pytest.mark.parametrize("family", FAMILIES)
