@@ -5,6 +5,9 @@ sampling backend can be captured, the sampling parameters. A replay copies the n
 (one host-to-device copy each) and launches the whole forward (+ sampling) at once. Padding rows are
 sequences of one token at position 0 in the pools' scratch block and scratch slot, so they never
 touch a real request's cache. Prefill and mixed steps run eagerly.
+
+The target's graphs sample inside the graph (``replay``); the draft model's capture the forward only
+(``sample=False``) and read the logits rows (``replay_logits``), which it samples itself.
 """
 
 import logging
@@ -14,6 +17,7 @@ import torch
 
 from common.sampling_params import MAX_LOGPROBS, SamplingParams
 from services.engine.cache.paged_cache import PagedModelCache
+from services.engine.engine_config import EngineConfig
 from services.engine.model.backends.sampling import SamplingInputs, TritonSampling
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, StepMetadata, build_step_metadata
@@ -22,6 +26,35 @@ from services.engine.sampling import SampleOutput
 log = logging.getLogger(__name__)
 
 _GREEDY = SamplingParams(temperature=0.0)
+
+
+def use_cuda_graphs(config: EngineConfig, model: CausalLM, parallel: bool) -> bool:
+    """Whether an engine replays decode CUDA graphs: ``config.cuda_graphs`` on, a CUDA device, one rank
+    (``parallel`` False) and a ``model`` whose forward can be captured; why not is logged. The engine
+    decides once for its target; its draft model follows that decision (``DraftModelProposer``)."""
+    if not config.cuda_graphs:
+        return False
+    if parallel:
+        log.info("--cuda-graphs: off on a parallel engine for now (steps run eagerly on every rank)")
+        return False
+    if not config.device.startswith("cuda"):
+        log.info("--cuda-graphs: a no-op on the CPU (steps run eagerly)")
+        return False
+    return forward_capturable(model, "the model")
+
+
+def forward_capturable(model: CausalLM, name: str) -> bool:
+    """Whether ``model``'s kernel set is ``forward_graph_safe``; if not, logs which families of
+    ``name`` (for the log line) run reference kernels."""
+    if model.kernels.forward_graph_safe:
+        return True
+    reference = model.kernels.reference_families()
+    log.info(
+        "--cuda-graphs: off for %s, %s run their reference kernels (host loops cannot be captured)",
+        name,
+        ", ".join(f for f in reference if f != "sampling"),
+    )
+    return False
 
 
 def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -53,9 +86,18 @@ class DecodeGraphs:
         sizes: batch sizes to capture (``capture_sizes``).
         max_seq_len: the longest sequence a replayed step may hold (the engine's ``max_model_len``);
             kernels see it as their bound.
+        sample: capture the sampling too when the sampling backend can be captured (the target's
+            ``replay``); False captures the forward only (the draft model's ``replay_logits``).
     """
 
-    def __init__(self, model: CausalLM, cache: PagedModelCache, sizes: tuple[int, ...], max_seq_len: int):
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: PagedModelCache,
+        sizes: tuple[int, ...],
+        max_seq_len: int,
+        sample: bool = True,
+    ):
         if not model.kernels.forward_graph_safe:
             raise ValueError(
                 "cuda_graphs: the forward has host loops in "
@@ -65,7 +107,8 @@ class DecodeGraphs:
             raise ValueError("cuda_graphs: the pools need a scratch block and slot (scratch=True)")
         self.model, self.cache, self.max_seq_len = model, cache, max_seq_len
         self.max_blocks = -(-max_seq_len // cache.block_size)
-        self.sampler = model.kernels.sampling if isinstance(model.kernels.sampling, TritonSampling) else None
+        capturable = isinstance(model.kernels.sampling, TritonSampling)
+        self.sampler = model.kernels.sampling if sample and capturable else None
         self.device = cache.blocks.storage.device
         self.pool = torch.cuda.graph_pool_handle()
         self.pad = SequenceStep((0,), 0, (cache.blocks.scratch_id,), cache.slots.scratch_id)
@@ -118,13 +161,30 @@ class DecodeGraphs:
         log.info("captured decode CUDA graphs for batch sizes %s", sorted(self.graphs))
 
     def can_replay(self, steps: list[SequenceStep], num_sampling: int) -> bool:
-        """A pure-decode step (one token after a prefix, every sequence sampling) that fits a graph."""
+        """A pure-decode step (one token after a prefix, every sequence sampling: ``num_sampling`` of
+        the ``steps`` give a logits row) that fits a graph; the same test for ``replay`` and
+        ``replay_logits``."""
         return (
             len(steps) <= self.max_size
             and num_sampling == len(steps)
             and all(len(step.token_ids) == 1 and step.past > 0 for step in steps)
             and all(step.past < self.max_seq_len for step in steps)
         )
+
+    def replay_logits(self, steps: list[SequenceStep]) -> torch.Tensor:
+        """Run a decode step from its graph (check ``can_replay(steps, len(steps))`` first) without
+        sampling.
+
+        Returns:
+            ``[len(steps), vocab]``: each step's logits row, a view of the graph's static logits (no
+            copy): the next replay at the same padded size overwrites it, so the caller copies or
+            consumes it first (on the current stream, which replays run on).
+        """
+        graph = self.graphs[self.padded_size(len(steps))]
+        self._metadata(list(steps) + [self.pad] * (graph.size - len(steps)), graph.meta.packed)
+        graph.graph.replay()
+        self.replays += 1
+        return graph.logits[: len(steps)]
 
     def padded_size(self, batch: int) -> int:
         """The captured size a batch of ``batch`` sequences replays at."""

@@ -37,7 +37,8 @@ class EngineConfig:
             (``triton`` on CUDA, ``reference`` on the CPU and in batch-invariant mode). With
             ``batch_invariant`` it picks the invariant numerics' kernels instead: the torch ops
             (``reference``) or the fixed-tiling Triton kernels (``triton``, opt-in: no backward yet).
-        cuda_graphs: replay CUDA graphs for pure-decode steps (CUDA only; a no-op on the CPU).
+        cuda_graphs: replay CUDA graphs for pure-decode steps and the draft model's one-token forwards
+            (CUDA only; a no-op on the CPU).
         adapters: ``NAME=FOLDER`` LoRA adapters (PEFT format, ``docs/adapters.md``) to load at start.
         host_cache_gib: the host-memory tier (HiCache, ``docs/hicache.md``) this engine owns in its
             process, in GiB of host memory split between KV pages and KDA snapshot pages; 0 turns the

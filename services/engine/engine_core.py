@@ -2,7 +2,6 @@
 
 import dataclasses
 import itertools
-import logging
 import time
 
 import torch
@@ -20,7 +19,7 @@ from services.engine.parallel.parallel_check import check_parallel
 from services.engine.parallel.rank_group import RankGroup, rank_device
 
 from .cache_manager import CacheManager
-from .cuda_graphs import DecodeGraphs, capture_sizes
+from .cuda_graphs import DecodeGraphs, capture_sizes, use_cuda_graphs
 from .draft_handoff import draft_arrived, reserve_draft
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
@@ -30,8 +29,6 @@ from .speculative.draft_compatibility import check_draft_compatible
 from .speculative.proposal import DraftProposer
 from .speculative.spec_counters import SpecCounters
 from .speculative.spec_policy import SpecPolicy
-
-log = logging.getLogger(__name__)
 
 
 def load_engine_model(config: EngineConfig, context: ParallelContext) -> CausalLM:
@@ -102,16 +99,16 @@ class EngineCore:
             self.close()
             raise
         self.model = model
+        use_graphs = use_cuda_graphs(config, self.model, parallel=self.ranks is not None)
         if proposer is None and config.draft_model:
             from .speculative.draft_model import DraftModelProposer  # the draft model's own stack
 
-            proposer = DraftModelProposer(config, self.model)
+            proposer = DraftModelProposer(config, self.model, cuda_graphs=use_graphs)
         self.proposer = proposer
         self.spec_counters = SpecCounters(proposer.num_draft_tokens) if proposer is not None else None
         adaptive = proposer is not None and config.spec_policy == "adaptive"
         self.spec_policy = SpecPolicy(proposer.num_draft_tokens) if adaptive else None
         self.clock = time.perf_counter
-        use_graphs = self._use_cuda_graphs()
         self.cache = CacheManager.for_model(
             config, self.model, scratch=use_graphs, redis_url=redis_url, checkpoints=proposer is not None
         )
@@ -133,25 +130,6 @@ class EngineCore:
             )
             self.runner.graphs.capture()
         self._ids = itertools.count()
-
-    def _use_cuda_graphs(self) -> bool:
-        """Whether decode steps replay CUDA graphs (``cuda_graphs`` on, a GPU, a capturable forward)."""
-        if not self.config.cuda_graphs:
-            return False
-        if self.ranks is not None:
-            log.info("--cuda-graphs: off on a parallel engine for now (steps run eagerly on every rank)")
-            return False
-        if not self.config.device.startswith("cuda"):
-            log.info("--cuda-graphs: a no-op on the CPU (steps run eagerly)")
-            return False
-        reference = self.model.kernels.reference_families()
-        if not self.model.kernels.forward_graph_safe:
-            log.info(
-                "--cuda-graphs: off, %s run their reference kernels (host loops cannot be captured)",
-                ", ".join(f for f in reference if f != "sampling"),
-            )
-            return False
-        return True
 
     def add_request(
         self,

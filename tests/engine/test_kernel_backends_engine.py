@@ -76,7 +76,7 @@ def test_backend_defaults_and_bad_choices_at_start(tiny_checkpoint, monkeypatch)
 
 
 def test_cuda_graphs_flag_is_a_logged_no_op_on_the_cpu(tiny_checkpoint, caplog):
-    with caplog.at_level(logging.INFO, logger="services.engine.engine_core"):
+    with caplog.at_level(logging.INFO, logger="services.engine.cuda_graphs"):
         llm = LLM(str(tiny_checkpoint("kimi_linear")), cuda_graphs=True, max_num_seqs=2)
     assert llm.engine.runner.graphs is None
     assert any("--cuda-graphs: a no-op on the CPU" in r.message for r in caplog.records)

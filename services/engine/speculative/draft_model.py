@@ -17,6 +17,11 @@ KDA field, CF-BI open rows included) and computed = checkpoint. What the target 
 the next tail; the MLA rows past ``computed`` are simply written again. Blocks are kept until
 ``release`` (rewritten, never read past ``computed``).
 
+With the engine's CUDA graphs on (``cuda_graphs.use_cuda_graphs``), the draft captures its own decode
+graphs (``DecodeGraphs``, forward only) over its pools: a forward whose every seat feeds one token after
+a non-empty prefix (the ``k - 1`` draft feeds, a one-token tail) replays one; longer tails, prompts and
+``prefill_seat`` run eagerly.
+
 A handoff may carry a seat's prompt rows (``services/engine/draft_handoff.py``): the decode engine
 ``reserve_seat``s blocks for the prompt and a slot, the prefill engine ``prefill_seat``s the prompt into
 a seat of its own and writes its rows there, and ``seat_arrived`` then counts the prompt as computed
@@ -34,6 +39,7 @@ from services.engine.cache.paged_cache import PagedModelCache
 from services.engine.cache.state_pool import StateSlotPool
 from services.engine.checkpoint.fingerprint import checkpoint_fingerprint
 from services.engine.checkpoint.loader import load_model
+from services.engine.cuda_graphs import DecodeGraphs, capture_sizes, forward_capturable
 from services.engine.engine_config import EngineConfig
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import SequenceStep, build_step_metadata
@@ -82,16 +88,20 @@ class DraftModelProposer(DraftProposer):
         config: the engine's config (``draft_model``, ``num_draft_tokens``, ``max_num_seqs``,
             ``max_model_len``, ``max_num_batched_tokens``, ``block_size``, numerics and kernels).
         target: the loaded target model (device, dtype and vocabulary to match).
+        cuda_graphs: whether the engine replays decode CUDA graphs (``cuda_graphs.use_cuda_graphs`` for
+            its target); the draft then captures its own, ``graphs``, at construction, when its kernels
+            can be captured too (else None: every forward runs eagerly).
 
     Pools: ``max_num_seqs`` seats, each able to hold a whole sequence plus its drafts
-    (``max_model_len + num_draft_tokens`` positions), two state slots each.
+    (``max_model_len + num_draft_tokens`` positions), two state slots each; with graphs, a scratch
+    block and slot more for the padding rows.
 
     Raises:
         ValueError: ``num_draft_tokens`` below 1, or a draft whose vocabulary differs from the
             target's (naming ``--draft-model``).
     """
 
-    def __init__(self, config: EngineConfig, target: CausalLM):
+    def __init__(self, config: EngineConfig, target: CausalLM, cuda_graphs: bool = False):
         if config.num_draft_tokens < 1:
             raise ValueError(
                 f"--num-draft-tokens: must be >= 1 with --draft-model, got {config.num_draft_tokens}"
@@ -109,18 +119,29 @@ class DraftModelProposer(DraftProposer):
         dtype = self.model.dtype
         positions = config.max_model_len + self.num_draft_tokens
         seat_blocks = -(-positions // config.block_size)
+        use_graphs = cuda_graphs and forward_capturable(self.model, "the draft model")
         self.blocks = BlockPool(
             block_layout(self.model.config, config.block_size, dtype, config.kv_format),
             config.block_size,
             seat_blocks * config.max_num_seqs,
             self.device,
+            scratch=use_graphs,
         )
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         self.slots = StateSlotPool(
-            slot_layout(self.model.config, dtype, open_rows), 2 * config.max_num_seqs, self.device
+            slot_layout(self.model.config, dtype, open_rows),
+            2 * config.max_num_seqs,
+            self.device,
+            scratch=use_graphs,
         )
         self.paged = PagedModelCache(self.blocks, self.slots, self.model.config, dtype)
         self.seats: dict[str, DraftSeat] = {}
+        self.graphs: DecodeGraphs | None = None  # the one-token feeds' graphs; ``replays`` counts them
+        if use_graphs:
+            self.graphs = DecodeGraphs(
+                self.model, self.paged, capture_sizes(config.max_num_seqs), positions, sample=False
+            )
+            self.graphs.capture()
 
     @torch.no_grad()
     def propose(self, requests: list[Request], num_tokens: int | None = None) -> dict[str, DraftTokens]:
@@ -299,7 +320,8 @@ class DraftModelProposer(DraftProposer):
 
     def _feed(self, seats: list[DraftSeat], tokens: list[list[int]]) -> torch.Tensor:
         """Run each seat's ``tokens`` (at least one each) after what it has computed, in forwards of at
-        most ``max_num_batched_tokens`` tokens (a long list is split across forwards).
+        most ``max_num_batched_tokens`` tokens (a long list is split across forwards); a forward the
+        graphs can replay (every seat one token after a non-empty prefix) replays.
 
         Returns:
             ``[len(seats), vocab]``: each seat's logits after its last token.
@@ -321,17 +343,25 @@ class DraftModelProposer(DraftProposer):
                 if not left[i]:
                     owners.append(i)
                     logit_rows.append(self.max_tokens_per_forward - budget - 1)
-            meta = build_step_metadata(
-                steps,
-                self.blocks.block_size,
-                self.device,
-                logit_rows=logit_rows,
-                index_topk=self.model.index_topk,
-            )
-            logits = self.model.forward_step(meta, self.paged)
+            logits = self._forward(steps, logit_rows)
             for row, i in zip(logits, owners, strict=True):
                 last_rows[i] = row
         return torch.stack(last_rows)
+
+    def _forward(self, steps: list[SequenceStep], logit_rows: list[int]) -> torch.Tensor:
+        """One forward's ``logit_rows``: replayed when the graphs can (one token per step, each a logits
+        row, so the rows are in step order), else eager. A replay's rows are cloned: they are views of
+        the graph's static logits, which a later forward of the same ``_feed`` may replay over."""
+        if self.graphs is not None and self.graphs.can_replay(steps, len(logit_rows)):
+            return self.graphs.replay_logits(steps).clone()
+        meta = build_step_metadata(
+            steps,
+            self.blocks.block_size,
+            self.device,
+            logit_rows=logit_rows,
+            index_topk=self.model.index_topk,
+        )
+        return self.model.forward_step(meta, self.paged)
 
     def _grow(self, seat: DraftSeat, num_tokens: int) -> None:
         needed = -(-num_tokens // self.blocks.block_size) - len(seat.block_table)
