@@ -1,13 +1,18 @@
 """KDA over a packed batch on fla-core's kernels, the recurrent state living in Baton's slots.
 
-Decode steps (``max_query_len == 1``) run fla's ``fused_recurrent_kda`` kernel with
-``ssm_state_indices = slots``: it reads each sequence's state from its slot and writes the new one
-back in place (the slot stride comes from the pool view, so no copy). Sequences without a state
-get their slot zeroed first by a small kernel of ours (fla's kernel has no "fresh" flag); the caller
-says on the host whether any sequence is fresh (``any_fresh``), so a step of continuing sequences
-(every decode step but a request's first) skips that launch.
+Steps whose sequences are all short (``max_query_len <= RECURRENT_MAX_QUERY_LEN``: decode steps,
+speculative verify steps of ``1 + k`` tokens, the draft's short tails) run fla's
+``fused_recurrent_kda`` kernel in place on the slots: it reads each sequence's state from its slot and
+after every token writes the state back through ``ssm_state_indices``, ``[S]`` for one token each, or
+``[S, max_query_len]`` with the sequence's slot in every column for more (the slot stride comes from
+the pool view, so no copy). Its per-token arithmetic does not depend on how many tokens a step holds,
+so a verify chunk's KDA outputs and state are those of decoding its tokens one step at a time, bit for
+bit, and the step needs none of the chunk path's host-side index preparation. Sequences without a
+state get their slot zeroed first by a small kernel of ours (fla's kernel has no "fresh" flag); the
+caller says on the host whether any sequence is fresh (``any_fresh``), so a step of continuing
+sequences (every decode step but a request's first) skips that launch.
 
-Prefill / mixed steps run fla's ``chunk_kda`` over the whole packed batch. Its chunk path takes
+Longer prefill / mixed steps run fla's ``chunk_kda`` over the whole packed batch. Its chunk path takes
 a dense ``[S, H, K, V]`` initial state and returns a dense final state (no index input in
 fla-core 0.6.0), so the batch's states are gathered from their slots once and scattered back once
 (``2 * S * H * K * V * 4`` bytes copied, small next to a prefill chunk's work).
@@ -39,6 +44,10 @@ from kernels.kda import naive
 from kernels.triton_env import require_triton_device
 
 logger = logging.getLogger(__name__)
+
+# The longest sequence of a step that still runs the recurrent kernel (one token at a time, no chunk
+# set-up); longer ones run the chunked kernel, whose matmul form pays off on long prompts.
+RECURRENT_MAX_QUERY_LEN = 16
 
 
 @triton.jit
@@ -76,11 +85,13 @@ def _say_reference_on_cpu() -> None:
     )
 
 
-def _decode(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh):
+def _recurrent(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh, max_query_len):
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
     if any_fresh:
         zero_fresh_slots(state_pool, slots, has_state)
+    # The kernel writes token t's state at indices[seq, t]: every column the sequence's own slot.
+    indices = slots if max_query_len == 1 else slots[:, None].expand(-1, max_query_len).contiguous()
     # This entry of fla has no input guard: its kernel addresses rows as contiguous [N, H, K] (the
     # layer's v is a strided slice of the conv output).
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
@@ -95,7 +106,7 @@ def _decode(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, a
         initial_state=state_pool,
         inplace_final_state=True,
         cu_seqlens=cu_seqlens,
-        ssm_state_indices=slots,
+        ssm_state_indices=indices,
         out=out,
     )
     return out[0]
@@ -151,8 +162,8 @@ def kda_varlen(
         slots: ``[S]`` int32 distinct slots.
         has_state: ``[S]`` bool; False starts from zeros.
         cu_seqlens: ``[S + 1]`` int32.
-        max_query_len: the longest sequence (host int): 1 runs the in-place recurrent kernel, more
-            the chunked one.
+        max_query_len: the longest sequence (host int): up to ``RECURRENT_MAX_QUERY_LEN`` runs the
+            in-place recurrent kernel, more the chunked one.
         any_fresh: whether some ``has_state`` entry is False (host bool); False skips zeroing the
             fresh slots (one launch per decode step). Must agree with ``has_state``.
 
@@ -170,7 +181,9 @@ def kda_varlen(
     q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
     args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh)
     with _float32_dots(v.dtype):
-        return _decode(*args) if max_query_len <= 1 else _prefill(*args)
+        if max_query_len <= RECURRENT_MAX_QUERY_LEN:
+            return _recurrent(*args, max_query_len)
+        return _prefill(*args)
 
 
 @contextlib.contextmanager

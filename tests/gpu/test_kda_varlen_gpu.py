@@ -1,7 +1,9 @@
 """fla-core's KDA kernels through Baton's state slots, against the float32 per-sequence oracle (CUDA only).
 
-Decode (max_query_len 1) runs fla's fused recurrent kernel in place on the slots; prefill and mixed
-batches run fla's chunk_kda with a gather/scatter of the batch's states. Also: chunked prefill
+Steps of short sequences (decode, speculative verify chunks: max_query_len up to
+RECURRENT_MAX_QUERY_LEN) run fla's fused recurrent kernel in place on the slots, the bits of decoding
+token by token; longer prefill and mixed batches run fla's chunk_kda with a gather/scatter of the
+batch's states. Also: chunked prefill
 continuing from a slot equals one-shot prefill, and the varlen conv on a real StateSlotPool view.
 """
 
@@ -24,6 +26,7 @@ CASES = {  # name: (lengths, has_state, heads, dim)
     "decode_b5": ([1] * 5, [True, True, False, True, True], 4, 64),
     "decode_b4_all_stateful": ([1] * 4, [True] * 4, 4, 64),  # any_fresh False: no zeroing launch
     "decode_b3_d128": ([1, 1, 1], [True, False, True], 2, 128),
+    "verify_ragged": ([4, 8, 1, fast.RECURRENT_MAX_QUERY_LEN], [True, True, True, False], 4, 64),
     "prefill_ragged": ([37, 1, 130, 5], [False, True, True, False], 4, 64),
     "prefill_long": ([300, 64], [True, False], 2, 128),
 }
@@ -45,6 +48,38 @@ def test_fla_kda_varlen_matches_oracle(case, dtype):
         assert_rel(pool[slot].cpu(), final, TOL[dtype], f"state of slot {slot}")
     others = [s for s in range(8) if s not in finals]
     assert torch.equal(pool[others], before[others]), "a slot outside the batch changed"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_short_chunk_has_the_bits_of_decoding_it_token_by_token(dtype):
+    """Why speculative verify chunks take the recurrent kernel: their KDA rows and states equal the
+    plain decode steps' exactly."""
+    heads, dim, lengths = 4, 64, [8, 3, 5]
+    (q, k, v, g, beta), (slots, states, cu) = packed_inputs(lengths, [True] * 3, heads, dim, dtype, "cuda")
+    chunk_pool = strided_pool(8, heads, dim, "cuda", seed=2)
+    step_pool = chunk_pool.clone()
+    chunk = fast.kda_varlen(q, k, v, g, beta, dim**-0.5, chunk_pool, slots, states, cu, max(lengths), False)
+    starts = cu[:-1].tolist()
+    for t in range(max(lengths)):
+        active = [s for s, n in enumerate(lengths) if t < n]
+        rows = torch.tensor([starts[s] + t for s in active], device="cuda")
+        one = torch.arange(len(active) + 1, dtype=torch.int32, device="cuda")
+        out = fast.kda_varlen(
+            q[rows],
+            k[rows],
+            v[rows],
+            g[rows],
+            beta[rows],
+            dim**-0.5,
+            step_pool,
+            slots[active],
+            states[active],
+            one,
+            1,
+            False,
+        )
+        assert torch.equal(out, chunk[rows]), f"token {t}"
+    assert torch.equal(step_pool[slots.long()], chunk_pool[slots.long()])
 
 
 @pytest.mark.parametrize("length", [1, 40], ids=["decode", "prefill"])
