@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
-DEMO_MODEL ?= .cache/checkpoints/k3-tiny
+# The trained demo model and its draft, shipped in models/ (models/README.md).
+DEMO_MODEL ?= models/k3-demo
+DEMO_DRAFT ?= models/k3-demo-draft
 PORT ?= 50051
 HTTP_PORT ?= 8000
 
@@ -72,14 +74,13 @@ image:
 	docker build -t $(IMAGE):$(VERSION) -f Dockerfile .
 	docker build -t $(IMAGE):$(VERSION)-cpu -f Dockerfile.cpu .
 
-$(DEMO_MODEL)/config.json: | setup
-	$(VENV)/bin/baton checkpoint init --family k3 --preset tiny --seed 0 --out $(DEMO_MODEL)
-
 # The local cluster (prefill worker, decode worker, router: gRPC on :50051, OpenAI HTTP on :8000)
 # until Ctrl-C; it prints how to send a request (baton client generate ..., curl ...).
-run: setup proto redis $(DEMO_MODEL)/config.json
-	$(VENV)/bin/baton generate --model $(DEMO_MODEL) --prompt "Hello, Baton!" --max-tokens 16
-	$(VENV)/bin/baton serve --model $(DEMO_MODEL) --port $(PORT) --http-port $(HTTP_PORT)
+run: setup proto redis
+	$(VENV)/bin/baton generate --model $(DEMO_MODEL) --prompt "And God said, Let there be light:" \
+		--max-tokens 32 --temperature 0.7 --top-p 0.9 --seed 1
+	$(VENV)/bin/baton serve --model $(DEMO_MODEL) --draft-model $(DEMO_DRAFT) --num-draft-tokens 3 \
+		--port $(PORT) --http-port $(HTTP_PORT)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -223,8 +223,12 @@ def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig]) -
     return 0
 
 
-# Long enough (about 36 tokens) to be handed off over NIXL rather than prefilled on decode.
-_EXAMPLE_PROMPT = "Explain how a relay team hands the baton from one runner to the next."
+# In the demo model's language (models/k3-demo: five English Bible translations) and long enough (36
+# tokens) to be handed off over NIXL rather than prefilled on decode.
+_EXAMPLE_PROMPT = (
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+    "and darkness was upon the face of the deep. And God said,"
+)
 
 
 def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: str | None) -> None:
@@ -235,11 +239,11 @@ def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: st
     )
     print(
         f'send a request: baton client generate --addr {router} --prompt "{_EXAMPLE_PROMPT}" '
-        "--max-tokens 16 --json",
+        "--max-tokens 24 --json",
         flush=True,
     )
     if http is not None:
-        body = json.dumps({"prompt": _EXAMPLE_PROMPT, "max_tokens": 16})
+        body = json.dumps({"prompt": _EXAMPLE_PROMPT, "max_tokens": 24, "temperature": 0})
         print(
             f"or over HTTP: curl -s {http}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
             flush=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 import transformers
@@ -125,3 +126,11 @@ def test_missing_corpus_package_is_a_clear_error(tmp_path, capsys, monkeypatch):
     assert main([str(tmp_path / "out")]) == 2
     assert "no-such-corpus-package: not installed" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_shipped_models_carry_this_build(demo_dir):
+    """models/k3-demo and its draft were trained with exactly what `build_tokenizer` makes."""
+    models = Path(__file__).resolve().parents[2] / "models"
+    for folder in ("k3-demo", "k3-demo-draft"):
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            assert (models / folder / name).read_bytes() == (demo_dir / name).read_bytes(), (folder, name)
