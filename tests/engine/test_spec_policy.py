@@ -31,42 +31,44 @@ def decide(policy: SpecPolicy, steps: int, batch: int = BATCH) -> list[int]:
     return [policy.choose(batch) for _ in range(steps)]
 
 
-def test_warm_up_times_a_plain_step_then_drafts_k_for_16_verify_steps():
-    """Drafting K costs less than four plain steps' worth of its tokens: no early stop."""
-    policy = SpecPolicy(K)
-    assert policy.choose(BATCH) == PLAIN  # the bucket's first step times a plain step
-    policy.observe_step(BATCH, PLAIN, 1.0, 0.0)
-    for _ in range(16):
+def warm_up_steps(policy: SpecPolicy, verify_steps: int, target: float, accepted: int) -> None:
+    """``verify_steps`` warm-up decisions that must draft ``K``, each timed (``target`` and a draft of
+    1 s) with ``BATCH`` verifies accepting ``accepted``."""
+    for _ in range(verify_steps):
         assert policy.choose(BATCH) == K
-        policy.observe_step(BATCH, K, 1.0, 1.0)
-        policy.observe_verifies([(K, 1)] * BATCH)  # E_K = 2 tokens for 2 plain steps' time: no loss
+        policy.observe_step(BATCH, K, target, 1.0)
+        policy.observe_verifies([(K, accepted)] * BATCH)
+
+
+def test_warm_up_drafts_k_times_a_plain_step_after_4_verify_steps_then_runs_to_16():
+    """E_K = 2 tokens for 2 plain steps' time: no loss to stop early on."""
+    policy = SpecPolicy(K)
+    warm_up_steps(policy, 4, target=1.0, accepted=1)
+    assert policy.choose(BATCH) == PLAIN  # the bucket times a plain step
+    policy.observe_step(BATCH, PLAIN, 1.0, 0.0)
+    warm_up_steps(policy, 12, target=1.0, accepted=1)
     assert not policy.warmed_up
     policy.choose(BATCH)
     assert policy.warmed_up  # the rule decides from here
 
 
 def test_warm_up_stops_after_4_verify_steps_where_drafting_k_loses_more_than_half():
-    """One token per verify for 20 plain steps' time: 95% lost; the warm-up keeps 4 verify steps for
-    the acceptance, then the rule decides (plain; a step at 1..K-1 waits 16 x 20 of plain time)."""
+    """One token per verify for 11 plain steps' time: 91% lost; once the plain step is timed the rule
+    decides (plain; a step at 1..K-1 waits for 16 x 11 s of plain steps)."""
     policy = SpecPolicy(K)
+    warm_up_steps(policy, 4, target=10.0, accepted=0)
     assert policy.choose(BATCH) == PLAIN
     policy.observe_step(BATCH, PLAIN, 1.0, 0.0)
-    for _ in range(4):
-        assert policy.choose(BATCH) == K
-        policy.observe_step(BATCH, K, 10.0, 10.0)
-        policy.observe_verifies([(K, 0)] * BATCH)
-    assert decide(policy, 300) == [PLAIN] * 300
+    assert decide(policy, 170) == [PLAIN] * 170
     assert policy.warmed_up and policy.verify_steps == 4 and policy.best(BATCH) == PLAIN
 
 
 def test_warm_up_without_a_timed_plain_step_runs_16_verify_steps():
     """The plain step had a prompt chunk in it (not timed): no measured loss, so no early stop."""
     policy = SpecPolicy(K)
+    warm_up_steps(policy, 4, target=10.0, accepted=0)
     assert policy.choose(BATCH) == PLAIN
-    for _ in range(16):
-        assert policy.choose(BATCH) == K
-        policy.observe_step(BATCH, K, 10.0, 10.0)
-        policy.observe_verifies([(K, 0)] * BATCH)
+    warm_up_steps(policy, 12, target=10.0, accepted=0)
     assert not policy.warmed_up
 
 

@@ -70,8 +70,8 @@ def scripted(target, continuation, wrong=frozenset()) -> LLM:
 
 def test_drafting_stops_where_speculation_loses(target, plain_tokens):
     """Every draft wrong (one token per verify) and a verify step plus its draft costing four plain
-    steps (75% of the time lost): the warm-up times a plain step, then stops after 4 verify steps
-    (``k = 3``) and the engine decodes plainly; trying ``k = 1`` would wait for 16 x 4 plain steps."""
+    steps (75% of the time lost): the warm-up stops after 4 verify steps (``k = 3``) and a plain step
+    to time it, and the engine decodes plainly; trying ``k = 1`` would wait for 16 x 4 plain steps."""
     max_tokens = 40
     want = plain_tokens(max_tokens)
     llm = scripted(target, want, wrong=range(max_tokens))
@@ -116,7 +116,7 @@ def test_a_seeded_sampled_request_keeps_every_draft_where_speculation_loses(targ
 def test_the_engine_drafts_the_k_that_wins(target, plain_tokens):
     """Every draft right (E_k = 1 + k) and a proposal of k costing 0.1 k^2 plain steps: tokens per
     second 1.82, 2.14, 2.11 at k = 1, 2, 3. The policy explores every 4 decisions here (not 16, to keep
-    the run short): after the warm-up (a plain step, then 16 verify steps at k = 3), 1 and 2 are each
+    the run short): after the warm-up (16 verify steps at k = 3, a plain step after the 4th), 1 and 2 are each
     tried once 4 x 1.9 (k = 3's cost) of other steps have passed, and the engine then drafts 2, timing
     the others (0, 1, 3) in turn every 4th decision."""
     max_tokens = 16 * (K + 1) + 80

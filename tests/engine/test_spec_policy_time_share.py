@@ -42,7 +42,7 @@ def share_outside(steps: list[tuple[int, float, bool]], best: int) -> float:
 
 def test_verifies_costing_70_plain_steps_spend_a_bounded_share_outside_plain_steps():
     """Plain 1 ms, a verify step with its drafts 70 ms, acceptance 0.5 (E_4 = 1.94 tokens: drafting
-    loses 36x). The warm-up stops after a plain step and 4 verify steps (281 ms); after it, each
+    loses 36x). The warm-up stops after 4 verify steps and a plain step (281 ms); after it, each
     exploration waits 16 x its 70 ms: at most 1/17 of the time. Bound over all 2,000 decisions: under
     20% of the time outside plain steps (the rule before this one, a 16-verify warm-up and every 16th
     decision exploring, spent over 80% there)."""
@@ -50,7 +50,7 @@ def test_verifies_costing_70_plain_steps_spend_a_bounded_share_outside_plain_ste
     steps = simulate(policy, plain=1e-3, step=lambda k: (60e-3, 10e-3), alpha=0.5)
     assert policy.best(BATCH) == PLAIN
     warm_up = [k for k, _, warming in steps if warming]
-    assert warm_up == [PLAIN] + [K] * 4
+    assert warm_up == [K] * 4 + [PLAIN]
     after = steps[len(warm_up) :]
     assert any(k != PLAIN for k, _, _ in after)  # exploration ran
     assert share_outside(after, PLAIN) <= 1 / 17
@@ -59,13 +59,14 @@ def test_verifies_costing_70_plain_steps_spend_a_bounded_share_outside_plain_ste
 
 def test_cheap_verifies_and_high_acceptance_settle_on_the_best_k():
     """Plain 1, a verify at k 1 + 0.05 k, its drafts 0.1 k^2, acceptance 0.9: tokens per second 1.65,
-    1.81, 1.68, 1.46 at k = 1..4 against 1 plainly: after the full warm-up (16 verify steps at K) the
-    policy drafts 2, leaving it only to explore (at most one decision in 16)."""
+    1.81, 1.68, 1.46 at k = 1..4 against 1 plainly: after the full warm-up (16 verify steps at K, a
+    plain step after the 4th) the policy drafts 2, leaving it only to explore (at most one decision in
+    16)."""
     policy = SpecPolicy(K)
     steps = simulate(policy, plain=1.0, step=lambda k: (1.0 + 0.05 * k, 0.1 * k * k), alpha=0.9)
     assert policy.best(BATCH) == 2
     warm_up = [k for k, _, warming in steps if warming]
-    assert warm_up == [PLAIN] + [K] * 16
+    assert warm_up == [K] * 4 + [PLAIN] + [K] * 12
     last = [k for k, _, _ in steps[-1000:]]
     assert set(last) == {PLAIN, 1, 2, 3, K}  # every other option is still timed now and then
     assert last.count(2) >= 1000 * (1 - 1 / 16)

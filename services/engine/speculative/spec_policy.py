@@ -18,11 +18,12 @@ alpha_i``; the rule picks the measured ``k`` maximising ``E_k / (t_verify(k) + t
 it when that beats a plain step's ``1 / t_plain`` by ``margin``, else 0. A bucket without both a plain
 and a speculative measurement (a step that had a prompt chunk in it is not timed) drafts ``K``.
 
-Warm-up (global, before the rule decides): each bucket's first decision is a plain step (to time one),
-then steps draft ``K``. It ends after ``warmup_verify_steps`` verify steps, or after
-``min_warmup_verify_steps`` (a first acceptance estimate) once the deciding bucket's measurements show
-drafting ``K`` losing more than ``warmup_max_loss`` of the time: ``E_K * t_plain < (1 -
-warmup_max_loss) * t_step(K)``, i.e. the same tokens decoded plainly would take less than half the time.
+Warm-up (global, before the rule decides): steps draft ``K`` (short runs draft every step, as the fixed
+policy does); once ``min_warmup_verify_steps`` verify steps have run (a first acceptance estimate), a
+bucket's next decision is a plain step if it has not taken one (to time it). The warm-up ends after
+``warmup_verify_steps`` verify steps, or earlier once the deciding bucket's measurements show drafting
+``K`` losing more than ``warmup_max_loss`` of the time: ``E_K * t_plain < (1 - warmup_max_loss) *
+t_step(K)``, i.e. the same tokens decoded plainly would take less than half the time.
 
 Exploration (after the warm-up), cost-aware: a bucket's next option to explore is the first option (0..K)
 it has not used, else the option (not the current best) used longest ago. It is taken once the bucket's
@@ -147,7 +148,8 @@ class SpecPolicy:
         """The drafts per request for a step of ``batch_size`` draftable requests (0: a plain step)."""
         costs = self.buckets.setdefault(bucket_of(batch_size), BucketCosts())
         if self._warming_up(costs):
-            k = PLAIN if PLAIN not in costs.used_at else self.num_draft_tokens
+            timing_plain = self.verify_steps >= self.min_warmup_verify_steps and PLAIN not in costs.used_at
+            k = PLAIN if timing_plain else self.num_draft_tokens
             costs.decided(k)
             costs.explored_at = costs.seconds
             return k
