@@ -1,5 +1,6 @@
-"""``baton bench spec``: decode tokens/s and TPOT with and without speculative decoding, side by side
-at several batch sizes (``services/engine/benchmark/spec_bench.py``)."""
+"""``baton bench spec``: decode tokens/s and TPOT with and without speculative decoding (each ``k``
+fixed, and the default adaptive policy), side by side at several batch sizes
+(``services/engine/benchmark/spec_bench.py``)."""
 
 import argparse
 import json
@@ -54,6 +55,13 @@ def register_spec(kinds: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         help="also run the target as its own draft (total acceptance: the ceiling; default on)",
     )
+    bench.add_argument(
+        "--adaptive",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="also run each draft under the default adaptive policy at the largest --num-draft-tokens "
+        "(what the default engine does; default on)",
+    )
     bench.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     bench.add_argument("--dtype", choices=sorted(DTYPES), help="model dtype (default: the checkpoint's)")
     bench.add_argument("--kernels", help="kernel backend (default: the engine's for the device)")
@@ -76,7 +84,7 @@ def run_spec(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         target, draft, note = _checkpoints(args, Path(scratch))
         prompts = _prompts(args, target, max(batches))
-        arms = spec_arms(str(target), str(draft) if draft else "", drafts, args.self_draft)
+        arms = spec_arms(str(target), str(draft) if draft else "", drafts, args.self_draft, args.adaptive)
         rows = run_spec_bench(
             str(target),
             arms,

@@ -1,17 +1,32 @@
-"""``baton bench spec``: plain, draft and self-draft arms side by side; the self-draft's acceptance is
-total and its tokens/s a real measurement; the CLI's table and JSON; bad flags named."""
+"""``baton bench spec``: plain, draft and self-draft arms side by side, each draft also under the adaptive
+policy at the largest ``k``; the self-draft's acceptance is total and its tokens/s a real measurement;
+the mean ``k`` per row; the CLI's table and JSON, ``--no-adaptive``; bad flags named."""
 
 import json
 
 from cli.main import main
-from services.engine.benchmark.spec_bench import PLAIN, SELF_DRAFT, run_spec_bench, spec_arms
+from services.engine.benchmark.spec_bench import (
+    ADAPTIVE,
+    DRAFT,
+    PLAIN,
+    SELF_ADAPTIVE,
+    SELF_DRAFT,
+    run_spec_bench,
+    spec_arms,
+)
 from tests.engine.test_draft_model import draft_overrides
 
 
 def test_arms_side_by_side_and_the_self_draft_accepts_everything(tiny_checkpoint):
     target, draft = tiny_checkpoint("k3"), tiny_checkpoint("k3", seed=1, **draft_overrides("k3"))
     arms = spec_arms(str(target), str(draft), [2], self_draft=True)
-    assert [(a.name, a.num_draft_tokens) for a in arms] == [(PLAIN, 0), ("draft", 2), (SELF_DRAFT, 2)]
+    assert [(a.name, a.num_draft_tokens, a.spec_policy) for a in arms] == [
+        (PLAIN, 0, "fixed"),
+        (DRAFT, 2, "fixed"),
+        (SELF_DRAFT, 2, "fixed"),
+        (ADAPTIVE, 2, "adaptive"),
+        (SELF_ADAPTIVE, 2, "adaptive"),
+    ]
     prompts = [list(range(3, 3 + n)) for n in (9, 14)]
     rows = run_spec_bench(
         str(target), arms, prompts, [1, 2], 6, 0.0, "cpu", repeats=1, dtype="float32", batch_invariant=True
@@ -20,9 +35,13 @@ def test_arms_side_by_side_and_the_self_draft_accepts_everything(tiny_checkpoint
     for row in rows:
         assert row.decode_tokens_per_s > 0 and row.tpot_ms > 0
         if row.arm == PLAIN:
-            assert row.speedup == 1.0 and row.accepted_per_verify is None
+            assert row.speedup == 1.0 and row.accepted_per_verify is None and row.mean_draft_tokens is None
         else:
-            assert 0 < row.draft_time_share < 1 and len(row.acceptance_by_position) == 2
+            assert 0 <= row.draft_time_share < 1 and len(row.acceptance_by_position) == 2
+        if row.arm in (DRAFT, SELF_DRAFT):
+            assert row.spec_policy == "fixed" and row.mean_draft_tokens == 2.0 and row.draft_time_share > 0
+        if row.arm in (ADAPTIVE, SELF_ADAPTIVE):  # the CPU's times decide: 0 where it turned drafting off
+            assert row.spec_policy == "adaptive" and 0 <= row.mean_draft_tokens <= 2
     for row in (r for r in rows if r.arm == SELF_DRAFT):
         assert row.accepted_per_verify == 2.0 and row.acceptance_by_position == (1.0, 1.0)
 
@@ -34,7 +53,13 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("random weights: acceptance is meaningless")
-    assert [r["arm"] for r in json.loads(out.read_text())["rows"]] == [PLAIN, "draft", SELF_DRAFT]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["arm"] for r in rows] == [PLAIN, DRAFT, SELF_DRAFT, ADAPTIVE, SELF_ADAPTIVE]
+    assert [r["spec_policy"] for r in rows] == [None, "fixed", "fixed", "adaptive", "adaptive"]
+    assert all(0 <= r["mean_draft_tokens"] <= 2 for r in rows[1:])
+    assert "mean k" in printed and "self-adaptive" in printed
+    assert main([*argv, "--no-adaptive", "--no-self-draft"]) == 0
+    assert [r["arm"] for r in json.loads(out.read_text())["rows"]] == [PLAIN, DRAFT]
     for bad, needle in (
         (["--batches", "0"], "--batches"),
         (["--num-draft-tokens", "x"], "--num-draft-tokens"),

@@ -1,6 +1,7 @@
-"""``SpecPolicy`` on synthetic step times and acceptance (no clock, no model): the warm-up drafts ``K``,
-the rule picks 0 where verify + draft cost more than the tokens they add and the best ``k`` otherwise,
-the margin, exploration of the stalest option, buckets by powers of two, and acceptance by position."""
+"""``SpecPolicy`` on synthetic step times and acceptance (no clock, no model): the warm-up (a plain step,
+then ``K``; stopped early where drafting ``K`` loses), the rule picks 0 where verify + draft cost more
+than the tokens they add and the best ``k`` otherwise, the margin, cost-aware exploration of the untried
+then the stalest option, buckets by powers of two, and acceptance by position."""
 
 import pytest
 
@@ -30,16 +31,45 @@ def decide(policy: SpecPolicy, steps: int, batch: int = BATCH) -> list[int]:
     return [policy.choose(batch) for _ in range(steps)]
 
 
-def test_warm_up_drafts_k_even_where_plain_steps_are_faster():
-    policy = SpecPolicy(K)
-    time_steps(policy, plain=1.0, target=lambda k: 10.0, draft=lambda k: 10.0)
-    for _ in range(15):
+def warm_up_steps(policy: SpecPolicy, verify_steps: int, target: float, accepted: int) -> None:
+    """``verify_steps`` warm-up decisions that must draft ``K``, each timed (``target`` and a draft of
+    1 s) with ``BATCH`` verifies accepting ``accepted``."""
+    for _ in range(verify_steps):
         assert policy.choose(BATCH) == K
-        policy.observe_verifies([(K, 0)] * BATCH)
-    assert policy.choose(BATCH) == K  # the 16th verify step is still the warm-up's
-    policy.observe_verifies([(K, 0)] * BATCH)
-    assert policy.choose(BATCH) != K  # the rule decides from here
-    assert policy.best(BATCH) == PLAIN
+        policy.observe_step(BATCH, K, target, 1.0)
+        policy.observe_verifies([(K, accepted)] * BATCH)
+
+
+def test_warm_up_drafts_k_times_a_plain_step_after_4_verify_steps_then_runs_to_16():
+    """E_K = 2 tokens for 2 plain steps' time: no loss to stop early on."""
+    policy = SpecPolicy(K)
+    warm_up_steps(policy, 4, target=1.0, accepted=1)
+    assert policy.choose(BATCH) == PLAIN  # the bucket times a plain step
+    policy.observe_step(BATCH, PLAIN, 1.0, 0.0)
+    warm_up_steps(policy, 12, target=1.0, accepted=1)
+    assert not policy.warmed_up
+    policy.choose(BATCH)
+    assert policy.warmed_up  # the rule decides from here
+
+
+def test_warm_up_stops_after_4_verify_steps_where_drafting_k_loses_more_than_half():
+    """One token per verify for 11 plain steps' time: 91% lost; once the plain step is timed the rule
+    decides (plain; a step at 1..K-1 waits for 16 x 11 s of plain steps)."""
+    policy = SpecPolicy(K)
+    warm_up_steps(policy, 4, target=10.0, accepted=0)
+    assert policy.choose(BATCH) == PLAIN
+    policy.observe_step(BATCH, PLAIN, 1.0, 0.0)
+    assert decide(policy, 170) == [PLAIN] * 170
+    assert policy.warmed_up and policy.verify_steps == 4 and policy.best(BATCH) == PLAIN
+
+
+def test_warm_up_without_a_timed_plain_step_runs_16_verify_steps():
+    """The plain step had a prompt chunk in it (not timed): no measured loss, so no early stop."""
+    policy = SpecPolicy(K)
+    warm_up_steps(policy, 4, target=10.0, accepted=0)
+    assert policy.choose(BATCH) == PLAIN
+    warm_up_steps(policy, 12, target=10.0, accepted=0)
+    assert not policy.warmed_up
 
 
 def test_zero_when_verify_and_draft_cost_more_than_the_tokens_they_add():
@@ -69,21 +99,25 @@ def test_a_win_below_the_margin_is_a_plain_step(draft, best):
     assert policy.best(BATCH) == best
 
 
-def test_exploration_tries_the_untried_then_the_stalest_every_n_decisions():
-    """Off (plain wins): the bucket first tries the options the warm-up did not (0..K-1, one step each),
-    then every 16th decision the option used longest ago, which then moves to the back of the queue."""
+def test_exploration_waits_16_times_the_explored_steps_cost_then_takes_the_stalest():
+    """Off (plain steps of 1 s win over verify steps of 2 s): the options the warm-up did not time
+    (1..K-1) are tried one at a time, each once 16 x 2 s of other steps have passed since the last
+    exploration; then the option used longest ago (K) on the same terms."""
     policy = warmed(0.0)
-    policy.observe_step(BATCH, K, 1.0, 1.0)  # the warm-up timed K only
+    policy.observe_step(BATCH, PLAIN, 1.0, 0.0)  # the warm-up timed plain and K
+    policy.observe_step(BATCH, K, 1.0, 1.0)
     chosen = []
-    for _ in range(48):
+    for _ in range(132):
         k = policy.choose(BATCH)
         chosen.append(k)
         policy.observe_step(BATCH, k, 1.0, 1.0 if k else 0.0)
     explored = {decision: k for decision, k in enumerate(chosen, 1) if k != PLAIN}
-    assert chosen[0] == PLAIN and explored == {2: 1, 3: 2, 4: 3, 16: K, 32: 1, 48: 2}
+    assert explored == {33: 1, 66: 2, 99: 3, 132: K}
 
 
 def test_while_speculating_a_plain_step_is_timed_every_n_decisions():
+    """Steps within 40% of each other: the time condition (16 x the explored step's cost) is met
+    before the decisions' (16 since the last exploration), which then sets the pace."""
     policy = warmed(1.0)
     time_steps(policy, plain=1.0, target=lambda k: 1.0, draft=lambda k: 0.1 * k)
     chosen = []
@@ -132,5 +166,9 @@ def test_bad_arguments_name_what_to_fix():
         SpecPolicy(0)
     with pytest.raises(ValueError, match="explore_every"):
         SpecPolicy(2, explore_every=1)
+    with pytest.raises(ValueError, match="min_warmup_verify_steps"):
+        SpecPolicy(2, warmup_verify_steps=3, min_warmup_verify_steps=4)
+    with pytest.raises(ValueError, match="warmup_max_loss"):
+        SpecPolicy(2, warmup_max_loss=1.0)
     with pytest.raises(ValueError, match="k: must be in"):
         SpecPolicy(2).observe_step(1, 3, 1.0, 1.0)

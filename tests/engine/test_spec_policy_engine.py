@@ -8,7 +8,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from services.engine import LLM
-from services.engine.speculative.spec_policy import PLAIN
+from services.engine.speculative.spec_policy import PLAIN, SpecPolicy
 from tests.conftest import TEST_DEVICE
 from tests.engine.scripted_proposer import Script, ScriptedProposer
 from tests.engine.test_draft_model import draft_overrides
@@ -69,28 +69,28 @@ def scripted(target, continuation, wrong=frozenset()) -> LLM:
 
 
 def test_drafting_stops_where_speculation_loses(target, plain_tokens):
-    """Every draft wrong (one token per verify) and a verify step plus its draft costing two plain
-    steps: after the 16 warm-up verifies (``k = 3``) and one step to time each other ``k`` (0, 1, 2),
-    the engine decodes plainly; the proposer is asked again only by the exploration at the bucket's
-    16th decision (``k = 3``, the one used longest ago)."""
+    """Every draft wrong (one token per verify) and a verify step plus its draft costing four plain
+    steps (75% of the time lost): the warm-up stops after 4 verify steps (``k = 3``) and a plain step
+    to time it, and the engine decodes plainly; trying ``k = 1`` would wait for 16 x 4 plain steps."""
     max_tokens = 40
     want = plain_tokens(max_tokens)
     llm = scripted(target, want, wrong=range(max_tokens))
-    costed(llm, target_seconds=lambda k: 1.0, draft_seconds=lambda k: 1.0)
+    costed(llm, target_seconds=lambda k: 1.0, draft_seconds=lambda k: 3.0)
     got = llm.generate([PROMPT], greedy(max_tokens))[0]
     assert tuple(got.token_ids) == want
     core = llm.engine
-    assert core.proposer.proposals == [K] * 16 + [1, 2, K]
+    assert core.proposer.proposals == [K] * 4
     counts = core.spec_counters.counts()
     decode_steps = max_tokens - 2  # the prefill gives the first token; the last is not draftable
-    assert counts.steps_by_draft_tokens == (decode_steps - 19, 1, 1, 17)
-    assert counts.draft_tokens == PLAIN and counts.verifies == 19
+    assert counts.steps_by_draft_tokens == (decode_steps - 4, 0, 0, 4)
+    assert counts.draft_tokens == PLAIN and counts.verifies == 4
     assert core.spec_policy.best(1) == PLAIN
     core.check_integrity()
 
 
 def test_a_seeded_sampled_request_keeps_every_draft_where_speculation_loses(target, tiny_checkpoint):
-    """A draft costing ten plain steps: the policy turns greedy drafting down after its warm-up, but a
+    """A draft costing ten plain steps: the policy turns greedy drafting down after its warm-up (cut to 4
+    verify steps: even every draft accepted, 4 tokens for 11 plain steps' time, loses), but a
     step holding a seeded sampled request drafts K every time (its tokens must depend only on its seed,
     not on the draft lengths the policy picks)."""
     draft = tiny_checkpoint("k3", seed=1, **draft_overrides("k3"))
@@ -104,7 +104,7 @@ def test_a_seeded_sampled_request_keeps_every_draft_where_speculation_loses(targ
 
     llm.engine.proposer.propose = recorded
     llm.generate([PROMPT], greedy(40))
-    assert lengths[:16] == [K] * 16 and len(lengths) < 38  # plain steps after the warm-up
+    assert lengths == [K] * 4  # plain steps after the warm-up
     lengths.clear()
     seeded = SamplingParams(max_tokens=30, temperature=0.8, seed=5, ignore_eos=True)
     llm.generate([PROMPT], seeded)
@@ -115,21 +115,29 @@ def test_a_seeded_sampled_request_keeps_every_draft_where_speculation_loses(targ
 
 def test_the_engine_drafts_the_k_that_wins(target, plain_tokens):
     """Every draft right (E_k = 1 + k) and a proposal of k costing 0.1 k^2 plain steps: tokens per
-    second 1.82, 2.14, 2.11 at k = 1, 2, 3: after the warm-up (k = 3) and one step at 0 and at 1 to
-    time them, the engine drafts 2 (it times 2 by drafting it)."""
-    max_tokens = 16 * (K + 1) + 40
+    second 1.82, 2.14, 2.11 at k = 1, 2, 3. The policy explores every 4 decisions here (not 16, to keep
+    the run short): after the warm-up (16 verify steps at k = 3, a plain step after the 4th), 1 and 2 are each
+    tried once 4 x 1.9 (k = 3's cost) of other steps have passed, and the engine then drafts 2, timing
+    the others (0, 1, 3) in turn every 4th decision."""
+    max_tokens = 16 * (K + 1) + 80
     want = plain_tokens(max_tokens)
     llm = scripted(target, want)
+    llm.engine.spec_policy = SpecPolicy(K, explore_every=4)
     costed(llm, target_seconds=lambda k: 1.0, draft_seconds=lambda k: 0.1 * k * k)
     got = llm.generate([PROMPT], greedy(max_tokens))[0]
     assert tuple(got.token_ids) == want
     proposals = llm.engine.proposer.proposals
-    assert proposals[:16] == [K] * 16 and llm.engine.spec_policy.best(1) == 2
+    assert llm.engine.spec_policy.best(1) == 2
+    assert proposals[:16] == [K] * 16
     after = proposals[16:]
-    assert after[0] == 1 and after[1:] == [2] * (len(after) - 1) and len(after) > 5, after
+    first_1, first_2 = after.index(1), after.index(2)
+    assert 4 <= first_1 and first_1 + 4 < first_2 and set(after[:first_2]) == {1, K}, after
+    settled = after[first_2:]
+    assert set(settled) <= {1, 2} and settled.count(2) > 3 * settled.count(1), after
     counts = llm.engine.spec_counters.counts()
-    assert counts.steps_by_draft_tokens[PLAIN] == 1  # the bucket's first decision timed a plain step
-    assert set(n for _, n in llm.engine.proposer.commits[16:]) <= {1, 2}  # drafts right: all accepted
+    assert counts.steps_by_draft_tokens[PLAIN] == 2  # the warm-up's, and one explored while drafting 2
+    accepted = [n for _, n in llm.engine.proposer.commits]
+    assert accepted == proposals[: len(accepted)]  # drafts right: all accepted
     llm.engine.check_integrity()
 
 

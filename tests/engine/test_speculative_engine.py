@@ -62,14 +62,18 @@ def plain(tiny_checkpoint):
 
 def speculative(tiny_checkpoint, family, outputs, patterns, invariant=False, **options) -> LLM:
     """A speculative engine whose proposer drafts each of ``outputs``' tokens, wrong at its pattern's
-    positions (``WRONG``)."""
+    positions (``WRONG``), ``K`` every step (the fixed policy: the counts below assume it; the adaptive
+    policy's plain steps are tested in ``test_spec_policy_engine.py``)."""
     scripts = {
         tuple(o.prompt_ids): Script(tuple(o.token_ids), WRONG[pattern])
         for o, pattern in zip(outputs, patterns, strict=True)
     }
     path = str(tiny_checkpoint(family))
     return LLM(
-        path, batch_invariant=invariant, proposer=ScriptedProposer(K, scripts), **{**ENGINE, **options}
+        path,
+        batch_invariant=invariant,
+        proposer=ScriptedProposer(K, scripts),
+        **{**ENGINE, "spec_policy": "fixed", **options},
     )
 
 

@@ -1,14 +1,17 @@
 """Speculative decoding against plain decoding, side by side in one run (``baton bench spec``).
 
 For each batch size the same prompts are decoded by the plain engine and by the engine drafting ``k``
-tokens per step with each draft (a draft checkpoint, and the target as its own draft: acceptance is
-then total, the ceiling of what drafting ``k`` tokens can give at that batch). Per row: decode
-tokens/s, TPOT (decode seconds per generated token of one request), the ratio to the plain engine's
-tokens/s at that batch, the mean drafts accepted per verify and per-position acceptance, and the share
-of decode time spent in the draft. Decode time is timed directly on the engine's step loop: from the
-step after every request has its first token (the prefill's) to the last step; the draft's own
-catch-up on the prompt at its first verify counts as decode time. Each row is the best of ``repeats``
-timed runs after an untimed one (kernels compile per shape).
+tokens per step with each draft (a draft checkpoint, and the target as its own draft: acceptance is then
+total, the ceiling of what drafting ``k`` tokens can give at that batch) under the fixed policy (every
+step drafts ``k``); then, per draft, by the engine's default adaptive policy (``spec_policy.py``) at the
+largest ``k``: what a user of the default engine gets. Per row: decode tokens/s, TPOT (decode seconds per
+generated token of one request), the ratio to the plain engine's tokens/s at that batch, the mean ``k``
+drafted per step (0 for a plain step the policy took), the mean drafts accepted per verify and
+per-position acceptance, and the share of decode time spent in the draft. Decode time is timed directly
+on the engine's step loop: from the step after every request has its first token (the prefill's) to the
+last step; the draft's own catch-up on the prompt at its first verify counts as decode time. Each row is
+the best of ``repeats`` timed runs after an untimed one (kernels compile per shape; the adaptive policy's
+warm-up runs in it, at the arm's first batch, and its measurements carry over to the timed runs).
 """
 
 import time
@@ -20,21 +23,27 @@ from services.engine.speculative.spec_counters import SpecCounts
 from .timing import synchronize
 
 PLAIN = "plain"
+DRAFT = "draft"
 SELF_DRAFT = "self-draft"
+ADAPTIVE = "adaptive"  # the draft's arm under the adaptive policy
+SELF_ADAPTIVE = "self-adaptive"
 
 
 @dataclass(frozen=True)
 class SpecArm:
-    """One engine configuration: ``draft`` is a checkpoint folder ("" for plain decoding)."""
+    """One engine configuration: ``draft`` is a checkpoint folder ("" for plain decoding), drafting up to
+    ``num_draft_tokens`` per step under ``spec_policy`` (``fixed``: that many every step)."""
 
     name: str
     draft: str
     num_draft_tokens: int
+    spec_policy: str = "fixed"
 
 
 @dataclass(frozen=True)
 class SpecBenchRow:
-    """One (arm, batch) measurement; acceptance fields are None for the plain arm."""
+    """One (arm, batch) measurement; acceptance fields and ``mean_draft_tokens`` (the mean ``k`` of the
+    timed runs' steps, plain steps the policy took counting 0) are None for the plain arm."""
 
     arm: str
     num_draft_tokens: int
@@ -45,19 +54,27 @@ class SpecBenchRow:
     accepted_per_verify: float | None
     acceptance_by_position: tuple[float, ...] | None
     draft_time_share: float | None
+    spec_policy: str | None = None
+    mean_draft_tokens: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def spec_arms(target: str, draft: str, num_draft_tokens: list[int], self_draft: bool) -> list[SpecArm]:
-    """The plain arm, then for each ``k`` the draft's arm (when given) and the self-draft arm."""
+def spec_arms(
+    target: str, draft: str, num_draft_tokens: list[int], self_draft: bool, adaptive: bool = True
+) -> list[SpecArm]:
+    """The plain arm, then for each ``k`` the draft's arm (when given) and the self-draft arm (fixed
+    policy), then with ``adaptive`` each of those drafts under the adaptive policy at the largest ``k``."""
+    drafts = [(DRAFT, draft)] if draft else []
+    if self_draft:
+        drafts.append((SELF_DRAFT, target))
     arms = [SpecArm(PLAIN, "", 0)]
-    for k in num_draft_tokens:
-        if draft:
-            arms.append(SpecArm("draft", draft, k))
-        if self_draft:
-            arms.append(SpecArm(SELF_DRAFT, target, k))
+    arms += [SpecArm(name, folder, k) for k in num_draft_tokens for name, folder in drafts]
+    if adaptive:
+        adaptive_names = {DRAFT: ADAPTIVE, SELF_DRAFT: SELF_ADAPTIVE}
+        largest = max(num_draft_tokens)
+        arms += [SpecArm(adaptive_names[name], folder, largest, "adaptive") for name, folder in drafts]
     return arms
 
 
@@ -89,8 +106,12 @@ def run_spec_bench(
     rows: list[SpecBenchRow] = []
     plain_rate: dict[int, float] = {}
     for arm in arms:
-        spec = (  # each arm measures its own k: no policy changing it
-            {"draft_model": arm.draft, "num_draft_tokens": arm.num_draft_tokens, "spec_policy": "fixed"}
+        spec = (
+            {
+                "draft_model": arm.draft,
+                "num_draft_tokens": arm.num_draft_tokens,
+                "spec_policy": arm.spec_policy,
+            }
             if arm.draft
             else {}
         )
@@ -155,9 +176,11 @@ def _measure(
     times = [_decode_seconds(llm, prompts, full, device) for _ in range(repeats)]
     decode_time = min(times)
     rate = batch * decode_tokens / decode_time
-    accepted = by_position = share = None
+    accepted = by_position = share = mean_k = None
     if before is not None:  # over every timed run: the counters grew through all of them
-        accepted, by_position, share = _acceptance(before, counters.counts(), sum(times))
+        after = counters.counts()
+        accepted, by_position, share = _acceptance(before, after, sum(times))
+        mean_k = _mean_draft_tokens(before, after)
     return SpecBenchRow(
         arm=arm.name,
         num_draft_tokens=arm.num_draft_tokens,
@@ -168,7 +191,16 @@ def _measure(
         accepted_per_verify=accepted,
         acceptance_by_position=by_position,
         draft_time_share=share,
+        spec_policy=arm.spec_policy if arm.draft else None,
+        mean_draft_tokens=mean_k,
     )
+
+
+def _mean_draft_tokens(before: SpecCounts, after: SpecCounts) -> float:
+    """The mean ``k`` of the steps with requests to draft for between ``before`` and ``after`` (0.0:
+    none)."""
+    steps = [a - b for a, b in zip(after.steps_by_draft_tokens, before.steps_by_draft_tokens, strict=True)]
+    return sum(k * count for k, count in enumerate(steps)) / sum(steps) if sum(steps) else 0.0
 
 
 def _acceptance(
@@ -189,17 +221,18 @@ def _acceptance(
 def format_rows(rows: list[SpecBenchRow], note: str) -> str:
     """An aligned table, the note (what the drafts are, whether acceptance means anything) first."""
     header = (
-        f"{'arm':<10} {'k':>2} {'batch':>5} {'decode tok/s':>12} {'TPOT ms':>8} {'vs plain':>8} "
-        f"{'accepted/verify':>15} {'draft time':>10}  acceptance by position"
+        f"{'arm':<13} {'k':>2} {'mean k':>6} {'batch':>5} {'decode tok/s':>12} {'TPOT ms':>8} "
+        f"{'vs plain':>8} {'accepted/verify':>15} {'draft time':>10}  acceptance by position"
     )
     lines = [note, header, "-" * len(header)]
     for r in rows:
         accepted = "-" if r.accepted_per_verify is None else f"{r.accepted_per_verify:.2f}"
         share = "-" if r.draft_time_share is None else f"{r.draft_time_share:.0%}"
+        mean_k = "-" if r.mean_draft_tokens is None else f"{r.mean_draft_tokens:.2f}"
         by_position = r.acceptance_by_position
         positions = "-" if by_position is None else " ".join(f"{p:.2f}" for p in by_position)
         lines.append(
-            f"{r.arm:<10} {r.num_draft_tokens:>2} {r.batch:>5} {r.decode_tokens_per_s:>12.1f} "
+            f"{r.arm:<13} {r.num_draft_tokens:>2} {mean_k:>6} {r.batch:>5} {r.decode_tokens_per_s:>12.1f} "
             f"{r.tpot_ms:>8.2f} {r.speedup:>7.2f}x {accepted:>15} {share:>10}  {positions}"
         )
     return "\n".join(lines)
