@@ -10,7 +10,13 @@ from pathlib import Path
 import torch
 
 from common.tokenizer import Tokenizer
-from services.engine.benchmark.spec_bench import format_rows, run_spec_bench, spec_arms
+from services.engine.benchmark.spec_bench import (
+    SpecBenchRow,
+    format_row,
+    run_spec_bench,
+    spec_arms,
+    table_header,
+)
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.presets import preset_config, with_layers
 from services.engine.engine_config import MAX_DRAFT_TOKENS
@@ -85,7 +91,17 @@ def run_spec(args: argparse.Namespace) -> int:
         target, draft, note = _checkpoints(args, Path(scratch))
         prompts = _prompts(args, target, max(batches))
         arms = spec_arms(str(target), str(draft) if draft else "", drafts, args.self_draft, args.adaptive)
-        rows = run_spec_bench(
+        print(table_header(note), flush=True)
+        rows: list[SpecBenchRow] = []
+
+        def report(row: SpecBenchRow) -> None:  # each row as it is measured; the JSON rewritten with it
+            rows.append(row)
+            print(format_row(row), flush=True)
+            if args.json:
+                table = {"note": note, "rows": [r.as_dict() for r in rows]}
+                args.json.write_text(json.dumps(table, indent=2))
+
+        run_spec_bench(
             str(target),
             arms,
             prompts,
@@ -94,11 +110,9 @@ def run_spec(args: argparse.Namespace) -> int:
             args.temperature,
             args.device,
             args.repeats,
+            on_row=report,
             **options,
         )
-    print(format_rows(rows, note))
-    if args.json:
-        args.json.write_text(json.dumps({"note": note, "rows": [r.as_dict() for r in rows]}, indent=2))
     return 0
 
 

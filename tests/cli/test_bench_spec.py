@@ -1,10 +1,12 @@
 """``baton bench spec``: plain, draft and self-draft arms side by side, each draft also under the adaptive
 policy at the largest ``k``; the self-draft's acceptance is total and its tokens/s a real measurement;
-the mean ``k`` per row; the CLI's table and JSON, ``--no-adaptive``; bad flags named."""
+the mean ``k`` per row; the CLI's table and JSON (printed and saved row by row), ``--no-adaptive``; bad
+flags named."""
 
 import json
 
 from cli.main import main
+from services.engine.benchmark import spec_bench
 from services.engine.benchmark.spec_bench import (
     ADAPTIVE,
     DRAFT,
@@ -68,3 +70,22 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     ):
         assert main(["bench", "spec", *bad]) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_rows_are_printed_and_saved_as_they_are_measured(tmp_path, capsys, monkeypatch):
+    """A run stopped part-way (a device call's timeout sends SIGINT) keeps the rows it measured."""
+    measure, calls = spec_bench._measure, []
+
+    def measure_then_stop(*args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(spec_bench, "_measure", measure_then_stop)
+    out = tmp_path / "spec.json"
+    argv = ["bench", "spec", "--batches", "1", "--decode-tokens", "2", "--prompt-len", "8", "--repeats", "1"]
+    assert main([*argv, "--num-draft-tokens", "2", "--dtype", "float32", "--json", str(out)]) == 130
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("arm") and lines[3].startswith(PLAIN)
+    assert [r["arm"] for r in json.loads(out.read_text())["rows"]] == [PLAIN]

@@ -15,6 +15,7 @@ warm-up runs in it, at the arm's first batch, and its measurements carry over to
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from services.engine import LLM, SamplingParams
@@ -87,6 +88,7 @@ def run_spec_bench(
     temperature: float,
     device: str,
     repeats: int = 2,
+    on_row: Callable[[SpecBenchRow], None] | None = None,
     **engine_options,
 ) -> list[SpecBenchRow]:
     """Measure every arm at every batch size on the first ``batch`` prompts (see the module docstring).
@@ -98,6 +100,8 @@ def run_spec_bench(
         decode_tokens: tokens generated per request after the first.
         temperature: 0 for greedy; otherwise sampled with seeds 0, 1, ... per request.
         repeats: timed runs per row (the best is kept).
+        on_row: called with each row as soon as it is measured (a long run shows its rows as it goes,
+            and one stopped early keeps them).
         engine_options: more ``EngineConfig`` fields (``dtype``, ``kernels``, ...).
     """
     if len(prompts) < max(batches):
@@ -130,6 +134,8 @@ def run_spec_bench(
             if arm.name == PLAIN:
                 plain_rate[batch] = row.decode_tokens_per_s
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
             llm.engine.check_integrity()
         del llm
     return rows
@@ -218,21 +224,24 @@ def _acceptance(
     return accepted, by_position, share
 
 
-def format_rows(rows: list[SpecBenchRow], note: str) -> str:
-    """An aligned table, the note (what the drafts are, whether acceptance means anything) first."""
+def table_header(note: str) -> str:
+    """The table's first lines: the note (what the drafts are, whether acceptance means anything) and
+    the column names."""
     header = (
         f"{'arm':<13} {'k':>2} {'mean k':>6} {'batch':>5} {'decode tok/s':>12} {'TPOT ms':>8} "
         f"{'vs plain':>8} {'accepted/verify':>15} {'draft time':>10}  acceptance by position"
     )
-    lines = [note, header, "-" * len(header)]
-    for r in rows:
-        accepted = "-" if r.accepted_per_verify is None else f"{r.accepted_per_verify:.2f}"
-        share = "-" if r.draft_time_share is None else f"{r.draft_time_share:.0%}"
-        mean_k = "-" if r.mean_draft_tokens is None else f"{r.mean_draft_tokens:.2f}"
-        by_position = r.acceptance_by_position
-        positions = "-" if by_position is None else " ".join(f"{p:.2f}" for p in by_position)
-        lines.append(
-            f"{r.arm:<13} {r.num_draft_tokens:>2} {mean_k:>6} {r.batch:>5} {r.decode_tokens_per_s:>12.1f} "
-            f"{r.tpot_ms:>8.2f} {r.speedup:>7.2f}x {accepted:>15} {share:>10}  {positions}"
-        )
-    return "\n".join(lines)
+    return "\n".join([note, header, "-" * len(header)])
+
+
+def format_row(r: SpecBenchRow) -> str:
+    """One aligned row under ``table_header``."""
+    accepted = "-" if r.accepted_per_verify is None else f"{r.accepted_per_verify:.2f}"
+    share = "-" if r.draft_time_share is None else f"{r.draft_time_share:.0%}"
+    mean_k = "-" if r.mean_draft_tokens is None else f"{r.mean_draft_tokens:.2f}"
+    by_position = r.acceptance_by_position
+    positions = "-" if by_position is None else " ".join(f"{p:.2f}" for p in by_position)
+    return (
+        f"{r.arm:<13} {r.num_draft_tokens:>2} {mean_k:>6} {r.batch:>5} {r.decode_tokens_per_s:>12.1f} "
+        f"{r.tpot_ms:>8.2f} {r.speedup:>7.2f}x {accepted:>15} {share:>10}  {positions}"
+    )
