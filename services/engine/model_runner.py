@@ -16,7 +16,7 @@ from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs
 from .request import Request
 from .scheduler import SampledToken, SchedulerOutput
-from .speculative.acceptance import Verified, verify
+from .speculative.acceptance import Verified, verify, verify_greedy
 
 
 class ModelRunner:
@@ -109,7 +109,8 @@ class ModelRunner:
         self, output: SchedulerOutput, requests: dict[str, Request], steps: list[SequenceStep]
     ) -> dict[str, SampledToken | Verified]:
         """An eager step with verify chunks: one logits row per plain sampling chunk, ``1 + k`` per
-        verify chunk; the plain rows are sampled together, each verify chunk's rows verified alone."""
+        verify chunk; the plain rows are sampled together, the greedy verify chunks' rows verified
+        together, each sampled verify chunk's alone."""
         ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
         plain = [i for i, chunk in enumerate(output.chunks) if chunk.samples and not chunk.num_draft]
         verifying = [i for i, chunk in enumerate(output.chunks) if chunk.num_draft]
@@ -126,17 +127,31 @@ class ModelRunner:
                 results[request.request_id] = SampledToken(
                     sampled.token_ids[j], sampled.logprobs[j], sampled.top_logprobs[j]
                 )
+        greedy: list[tuple[Request, torch.Tensor]] = []
         start = len(plain)
         for i, rows in zip(verifying, verify_rows, strict=True):
             request = requests[output.chunks[i].request_id]
+            request_logits = logits[start : start + len(rows)]
+            start += len(rows)
+            if request.params.greedy:  # verified together below: one sampling call for the step
+                greedy.append((request, request_logits))
+                continue
             results[request.request_id] = verify(
-                logits[start : start + len(rows)],
+                request_logits,
                 output.drafts[request.request_id],
                 request.params,
                 request.sample_position,
                 self.model.kernels.sampling,
             )
-            start += len(rows)
+        if greedy:
+            verified = verify_greedy(
+                [rows for _, rows in greedy],
+                [output.drafts[request.request_id] for request, _ in greedy],
+                [request.params for request, _ in greedy],
+                [request.sample_position for request, _ in greedy],
+                self.model.kernels.sampling,
+            )
+            results.update((request.request_id, v) for (request, _), v in zip(greedy, verified, strict=True))
         return results
 
     def forward(self, steps: list[SequenceStep], logit_rows: list[int]) -> torch.Tensor | None:

@@ -1,8 +1,10 @@
-"""Which drafted tokens the target accepts, and the token it adds: one request's verify step.
+"""Which drafted tokens the target accepts, and the token it adds: a verify step's requests.
 
 Greedy requests (temperature 0) take the sampler's own tokens for every verified row and accept
 drafts while they equal them, so the tokens and log-probs are the ones plain decoding would give
-for the same logits rows. Other requests go through rejection sampling (``rejection.py``).
+for the same logits rows; a step's greedy requests are sampled in one call (``verify_greedy``: one
+launch and one device-to-host copy for the batch, not one per request). Other requests go through
+rejection sampling (``rejection.py``), one at a time.
 """
 
 from dataclasses import dataclass
@@ -62,14 +64,44 @@ def verify(
         from .rejection import verify_sampled
 
         return verify_sampled(logits, drafts, params, position, sampling)
-    rows = sampling.sample(logits, [params] * (k + 1), [position + i for i in range(k + 1)])
-    accepted = 0
-    while accepted < k and drafts.token_ids[accepted] == rows.token_ids[accepted]:
-        accepted += 1
-    kept = accepted + 1
-    return Verified(
-        token_ids=rows.token_ids[:kept],
-        logprobs=None if params.logprobs is None else rows.logprobs[:kept],
-        top_logprobs=None if not params.logprobs else rows.top_logprobs[:kept],
-        num_accepted=accepted,
+    return verify_greedy([logits], [drafts], [params], [position], sampling)[0]
+
+
+def verify_greedy(
+    logits: list[torch.Tensor],
+    drafts: list[DraftTokens],
+    params: list[SamplingParams],
+    positions: list[int],
+    sampling: SamplingBackend,
+) -> list[Verified]:
+    """``verify`` for greedy requests, all of their rows sampled in one call (each row's result does
+    not depend on the others, so the outcome is each request's own).
+
+    Args:
+        logits: per request ``[1 + k, vocab]`` (``k`` its number of drafts).
+        drafts, params, positions: per request, as in ``verify`` (every ``params`` greedy).
+    """
+    counts = [rows.shape[0] for rows in logits]
+    rows = sampling.sample(
+        torch.cat(logits),
+        [p for p, count in zip(params, counts, strict=True) for _ in range(count)],
+        [position + i for position, count in zip(positions, counts, strict=True) for i in range(count)],
     )
+    results, start = [], 0
+    for request_drafts, request_params, count in zip(drafts, params, counts, strict=True):
+        k = len(request_drafts.token_ids)
+        tokens = rows.token_ids[start : start + k + 1]
+        accepted = 0
+        while accepted < k and request_drafts.token_ids[accepted] == tokens[accepted]:
+            accepted += 1
+        kept = accepted + 1
+        results.append(
+            Verified(
+                token_ids=tokens[:kept],
+                logprobs=None if request_params.logprobs is None else rows.logprobs[start : start + kept],
+                top_logprobs=None if not request_params.logprobs else rows.top_logprobs[start : start + kept],
+                num_accepted=accepted,
+            )
+        )
+        start += count
+    return results
