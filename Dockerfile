@@ -32,6 +32,7 @@ COPY mismatch mismatch
 COPY router router
 COPY sdk sdk
 COPY services services
+COPY tools tools
 COPY trainer trainer
 RUN pip install .
 
