@@ -13,6 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cli.main import main
+from loadtest.clients import open_client, parse_target
+from loadtest.records import RequestRecord
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from router.server import RouterConfig, RouterServer
 from sdk import AsyncClient, Client, PermissionDenied, Unauthenticated
@@ -170,6 +172,22 @@ def test_client_generate_reads_its_token_file(router, tmp_path, capsys):
     assert "UNAUTHENTICATED: authorization: the bearer token is not valid" in err and "0123456789" not in err
     assert main([*flags, "--token-file", str(tmp_path / "absent")]) == 2
     assert "error: --token-file: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_loadtest_clients_send_the_token(router, scheme):
+    port = router.port if scheme == "grpc" else router.http_port
+    target = parse_target(f"{scheme}://127.0.0.1:{port}", explicit=False)
+
+    async def one(token: str | None) -> RequestRecord:
+        record = RequestRecord("s", 0, start_s=0.0, input_tokens=3)
+        async with open_client(target, timeout_s=60, token=token) as client:
+            await client.generate((1, 2, 3), 2, "s", record)
+        return record
+
+    assert asyncio.run(one(BETA)).error is None and asyncio.run(one(BETA)).output_tokens == 2
+    error = asyncio.run(one(None)).error
+    assert "authorization: missing" in error and error.startswith("UNAUTHENTICATED")
 
 
 def test_a_changed_file_is_reloaded_without_restart(router):
