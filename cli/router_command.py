@@ -28,7 +28,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="",
         metavar="FILE",
         help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
-        "(docs/router.md#authentication; default: no authentication)",
+        "(docs/authentication.md; default: no authentication)",
     )
     workers = parser.add_argument_group("workers: a fixed list, or found through the Kubernetes API")
     workers.add_argument("--prefill", default="", metavar="HOST:PORT,...", help="prefill worker addresses")

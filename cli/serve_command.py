@@ -37,7 +37,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="",
         metavar="FILE",
         help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
-        "(docs/router.md#authentication; default: no authentication)",
+        "(docs/authentication.md; default: no authentication)",
     )
     parser.add_argument("--prefill-workers", type=int, default=1)
     parser.add_argument("--decode-workers", type=int, default=1)
