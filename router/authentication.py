@@ -15,6 +15,7 @@ MISSING = "missing"  # no authorization header or metadata
 MALFORMED = "malformed"  # not "Bearer <token>"
 INVALID = "invalid"  # a token no line of the file holds
 TENANT = "tenant"  # a tenant-bound token with a request asserting another tenant
+REASONS = (MISSING, MALFORMED, INVALID, TENANT)
 
 
 class AuthRefused(Exception):

@@ -19,7 +19,7 @@ from proto.baton.v1 import generation_pb2_grpc
 from .admission import Admission
 from .auth_interceptor import AuthInterceptor
 from .auth_tokens import TokenTable
-from .authentication import Authenticator
+from .authentication import REASONS, Authenticator
 from .discovery import Discovery, discovery_for
 from .dispatch import Dispatcher
 from .migration import Migrator
@@ -178,6 +178,8 @@ def _authenticator(token_file: str, metrics: Metrics) -> Authenticator | None:
     if not token_file:
         return None
     tokens = TokenTable(token_file, on_reload_error=metrics.auth_reload_failures.inc)
+    for reason in REASONS:  # every series from 0, so rate() sees the first refusal
+        metrics.auth_refused.labels(reason)
     return Authenticator(tokens, on_refused=lambda reason: metrics.auth_refused.labels(reason).inc())
 
 
