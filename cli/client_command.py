@@ -6,6 +6,7 @@ import json
 from sdk import BatonError, Client, Completion
 
 from .arguments import parse_token_ids
+from .token_file import read_token_file
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -13,6 +14,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     generate = actions.add_parser("generate", help="stream one generation")
     generate.add_argument("--addr", required=True, help="router HOST:PORT")
+    generate.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="the router's bearer token: the first field of the file's first line that is not blank "
+        "or a # comment (for a router with --auth-token-file)",
+    )
     prompt = generate.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", help="comma-separated token ids")
     prompt.add_argument("--prompt", help="prompt text")
@@ -40,6 +48,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    token = read_token_file(args.token_file)
     options = dict(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -59,7 +68,7 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         options["prompt"] = args.prompt
     chunks = []
-    with Client(args.addr, timeout_s=args.timeout) as client:
+    with Client(args.addr, timeout_s=args.timeout, token=token) as client:
         try:
             for chunk in client.generate_stream(**options):
                 chunks.append(chunk)

@@ -21,6 +21,7 @@ from loadtest.scrape import metrics_url
 
 from .arguments import parse_token_ids
 from .loadtest_options import add_workload_flags, workload_from_args
+from .token_file import read_token_file
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -62,6 +63,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--label", default=None, help="the run's name in plots (default: the workload's)")
     parser.add_argument("--model", default=None, help="HTTP: the model field (default: left out)")
     parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="the router's bearer token: the first field of the file's first line that is not blank "
+        "or a # comment (for a router with --auth-token-file)",
+    )
+    parser.add_argument(
         "--request-timeout", type=float, default=600.0, metavar="S", help="limit per request (default 600)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -70,12 +78,13 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    token = read_token_file(args.token_file)  # first: a missing file fails before any work
     plan = plan_from_args(args)
     slo = slo_from_args(args)
     if args.instances < 1:
         raise ValueError(f"--instances: must be at least 1, got {args.instances}")
     workload = workload_from_args(args)
-    outcome = run_plan(plan, workload)
+    outcome = run_plan(plan, workload, token=token)
     config = {
         "label": args.label or workload.name,
         "plan": plan.to_dict(),

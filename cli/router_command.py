@@ -23,6 +23,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0: any free)")
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP front (0: any)")
     parser.add_argument("--metrics-port", type=int, default=0, help="/metrics port (default 0: any free)")
+    parser.add_argument(
+        "--auth-token-file",
+        default="",
+        metavar="FILE",
+        help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
+        "(docs/authentication.md; default: no authentication)",
+    )
     workers = parser.add_argument_group("workers: a fixed list, or found through the Kubernetes API")
     workers.add_argument("--prefill", default="", metavar="HOST:PORT,...", help="prefill worker addresses")
     workers.add_argument("--decode", default="", metavar="HOST:PORT,...", help="decode worker addresses")
@@ -144,6 +151,7 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         max_queued=args.max_queued,
         max_model_len=args.max_model_len,
         redis_url=args.redis_url,
+        auth_token_file=args.auth_token_file,
         disaggregation="never" if args.colocated else "always" if args.always_disaggregate else "conditional",
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=args.slo_ttft_ms / 1000,

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from deploy.local.launcher import LocalCluster, ManagedCache
 from deploy.local.redis_server import RedisServer
+from router.auth_tokens import parse_token_file
 from services.config_flags import add_config_flags, engine_config
 from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
 from services.engine.parallel.parallel_check import check_parallel
@@ -30,6 +31,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--http-port", type=int, default=None, help="OpenAI-compatible HTTP front (default: none; 0: any)"
+    )
+    parser.add_argument(
+        "--auth-token-file",
+        default="",
+        metavar="FILE",
+        help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
+        "(docs/authentication.md; default: no authentication)",
     )
     parser.add_argument("--prefill-workers", type=int, default=1)
     parser.add_argument("--decode-workers", type=int, default=1)
@@ -145,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_redis and args.redis_url:
         raise ValueError("--redis-url and --no-redis: choose one")
     check_node_l3(args)
+    if args.auth_token_file:
+        parse_token_file(args.auth_token_file)  # a bad file fails here, before any worker starts
     configs = worker_configs(args, args.redis_url)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
@@ -207,6 +217,7 @@ def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig]) -
         configs=configs,
         host_cache=node_cache(args, configs["decode"]),
         redis_url=configs["decode"].redis_url,
+        auth_token_file=args.auth_token_file,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -156,6 +156,7 @@ class Metrics:
         self._init_l3_metrics()
         self._init_worker_cache_metrics()
         self._init_spec_metrics()
+        self._init_auth_metrics()
 
     def _init_host_tier_metrics(self) -> None:
         """The ``baton_hicache_*`` metrics of the node's host tier (``baton cache``), by ``kind``."""
@@ -346,6 +347,21 @@ class Metrics:
             totals += [(self.hicache_offloads, (), counts.offloads)]
             totals += [(self.hicache_tier_reconnects, (), counts.tier_reconnects)]
         _grow(totals, self._cache_seen)
+
+    def _init_auth_metrics(self) -> None:
+        """The router's public-API authentication (``--auth-token-file``)."""
+        r = self.registry
+        self.auth_refused = Counter(
+            "baton_auth_refused_total",
+            "Public calls refused: missing, malformed or invalid token; tenant (token bound to another)",
+            ["reason"],
+            registry=r,
+        )
+        self.auth_reload_failures = Counter(
+            "baton_auth_token_file_reload_failures_total",
+            "Changed --auth-token-file that failed to load (the previous tokens stay)",
+            registry=r,
+        )
 
     def _init_spec_metrics(self) -> None:
         """Speculative decoding on a worker whose engine drafts (its ``SpecCounts``)."""

@@ -109,9 +109,10 @@ class Outcome:
         }
 
 
-def run_plan(plan: RunPlan, workload: Workload) -> Outcome:
+def run_plan(plan: RunPlan, workload: Workload, token: str | None = None) -> Outcome:
     """Run ``workload`` as ``plan`` says (blocking). Ctrl-C during the run ends it like a deadline
-    and the outcome keeps what finished; a second Ctrl-C raises ``KeyboardInterrupt``.
+    and the outcome keeps what finished; a second Ctrl-C raises ``KeyboardInterrupt``. ``token``:
+    the bearer token every request carries (kept out of the plan, hence out of the report).
 
     Raises:
         ValueError: ``--metrics-url`` could not be read before the run (nothing was sent).
@@ -119,7 +120,7 @@ def run_plan(plan: RunPlan, workload: Workload) -> Outcome:
     before, error = try_scrape(plan.metrics_url)
     if error is not None:
         raise ValueError(f"--metrics-url: cannot read {error}")
-    result = asyncio.run(_drive(plan, workload))
+    result = asyncio.run(_drive(plan, workload, token))
     server: dict = {}
     if before is not None:
         after, error = try_scrape(plan.metrics_url)
@@ -127,8 +128,9 @@ def run_plan(plan: RunPlan, workload: Workload) -> Outcome:
     return Outcome(result, server)
 
 
-async def _drive(plan: RunPlan, workload: Workload) -> RunResult:
-    async with open_client(plan.target, model=plan.model, timeout_s=plan.request_timeout_s) as client:
+async def _drive(plan: RunPlan, workload: Workload, token: str | None) -> RunResult:
+    client = open_client(plan.target, model=plan.model, timeout_s=plan.request_timeout_s, token=token)
+    async with client:
         driver = plan.driver(client)
         loop = asyncio.get_running_loop()
 

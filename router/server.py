@@ -17,6 +17,9 @@ from common.tokenizer import Tokenizer, TokenizerNotFoundError
 from proto.baton.v1 import generation_pb2_grpc
 
 from .admission import Admission
+from .auth_interceptor import AuthInterceptor
+from .auth_tokens import TokenTable
+from .authentication import REASONS, Authenticator
 from .discovery import Discovery, discovery_for
 from .dispatch import Dispatcher
 from .migration import Migrator
@@ -55,6 +58,7 @@ class RouterConfig:
     slo_ttft_s: float = 2.0  # goodput: a request meets its SLO with TTFT <= this and TPOT <= slo_tpot_s
     slo_tpot_s: float = 0.1
     redis_url: str = ""  # HiCache's cluster index: workers also scored by their node tier's blocks; "": none
+    auth_token_file: str = ""  # bearer tokens of the public API (``router/auth_tokens.py``); "": no auth
 
     def __post_init__(self):
         for name in ("slo_ttft_s", "slo_tpot_s"):
@@ -71,13 +75,14 @@ class RouterServer:
     """
 
     def __init__(self, config: RouterConfig, discovery: Discovery | None = None):
+        self.metrics = Metrics("router")
+        self.authenticator = _authenticator(config.auth_token_file, self.metrics)  # a bad file fails first
         self.discovery = discovery if discovery is not None else discovery_for(config)
         model_info = read_model_info(config.model)
         try:
             tokenizer = Tokenizer.from_pretrained(config.model)
         except TokenizerNotFoundError:
             tokenizer = None
-        self.metrics = Metrics("router")
         self.cluster_index = None
         if config.redis_url:
             self.cluster_index = ClusterIndex(config.redis_url, on_health=self.metrics.redis_health)
@@ -110,9 +115,12 @@ class RouterServer:
         # Each Generate stream holds a handler thread, queued ones included: size the pool for the
         # admission limits so health checks and unary calls always find one.
         threads = config.max_workers or config.max_running + config.max_queued + 16
+        interceptors = [ErrorInterceptor()]
+        if self.authenticator is not None:  # inside ErrorInterceptor: it sees parsed requests
+            interceptors.append(AuthInterceptor(self.authenticator))
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads),
-            interceptors=[ErrorInterceptor()],
+            interceptors=interceptors,
             maximum_concurrent_rpcs=threads,
         )
         generation_pb2_grpc.add_GenerationServicer_to_server(servicer, self.server)
@@ -133,7 +141,9 @@ class RouterServer:
         self.http_port: int | None = None  # the OpenAI front's bound port; None without one
         if config.http_port is not None:
             try:
-                self.http = OpenAIFront(_loopback(config.host, self.port), config.host, config.http_port)
+                self.http = OpenAIFront(
+                    _loopback(config.host, self.port), config.host, config.http_port, self.authenticator
+                )
             except BaseException:
                 self.discovery.stop()
                 self.server.stop(0).wait()
@@ -161,6 +171,16 @@ class RouterServer:
         self.pool.close()
         if self.cluster_index is not None:
             self.cluster_index.close()
+
+
+def _authenticator(token_file: str, metrics: Metrics) -> Authenticator | None:
+    """The public API's token check over ``token_file`` (None: no file, no authentication)."""
+    if not token_file:
+        return None
+    tokens = TokenTable(token_file, on_reload_error=metrics.auth_reload_failures.inc)
+    for reason in REASONS:  # every series from 0, so rate() sees the first refusal
+        metrics.auth_refused.labels(reason)
+    return Authenticator(tokens, on_refused=lambda reason: metrics.auth_refused.labels(reason).inc())
 
 
 def _loopback(host: str, port: int) -> str:

@@ -17,7 +17,7 @@ import grpc.aio
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 
 from .errors import from_rpc_error
-from .request import generate_request, requested_logprobs, tokenize_request
+from .request import auth_metadata, generate_request, requested_logprobs, tokenize_request
 from .retry import DEFAULT_RETRY, Attempts, RetryPolicy
 from .types import Completion, GenerationChunk, ModelInfo, chunk_from_pb, model_from_pb
 
@@ -25,7 +25,7 @@ from .types import Completion, GenerationChunk, ModelInfo, chunk_from_pb, model_
 class AsyncClient:
     """A ``grpc.aio`` connection to one router; create it inside the event loop that uses it.
 
-    Args: as ``sdk.client.Client`` (``address``, ``timeout_s``, ``retry``, ``channel_options``).
+    Args: as ``sdk.client.Client`` (``address``, ``timeout_s``, ``retry``, ``channel_options``, ``token``).
     Every failed call raises a ``sdk.errors.BatonError`` subclass. ``await client.close()`` (or use
     ``async with``) to release the channel.
     """
@@ -37,8 +37,10 @@ class AsyncClient:
         timeout_s: float | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         channel_options: Sequence[tuple[str, object]] | None = None,
+        token: str | None = None,
     ):
         self.address = address
+        self._metadata = auth_metadata(token)
         self.timeout_s = timeout_s
         self.retry = retry
         self._channel = grpc.aio.insecure_channel(address, options=list(channel_options or ()))
@@ -104,7 +106,7 @@ class AsyncClient:
     async def _stream(self, request, timeout_s: float | None) -> AsyncIterator[GenerationChunk]:
         attempts = Attempts(self.retry, timeout_s)
         while True:
-            call = self._stub.Generate(request, timeout=attempts.start())
+            call = self._stub.Generate(request, timeout=attempts.start(), metadata=self._metadata)
             received = False
             try:
                 async for message in call:
@@ -124,7 +126,7 @@ class AsyncClient:
         attempts = Attempts(self.retry, self._timeout(timeout_s))
         while True:
             try:
-                return await method(request, timeout=attempts.start())
+                return await method(request, timeout=attempts.start(), metadata=self._metadata)
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
                 delay = attempts.retry_delay_s(error, received=False)

@@ -14,7 +14,7 @@ import grpc
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 
 from .errors import from_rpc_error
-from .request import generate_request, requested_logprobs, tokenize_request
+from .request import auth_metadata, generate_request, requested_logprobs, tokenize_request
 from .retry import DEFAULT_RETRY, Attempts, RetryPolicy
 from .types import Completion, GenerationChunk, ModelInfo, chunk_from_pb, model_from_pb
 
@@ -28,6 +28,8 @@ class Client:
             (None: no deadline); each method's ``timeout_s`` overrides it.
         retry: when failed calls are retried; see ``sdk.retry`` for the rule.
         channel_options: extra gRPC channel options, as ``(name, value)`` pairs.
+        token: the bearer token a router with ``--auth-token-file`` needs, sent as the metadata
+            ``authorization: Bearer <token>`` on every call (None: none sent).
 
     Every failed call raises a ``sdk.errors.BatonError`` subclass. Close the client (or use it as
     a context manager) to release the channel.
@@ -40,8 +42,10 @@ class Client:
         timeout_s: float | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         channel_options: Sequence[tuple[str, object]] | None = None,
+        token: str | None = None,
     ):
         self.address = address
+        self._metadata = auth_metadata(token)
         self.timeout_s = timeout_s
         self.retry = retry
         self._channel = grpc.insecure_channel(address, options=list(channel_options or ()))
@@ -114,7 +118,7 @@ class Client:
     def _stream(self, request, timeout_s: float | None) -> Iterator[GenerationChunk]:
         attempts = Attempts(self.retry, timeout_s)
         while True:
-            call = self._stub.Generate(request, timeout=attempts.start())
+            call = self._stub.Generate(request, timeout=attempts.start(), metadata=self._metadata)
             received = False
             try:
                 for message in call:
@@ -134,7 +138,7 @@ class Client:
         attempts = Attempts(self.retry, self._timeout(timeout_s))
         while True:
             try:
-                return method(request, timeout=attempts.start())
+                return method(request, timeout=attempts.start(), metadata=self._metadata)
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
                 delay = attempts.retry_delay_s(error, received=False)

@@ -5,6 +5,8 @@ RESOURCE_EXHAUSTED -> ResourceExhausted  (queue full or no capacity; retried, se
 UNAVAILABLE        -> Unavailable        (the router or a worker failed; retried, see ``sdk.retry``)
 DEADLINE_EXCEEDED  -> DeadlineExceeded
 NOT_FOUND          -> NotFound
+UNAUTHENTICATED    -> Unauthenticated    (no token, or one the router does not hold: ``token=``)
+PERMISSION_DENIED  -> PermissionDenied   (the token is bound to another tenant than the request's)
 CANCELLED          -> Cancelled
 anything else      -> InternalError      (keeps the real code, e.g. INTERNAL or UNIMPLEMENTED)
 """
@@ -67,6 +69,18 @@ class NotFound(BatonError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class Unauthenticated(BatonError):
+    """The router needs a bearer token (``token=``) and got none, or one it does not hold."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(BatonError):
+    """The token is valid but may not do this (it is bound to another tenant than the request names)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class Cancelled(BatonError):
     """The call was cancelled (by this client or the server)."""
 
@@ -81,7 +95,16 @@ class InternalError(BatonError):
 
 _BY_CODE: dict[grpc.StatusCode, type[BatonError]] = {
     kind.code: kind
-    for kind in (InvalidArgument, ResourceExhausted, Unavailable, DeadlineExceeded, NotFound, Cancelled)
+    for kind in (
+        InvalidArgument,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        NotFound,
+        Cancelled,
+        Unauthenticated,
+        PermissionDenied,
+    )
 }
 
 

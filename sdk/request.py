@@ -1,4 +1,5 @@
-"""Building ``GenerateRequest`` / ``TokenizeRequest`` messages from keyword arguments.
+"""Building ``GenerateRequest`` / ``TokenizeRequest`` messages from keyword arguments, and the
+metadata every call carries (``auth_metadata``: the bearer token).
 
 Only type and shape are checked here (what protobuf would otherwise reject with an unhelpful
 error, or silently get wrong, like a bare string given as ``stop``); values such as temperature
@@ -14,6 +15,17 @@ from .errors import InvalidRequest
 
 _UINT32 = 2**32
 _UINT64 = 2**64
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """``(("authorization", "Bearer <token>"),)``, or ``()`` for ``token=None`` (a router without
+    ``--auth-token-file``). InvalidRequest naming ``token`` for one that could not travel as gRPC
+    metadata (empty, or not printable ASCII without spaces)."""
+    if token is None:
+        return ()
+    if not isinstance(token, str) or not token or not all(0x21 <= ord(char) <= 0x7E for char in token):
+        raise InvalidRequest("token: expected a non-empty string of printable ASCII without spaces")
+    return (("authorization", f"Bearer {token}"),)
 
 
 def generate_request(

@@ -36,6 +36,7 @@ def cluster_config(
         slo_ttft_s=args.slo_ttft_ms / 1000,
         slo_tpot_s=args.slo_tpot_ms / 1000,
         redis_url=args.redis_url,
+        auth_token_file=args.auth_token_file,  # a path on the node the router actor runs on
     )
     return RayClusterConfig(
         router=router,

@@ -8,22 +8,25 @@ from .base import Client
 from .target import Target, is_loopback, parse_target
 
 
-def open_client(target: Target, *, model: str | None = None, timeout_s: float | None = 600.0) -> Client:
+def open_client(
+    target: Target, *, model: str | None = None, timeout_s: float | None = 600.0, token: str | None = None
+) -> Client:
     """The client for ``target``'s scheme (call inside the event loop that will use it).
 
     Args:
         target: from ``parse_target`` (which enforces the loopback-or-explicit rule).
         model: the HTTP ``model`` field (ignored over gRPC, where the router serves one model).
         timeout_s: limit on each request.
+        token: the bearer token each request carries (gRPC metadata or HTTP ``Authorization``); None: none.
     """
     if target.scheme == "grpc":
         from .grpc_client import GrpcClient
 
-        return GrpcClient(target.address, timeout_s=timeout_s)
+        return GrpcClient(target.address, timeout_s=timeout_s, token=token)
     if target.scheme == "http":
         from .http_client import HttpClient
 
-        return HttpClient(target.url, model=model, timeout_s=timeout_s)
+        return HttpClient(target.url, model=model, timeout_s=timeout_s, token=token)
     raise ValueError(f"target: unsupported scheme {target.scheme!r}")
 
 

@@ -18,10 +18,11 @@ class GrpcClient(Client):
     Args:
         address: the router's ``HOST:PORT``.
         timeout_s: deadline of each call (DEADLINE_EXCEEDED when passed).
+        token: the router's bearer token (None: none sent).
     """
 
-    def __init__(self, address: str, timeout_s: float | None = 600.0):
-        self._sdk = AsyncClient(address, timeout_s=timeout_s, retry=NO_RETRY)
+    def __init__(self, address: str, timeout_s: float | None = 600.0, token: str | None = None):
+        self._sdk = AsyncClient(address, timeout_s=timeout_s, retry=NO_RETRY, token=token)
 
     async def generate(
         self, prompt_ids: tuple[int, ...], max_tokens: int, session_id: str, record: RequestRecord

@@ -43,10 +43,18 @@ class HttpClient(Client):
         base_url: ``http://HOST:PORT`` (``/v1/completions`` is appended).
         model: the ``model`` field; None leaves it out (Baton's front serves its only model).
         timeout_s: limit on each whole request (DEADLINE_EXCEEDED when passed).
+        token: sent as ``Authorization: Bearer <token>`` (None: no header).
     """
 
-    def __init__(self, base_url: str, model: str | None = None, timeout_s: float | None = 600.0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        timeout_s: float | None = 600.0,
+        token: str | None = None,
+    ):
         self.url = base_url.rstrip("/") + "/v1/completions"
+        self._auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
         self.model = model
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         # No connection limit: the driver decides how many requests are in flight.
@@ -67,7 +75,7 @@ class HttpClient(Client):
         }
         if self.model is not None:
             body["model"] = self.model
-        headers = {"x-session-id": session_id} if session_id else {}
+        headers = {**self._auth, **({"x-session-id": session_id} if session_id else {})}
         try:
             post = self._session.post(self.url, json=body, headers=headers, timeout=self.timeout)
             async with post as reply:

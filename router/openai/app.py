@@ -6,6 +6,11 @@ request answers with the first gRPC message, so refusals (400, 429, ...) keep th
 an error after that is one ``data: {"error": ...}`` event, and the stream ends. When the client
 goes away (or the front stops) the handler is cancelled and so is its gRPC call, which frees the
 request at the router and the workers.
+
+With an ``Authenticator`` every route but ``/health`` needs ``Authorization: Bearer`` (``auth.py``:
+401 otherwise; 403 when a tenant-bound token comes with another ``tenant`` / ``X-Tenant``), and the
+header goes on to the router's gRPC calls. ``/health`` asks the router's gRPC health service, which
+needs no token.
 """
 
 import asyncio
@@ -16,9 +21,12 @@ import uuid
 
 import grpc
 from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from router.authentication import Authenticator, AuthRefused
 
+from .auth import auth_middleware, caller_of, grpc_metadata, unauthorized
 from .body import MAX_BODY_BYTES, read_json_body
 from .errors import error_body, from_request_error, from_rpc_error
 from .fields import RequestError
@@ -29,12 +37,17 @@ from .translate import chat_to_pb, completion_to_pb
 log = logging.getLogger(__name__)
 
 _LIST_MODELS_TIMEOUT_S = 5.0
+_SERVICE = "baton.v1.Generation"  # the health status /health reports
 
 
-def build_app(channel: grpc.aio.Channel) -> web.Application:
-    """The application over a ``grpc.aio`` channel to the router (created on the serving loop)."""
-    api = _Api(generation_pb2_grpc.GenerationStub(channel))
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+def build_app(channel: grpc.aio.Channel, authenticator: Authenticator | None = None) -> web.Application:
+    """The application over a ``grpc.aio`` channel to the router (created on the serving loop);
+    ``authenticator``: the bearer-token check (None: every request is let through, as before)."""
+    api = _Api(
+        generation_pb2_grpc.GenerationStub(channel), health_pb2_grpc.HealthStub(channel), authenticator
+    )
+    middlewares = [_errors] + ([auth_middleware(authenticator)] if authenticator is not None else [])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
     app.router.add_get("/v1/models", api.models)
     app.router.add_get("/v1/models/{model}", api.model)
     app.router.add_get("/health", api.health)
@@ -45,8 +58,15 @@ def build_app(channel: grpc.aio.Channel) -> web.Application:
 
 
 class _Api:
-    def __init__(self, stub: generation_pb2_grpc.GenerationStub):
+    def __init__(
+        self,
+        stub: generation_pb2_grpc.GenerationStub,
+        health_stub: health_pb2_grpc.HealthStub,
+        authenticator: Authenticator | None,
+    ):
         self.stub = stub
+        self.health_stub = health_stub
+        self.authenticator = authenticator
         self.created = int(time.time())
         self.served: generation_pb2.ModelInfo | None = None  # ListModels' first model, once known
         self.inflight: set[asyncio.Task] = set()
@@ -57,15 +77,19 @@ class _Api:
             task.cancel()
 
     async def health(self, request: web.Request) -> web.Response:
+        check = health_pb2.HealthCheckRequest(service=_SERVICE)
         try:
-            await self.stub.ListModels(generation_pb2.ListModelsRequest(), timeout=_LIST_MODELS_TIMEOUT_S)
+            reply = await self.health_stub.Check(check, timeout=_LIST_MODELS_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             return _json(503, error_body(503, f"router: {error.details()}", code=error.code().name.lower()))
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return _json(503, error_body(503, f"router: {status}", code="unavailable"))
         return web.json_response({"status": "ok"})
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            cards = await self._cards()
+            cards = await self._cards(request)
         except grpc.aio.AioRpcError as error:
             return _json(*from_rpc_error(error, chat=False))
         return web.json_response({"object": "list", "data": cards})
@@ -73,7 +97,7 @@ class _Api:
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
         try:
-            cards = await self._cards()
+            cards = await self._cards(request)
         except grpc.aio.AioRpcError as error:
             return _json(*from_rpc_error(error, chat=False))
         for card in cards:
@@ -81,8 +105,12 @@ class _Api:
                 return web.json_response(card)
         return _json(404, error_body(404, f"model: {name!r} is not served here", "model", "model_not_found"))
 
-    async def _cards(self) -> list[dict]:
-        reply = await self.stub.ListModels(generation_pb2.ListModelsRequest(), timeout=_LIST_MODELS_TIMEOUT_S)
+    async def _cards(self, request: web.Request) -> list[dict]:
+        reply = await self.stub.ListModels(
+            generation_pb2.ListModelsRequest(),
+            timeout=_LIST_MODELS_TIMEOUT_S,
+            metadata=grpc_metadata(request),
+        )
         return [self._card(model) for model in reply.models]
 
     def _card(self, model: generation_pb2.ModelInfo) -> dict:
@@ -108,7 +136,10 @@ class _Api:
             try:
                 body = await read_json_body(request)
                 parsed = (parse_chat if chat else parse_completion)(body, request.headers)
-                served = await self._served()
+                self._check_tenant(request, body, parsed.options.tenant)
+                served = await self._served(request)
+            except AuthRefused as refused:
+                return _json(403, error_body(403, refused.message, code="permission_denied"))
             except RequestError as error:
                 return _json(*from_request_error(error))
             except grpc.aio.AioRpcError as error:
@@ -129,7 +160,7 @@ class _Api:
                 options.return_token_ids,
                 prompt_ids,
             )
-            call = self.stub.Generate(message, timeout=options.timeout)
+            call = self.stub.Generate(message, timeout=options.timeout, metadata=grpc_metadata(request))
             try:
                 if options.stream:
                     return await _stream(request, call, transcript, options.include_usage)
@@ -143,10 +174,19 @@ class _Api:
         finally:
             self.inflight.discard(task)
 
-    async def _served(self) -> generation_pb2.ModelInfo:
+    def _check_tenant(self, request: web.Request, body: dict, asserted: str) -> None:
+        """AuthRefused (403) when the token binds a tenant and the request asserts another; the
+        message names where it did: the ``tenant`` field (which wins) or the ``X-Tenant`` header."""
+        caller = caller_of(request)
+        if caller is not None:
+            self.authenticator.tenant(caller, asserted, "tenant" if "tenant" in body else "X-Tenant")
+
+    async def _served(self, request: web.Request) -> generation_pb2.ModelInfo:
         if self.served is None:
             reply = await self.stub.ListModels(
-                generation_pb2.ListModelsRequest(), timeout=_LIST_MODELS_TIMEOUT_S
+                generation_pb2.ListModelsRequest(),
+                timeout=_LIST_MODELS_TIMEOUT_S,
+                metadata=grpc_metadata(request),
             )
             if not reply.models:
                 raise RequestError("model", "model: the router serves no model")
@@ -179,6 +219,8 @@ async def _event(response: web.StreamResponse, data: dict) -> None:
 
 
 def _json(status: int, body: dict) -> web.Response:
+    if status == 401:  # the router refused the token (e.g. the file changed since the front's check)
+        return unauthorized(body["error"]["message"])
     return web.json_response(body, status=status)
 
 

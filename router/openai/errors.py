@@ -2,6 +2,8 @@
 
 gRPC status        HTTP  type
 INVALID_ARGUMENT   400   invalid_request_error   (param: the field the router named, in OpenAI terms)
+UNAUTHENTICATED    401   invalid_request_error   (code invalid_api_key: no or a wrong bearer token)
+PERMISSION_DENIED  403   permission_error        (the token is bound to another tenant)
 NOT_FOUND          404   not_found_error
 RESOURCE_EXHAUSTED 429   rate_limit_error        (the router's queue is full: retry later)
 CANCELLED          499   cancelled
@@ -18,6 +20,8 @@ from .fields import RequestError
 
 _STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.CANCELLED: 499,
@@ -26,6 +30,8 @@ _STATUS = {
 }
 _TYPE = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -71,4 +77,5 @@ def from_rpc_error(error: grpc.aio.AioRpcError, chat: bool) -> tuple[int, dict]:
         else:
             param = field.removeprefix("sampling.")
         message = f"{param}: {rest}"
-    return status, error_body(status, message, param, code.name.lower())
+    name = "invalid_api_key" if status == 401 else code.name.lower()
+    return status, error_body(status, message, param, name)

@@ -6,6 +6,8 @@ import threading
 import grpc
 from aiohttp import web
 
+from router.authentication import Authenticator
+
 from .app import build_app
 
 _START_TIMEOUT_S = 30.0
@@ -16,6 +18,7 @@ _SHUTDOWN_GRACE_S = 1.0  # handlers left after cancellation get this long before
 class OpenAIFront:
     """Serves the OpenAI-compatible HTTP API, calling the router's gRPC API at ``grpc_target``.
 
+    ``authenticator``: the bearer-token check of every route but ``/health`` (None: none).
     Serving starts in the constructor (``port`` 0 picks a free port; ``.port`` is the bound one)
     and runs on a daemon thread with its own event loop, so it never blocks the caller.
     ``stop()`` cancels the generations in flight, closes the listener and the gRPC channel, and
@@ -25,7 +28,14 @@ class OpenAIFront:
         ValueError: naming ``http_port`` when the address cannot be bound.
     """
 
-    def __init__(self, grpc_target: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        grpc_target: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        authenticator: Authenticator | None = None,
+    ):
+        self.authenticator = authenticator
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-front", daemon=True)
         self._thread.start()
@@ -51,7 +61,7 @@ class OpenAIFront:
         self._channel = grpc.aio.insecure_channel(grpc_target)
         # handler_cancellation: a client that disconnects cancels its handler, hence its gRPC call.
         self._runner = web.AppRunner(
-            build_app(self._channel),
+            build_app(self._channel, self.authenticator),
             handler_cancellation=True,
             shutdown_timeout=_SHUTDOWN_GRACE_S,
             access_log=None,

@@ -33,10 +33,10 @@ def post(port: int, path: str, body, headers: dict | None = None, timeout: float
         connection.close()
 
 
-def get(port: int, path: str, timeout: float = 30.0) -> Reply:
+def get(port: int, path: str, timeout: float = 30.0, headers: dict | None = None) -> Reply:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        connection.request("GET", path)
+        connection.request("GET", path, headers=headers or {})
         response = connection.getresponse()
         return Reply(response.status, dict(response.getheaders()), json.loads(response.read()))
     finally:

@@ -15,8 +15,10 @@ from sdk import (
     InvalidArgument,
     InvalidRequest,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     RetryPolicy,
+    Unauthenticated,
     Unavailable,
 )
 from tests.sdk.scripted_server import fail
@@ -30,7 +32,9 @@ CODES = [
     (grpc.StatusCode.CANCELLED, Cancelled),
     (grpc.StatusCode.INTERNAL, InternalError),
     (grpc.StatusCode.UNIMPLEMENTED, InternalError),
-    (grpc.StatusCode.PERMISSION_DENIED, InternalError),
+    (grpc.StatusCode.DATA_LOSS, InternalError),
+    (grpc.StatusCode.UNAUTHENTICATED, Unauthenticated),
+    (grpc.StatusCode.PERMISSION_DENIED, PermissionDenied),
 ]
 NO_RETRY = RetryPolicy(max_attempts=1)
 
