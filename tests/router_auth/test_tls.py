@@ -7,12 +7,14 @@ combinations are CLI errors naming the flag."""
 import asyncio
 import http.client
 import json
+import shlex
 import ssl
 
 import grpc
 import pytest
 
 from cli.main import main
+from cli.serve_command import announce
 from loadtest.clients import open_client, parse_target
 from loadtest.records import RequestRecord
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
@@ -249,3 +251,23 @@ def test_bad_client_tls_flags_name_the_flag(pki, capsys, flags, says):
     argv = ["client", "generate", "--addr", "localhost:9", "--prompt-ids", "1"]
     assert main([*argv, *(flag.format(**files) for flag in flags)]) == 2
     assert f"baton client: error: {says.format(**files)}" in capsys.readouterr().err
+
+
+def test_serve_prints_example_commands_that_work_with_tls(routers, pki, tmp_path, capsys):
+    router = routers["mtls"]
+    http = f"127.0.0.1:{router.http_port}"
+    announce(f"127.0.0.1:{router.port}", "127.0.0.1:1", [("decode-0", "127.0.0.1:2")], http, router.tls)
+    lines = capsys.readouterr().out.splitlines()
+    example = next(line for line in lines if line.startswith("send a request: "))
+    curl = next(line for line in lines if line.startswith("or over HTTP: "))
+    assert f"curl -s --cacert CA.pem --cert CLIENT.pem --key CLIENT.key https://{http}/v1/completions" in curl
+    files = {"CA.pem": str(pki.ca), "CLIENT.pem": str(pki.client_cert), "CLIENT.key": str(pki.client_key)}
+    argv = [files.get(word, word) for word in shlex.split(example.removeprefix("send a request: "))]
+    assert argv[:3] == ["baton", "client", "generate"] and "--tls-ca" in argv and "--tls-key" in argv
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    argv[argv.index("--max-tokens") + 1] = "2"
+    assert main([*argv[1:], "--token-file", str(token_file)]) == 0  # the printed command, as a user runs it
+    assert json.loads(capsys.readouterr().out)["usage"]["completion"] == 2
+    announce("127.0.0.1:1", "127.0.0.1:2", [], "127.0.0.1:3")  # without TLS: as before
+    assert "--tls" not in capsys.readouterr().out
