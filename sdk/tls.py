@@ -56,7 +56,7 @@ class ClientTls:
             if isinstance(self.client_cert, bytes) or isinstance(self.client_key, bytes):
                 raise InvalidRequest("client_cert: give paths, not bytes, for HTTPS (ssl loads files)")
             try:
-                context.load_cert_chain(self.client_cert, self.client_key)
+                context.load_cert_chain(self.client_cert, self.client_key, password=_no_password)
             except (OSError, ssl.SSLError) as error:
                 raise InvalidRequest(
                     f"client_cert: {self.client_cert} with its key does not load ({error})"
@@ -79,6 +79,11 @@ def client_tls(
     if root_certificates is None and client_cert is None and client_key is None:
         return None
     return ClientTls(root_certificates, client_cert, client_key)
+
+
+def _no_password() -> bytes:
+    """Called by ssl only for an encrypted key: refuse it rather than prompt on the terminal."""
+    raise ssl.SSLError("client_key: an encrypted key; give it unencrypted")
 
 
 def _pem(source: PemSource | None, name: str) -> bytes | None:

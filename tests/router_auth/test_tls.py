@@ -7,6 +7,7 @@ combinations are CLI errors naming the flag."""
 import asyncio
 import http.client
 import json
+import os
 import shlex
 import ssl
 
@@ -114,6 +115,7 @@ def test_https_with_the_ca_and_token_and_plain_http_fails(routers, pki):
     port = routers["tls"].http_port
     context = ssl.create_default_context(cafile=str(pki.ca))
     assert https_get(port, "/health", context)[0] == 200  # the front reaches gRPC over its socket
+    assert os.stat(routers["tls"]._front_dir).st_mode & 0o777 == 0o700  # the socket's folder: ours only
     status, body = https_get(port, "/v1/models", context)
     assert status == 200 and body["data"]
     assert https_get(port, "/v1/models", context, token=None)[0] == 401
