@@ -6,6 +6,7 @@ import json
 from sdk import BatonError, Client, Completion
 
 from .arguments import parse_token_ids
+from .tls_flags import add_client_tls_flags, client_tls_from
 from .token_file import read_token_file
 
 
@@ -44,11 +45,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--adapter", default="", help="a LoRA adapter loaded on the workers")
     generate.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds (default 120)")
     generate.add_argument("--json", action="store_true", help="print one JSON object")
+    add_client_tls_flags(generate)
     generate.set_defaults(run=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     token = read_token_file(args.token_file)
+    tls = client_tls_from(args)
     options = dict(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -68,7 +71,8 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         options["prompt"] = args.prompt
     chunks = []
-    with Client(args.addr, timeout_s=args.timeout, token=token) as client:
+    secure = {} if tls is None else vars(tls)  # root_certificates, client_cert, client_key
+    with Client(args.addr, timeout_s=args.timeout, token=token, **secure) as client:
         try:
             for chunk in client.generate_stream(**options):
                 chunks.append(chunk)

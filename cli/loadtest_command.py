@@ -21,6 +21,7 @@ from loadtest.scrape import metrics_url
 
 from .arguments import parse_token_ids
 from .loadtest_options import add_workload_flags, workload_from_args
+from .tls_flags import add_client_tls_flags, client_tls_from
 from .token_file import read_token_file
 
 
@@ -73,18 +74,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--request-timeout", type=float, default=600.0, metavar="S", help="limit per request (default 600)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_client_tls_flags(parser)
     add_workload_flags(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     token = read_token_file(args.token_file)  # first: a missing file fails before any work
+    tls = client_tls_from(args)
     plan = plan_from_args(args)
     slo = slo_from_args(args)
     if args.instances < 1:
         raise ValueError(f"--instances: must be at least 1, got {args.instances}")
     workload = workload_from_args(args)
-    outcome = run_plan(plan, workload, token=token)
+    outcome = run_plan(plan, workload, token=token, tls=tls)
     config = {
         "label": args.label or workload.name,
         "plan": plan.to_dict(),

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from router.server import RouterConfig, RouterServer
 
+from .tls_flags import add_router_tls_flags
+
 _KUBERNETES_FLAGS = (
     ("namespace", "--namespace"),
     ("prefill_selector", "--prefill-selector"),
@@ -30,6 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
         "(docs/authentication.md; default: no authentication)",
     )
+    add_router_tls_flags(parser)
     workers = parser.add_argument_group("workers: a fixed list, or found through the Kubernetes API")
     workers.add_argument("--prefill", default="", metavar="HOST:PORT,...", help="prefill worker addresses")
     workers.add_argument("--decode", default="", metavar="HOST:PORT,...", help="decode worker addresses")
@@ -152,6 +155,9 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         max_model_len=args.max_model_len,
         redis_url=args.redis_url,
         auth_token_file=args.auth_token_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
         disaggregation="never" if args.colocated else "always" if args.always_disaggregate else "conditional",
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=args.slo_ttft_ms / 1000,

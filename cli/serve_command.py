@@ -8,15 +8,19 @@ import math
 import signal
 import threading
 from dataclasses import replace
+from functools import partial
 
 from deploy.local.launcher import LocalCluster, ManagedCache
 from deploy.local.redis_server import RedisServer
 from router.auth_tokens import parse_token_file
+from router.tls import ServerTls, server_tls
 from services.config_flags import add_config_flags, engine_config
 from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
 from services.engine.parallel.parallel_check import check_parallel
 from services.hicache.server import GIB, CacheConfig
 from services.worker_config import ROLES, WorkerConfig
+
+from .tls_flags import add_router_tls_flags
 
 log = logging.getLogger(__name__)
 # EngineConfig's per-worker tier fields (hcengine's): under `baton serve` the node's tier takes their place.
@@ -39,6 +43,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
         "(docs/authentication.md; default: no authentication)",
     )
+    add_router_tls_flags(parser)
     parser.add_argument("--prefill-workers", type=int, default=1)
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument(
@@ -155,11 +160,14 @@ def run(args: argparse.Namespace) -> int:
     check_node_l3(args)
     if args.auth_token_file:
         parse_token_file(args.auth_token_file)  # a bad file fails here, before any worker starts
+    tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)  # so do bad TLS files
     configs = worker_configs(args, args.redis_url)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
 
-        return serve_on_ray(args, _disaggregation(args), announce, configs, node_cache_config(args))
+        return serve_on_ray(
+            args, _disaggregation(args), partial(announce, tls=tls), configs, node_cache_config(args)
+        )
     for config in configs.values():  # a layout that cannot run fails here, before any worker starts
         check_parallel(config.engine)
     logging.getLogger("deploy.local.launcher").setLevel(logging.INFO)
@@ -169,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         if redis is not None:
             configs = {role: replace(config, redis_url=redis.url) for role, config in configs.items()}
     try:
-        return _serve_locally(args, configs)
+        return _serve_locally(args, configs, tls)
     finally:
         if redis is not None:
             redis.stop()
@@ -202,7 +210,7 @@ def _start_redis() -> RedisServer | None:
     return server
 
 
-def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig]) -> int:
+def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig], tls: ServerTls | None) -> int:
     cluster = LocalCluster(
         str(args.model),
         args.port,
@@ -218,6 +226,9 @@ def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig]) -
         host_cache=node_cache(args, configs["decode"]),
         redis_url=configs["decode"].redis_url,
         auth_token_file=args.auth_token_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -228,6 +239,7 @@ def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig]) -
         f"127.0.0.1:{cluster.router.metrics_port}",
         [(w.name, w.address) for w in cluster.workers],
         None if http_port is None else f"127.0.0.1:{http_port}",
+        tls,
     )
     stop.wait()
     cluster.stop()
@@ -242,21 +254,38 @@ _EXAMPLE_PROMPT = (
 )
 
 
-def announce(router: str, metrics: str, workers: list[tuple[str, str]], http: str | None) -> None:
-    """Print the ``SERVING router=... metrics=... workers=name@address,...`` line and how to ask."""
+def announce(
+    router: str, metrics: str, workers: list[tuple[str, str]], http: str | None, tls: ServerTls | None = None
+) -> None:
+    """Print the ``SERVING router=... metrics=... workers=name@address,...`` line and how to ask; with
+    ``tls``, the example commands carry the TLS flags a client needs (the CA's file is the user's)."""
     print(
         f"SERVING router={router} metrics={metrics} workers=" + ",".join(f"{n}@{a}" for n, a in workers),
         flush=True,
     )
+    grpc_tls, curl_tls, scheme = "", "", ""
+    if tls is not None:
+        grpc_tls, curl_tls, scheme = " --tls-ca CA.pem", " --cacert CA.pem", "https://"
+        if tls.mutual:
+            grpc_tls += " --tls-cert CLIENT.pem --tls-key CLIENT.key"
+            curl_tls += " --cert CLIENT.pem --key CLIENT.key"
     print(
-        f'send a request: baton client generate --addr {router} --prompt "{_EXAMPLE_PROMPT}" '
+        f'send a request: baton client generate --addr {router}{grpc_tls} --prompt "{_EXAMPLE_PROMPT}" '
         "--max-tokens 24 --json",
         flush=True,
     )
+    if tls is not None:
+        print(
+            f"  (TLS: CA.pem is the CA that signed {tls.cert}; the certificate must name the host dialled"
+            + (", and CLIENT.pem be signed by --tls-client-ca" if tls.mutual else "")
+            + ")",
+            flush=True,
+        )
     if http is not None:
         body = json.dumps({"prompt": _EXAMPLE_PROMPT, "max_tokens": 24, "temperature": 0})
         print(
-            f"or over HTTP: curl -s {http}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
+            f"or over HTTP: curl -s{curl_tls} {scheme}{http}/v1/completions "
+            f"-H 'Content-Type: application/json' -d '{body}'",
             flush=True,
         )
 

@@ -23,6 +23,7 @@ from loadtest.drivers import (
 from loadtest.metrics import Level
 from loadtest.scrape import counter_deltas, try_scrape
 from loadtest.workload import Workload
+from sdk.tls import ClientTls
 
 MODES = ("concurrency", "rate", "schedule")
 
@@ -109,10 +110,13 @@ class Outcome:
         }
 
 
-def run_plan(plan: RunPlan, workload: Workload, token: str | None = None) -> Outcome:
+def run_plan(
+    plan: RunPlan, workload: Workload, token: str | None = None, tls: ClientTls | None = None
+) -> Outcome:
     """Run ``workload`` as ``plan`` says (blocking). Ctrl-C during the run ends it like a deadline
     and the outcome keeps what finished; a second Ctrl-C raises ``KeyboardInterrupt``. ``token``:
-    the bearer token every request carries (kept out of the plan, hence out of the report).
+    the bearer token every request carries (kept out of the plan, hence out of the report); ``tls``:
+    the clients' TLS to the target (None: plaintext).
 
     Raises:
         ValueError: ``--metrics-url`` could not be read before the run (nothing was sent).
@@ -120,7 +124,7 @@ def run_plan(plan: RunPlan, workload: Workload, token: str | None = None) -> Out
     before, error = try_scrape(plan.metrics_url)
     if error is not None:
         raise ValueError(f"--metrics-url: cannot read {error}")
-    result = asyncio.run(_drive(plan, workload, token))
+    result = asyncio.run(_drive(plan, workload, token, tls))
     server: dict = {}
     if before is not None:
         after, error = try_scrape(plan.metrics_url)
@@ -128,8 +132,10 @@ def run_plan(plan: RunPlan, workload: Workload, token: str | None = None) -> Out
     return Outcome(result, server)
 
 
-async def _drive(plan: RunPlan, workload: Workload, token: str | None) -> RunResult:
-    client = open_client(plan.target, model=plan.model, timeout_s=plan.request_timeout_s, token=token)
+async def _drive(plan: RunPlan, workload: Workload, token: str | None, tls: ClientTls | None) -> RunResult:
+    client = open_client(
+        plan.target, model=plan.model, timeout_s=plan.request_timeout_s, token=token, tls=tls
+    )
     async with client:
         driver = plan.driver(client)
         loop = asyncio.get_running_loop()

@@ -1,5 +1,7 @@
 """Starts the router: the public ``Generation`` gRPC service over a pool of workers."""
 
+import shutil
+import tempfile
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from .dispatch import Dispatcher
 from .migration import Migrator
 from .openai import OpenAIFront
 from .servicer import GenerationServicer
+from .tls import server_tls
 from .worker_pool import WorkerPool
 
 
@@ -59,6 +62,9 @@ class RouterConfig:
     slo_tpot_s: float = 0.1
     redis_url: str = ""  # HiCache's cluster index: workers also scored by their node tier's blocks; "": none
     auth_token_file: str = ""  # bearer tokens of the public API (``router/auth_tokens.py``); "": no auth
+    tls_cert: str = ""  # PEM certificate (chain) of both public ports (``router/tls.py``); "": plaintext
+    tls_key: str = ""  # its PEM private key, unencrypted
+    tls_client_ca: str = ""  # mutual TLS: clients need a certificate signed by this CA; "": none asked
 
     def __post_init__(self):
         for name in ("slo_ttft_s", "slo_tpot_s"):
@@ -77,6 +83,7 @@ class RouterServer:
     def __init__(self, config: RouterConfig, discovery: Discovery | None = None):
         self.metrics = Metrics("router")
         self.authenticator = _authenticator(config.auth_token_file, self.metrics)  # a bad file fails first
+        self.tls = server_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
         self.discovery = discovery if discovery is not None else discovery_for(config)
         model_info = read_model_info(config.model)
         try:
@@ -129,11 +136,24 @@ class RouterServer:
         reflection.enable_server_reflection(
             ("baton.v1.Generation", health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        if self.tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, self.tls.grpc_credentials())
         if self.port == 0:
             self.discovery.stop()
             self.pool.close()
             raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
+        self._front_dir: str | None = None  # with TLS: the private folder of the front's socket
+        front_target = _loopback(config.host, self.port)
+        if self.tls is not None and config.http_port is not None:
+            try:
+                front_target = self._front_socket()
+            except ValueError:
+                self.discovery.stop()
+                self.pool.close()
+                raise
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set("baton.v1.Generation", health_pb2.HealthCheckResponse.SERVING)
@@ -141,15 +161,33 @@ class RouterServer:
         self.http_port: int | None = None  # the OpenAI front's bound port; None without one
         if config.http_port is not None:
             try:
+                context = None if self.tls is None else self.tls.ssl_context()
                 self.http = OpenAIFront(
-                    _loopback(config.host, self.port), config.host, config.http_port, self.authenticator
+                    front_target, config.host, config.http_port, self.authenticator, context
                 )
             except BaseException:
                 self.discovery.stop()
                 self.server.stop(0).wait()
                 self.pool.close()
+                self._remove_front_dir()
                 raise
             self.http_port = self.http.port
+
+    def _front_socket(self) -> str:
+        """A plaintext gRPC listener for the OpenAI front on a Unix socket in a folder only this user
+        can enter: with TLS (mutual TLS above all) the front cannot be a client of the public port,
+        and a loopback TCP port would let any local process past the certificates."""
+        self._front_dir = tempfile.mkdtemp(prefix="baton-router-")  # mode 0700
+        target = f"unix:{self._front_dir}/grpc.sock"
+        if self.server.add_insecure_port(target) == 0:
+            self._remove_front_dir()
+            raise ValueError(f"http_port: cannot listen on {target} for the OpenAI front")
+        return target
+
+    def _remove_front_dir(self) -> None:
+        if self._front_dir is not None:
+            shutil.rmtree(self._front_dir, ignore_errors=True)
+            self._front_dir = None
 
     def _worker_health(self, worker, up: bool | None) -> None:
         """``baton_worker_up``: 1 or 0 per worker in the pool; a removed worker's sample goes."""
@@ -168,6 +206,7 @@ class RouterServer:
         if self.http is not None:
             self.http.stop()  # first: its streams are gRPC calls into this server
         self.server.stop(grace_s).wait()
+        self._remove_front_dir()
         self.pool.close()
         if self.cluster_index is not None:
             self.cluster_index.close()

@@ -19,13 +19,15 @@ from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from .errors import from_rpc_error
 from .request import auth_metadata, generate_request, requested_logprobs, tokenize_request
 from .retry import DEFAULT_RETRY, Attempts, RetryPolicy
+from .tls import PemSource, channel, client_tls
 from .types import Completion, GenerationChunk, ModelInfo, chunk_from_pb, model_from_pb
 
 
 class AsyncClient:
     """A ``grpc.aio`` connection to one router; create it inside the event loop that uses it.
 
-    Args: as ``sdk.client.Client`` (``address``, ``timeout_s``, ``retry``, ``channel_options``, ``token``).
+    Args: as ``sdk.client.Client`` (``address``, ``timeout_s``, ``retry``, ``channel_options``, ``token``,
+    ``root_certificates``, ``client_cert``, ``client_key``).
     Every failed call raises a ``sdk.errors.BatonError`` subclass. ``await client.close()`` (or use
     ``async with``) to release the channel.
     """
@@ -38,12 +40,16 @@ class AsyncClient:
         retry: RetryPolicy = DEFAULT_RETRY,
         channel_options: Sequence[tuple[str, object]] | None = None,
         token: str | None = None,
+        root_certificates: PemSource | None = None,
+        client_cert: PemSource | None = None,
+        client_key: PemSource | None = None,
     ):
         self.address = address
         self._metadata = auth_metadata(token)
         self.timeout_s = timeout_s
         self.retry = retry
-        self._channel = grpc.aio.insecure_channel(address, options=list(channel_options or ()))
+        tls = client_tls(root_certificates, client_cert, client_key)
+        self._channel = channel(address, list(channel_options or ()), tls, aio=True)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
 
     async def generate(

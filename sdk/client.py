@@ -16,6 +16,7 @@ from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from .errors import from_rpc_error
 from .request import auth_metadata, generate_request, requested_logprobs, tokenize_request
 from .retry import DEFAULT_RETRY, Attempts, RetryPolicy
+from .tls import PemSource, channel, client_tls
 from .types import Completion, GenerationChunk, ModelInfo, chunk_from_pb, model_from_pb
 
 
@@ -30,6 +31,10 @@ class Client:
         channel_options: extra gRPC channel options, as ``(name, value)`` pairs.
         token: the bearer token a router with ``--auth-token-file`` needs, sent as the metadata
             ``authorization: Bearer <token>`` on every call (None: none sent).
+        root_certificates, client_cert, client_key: TLS to a router with ``--tls-cert`` (and mutual
+            TLS with ``--tls-client-ca``): a PEM path or bytes each (``sdk.tls.ClientTls``); any of
+            them opens a secure channel (no ``root_certificates``: the system's roots). None of
+            them: plaintext.
 
     Every failed call raises a ``sdk.errors.BatonError`` subclass. Close the client (or use it as
     a context manager) to release the channel.
@@ -43,12 +48,16 @@ class Client:
         retry: RetryPolicy = DEFAULT_RETRY,
         channel_options: Sequence[tuple[str, object]] | None = None,
         token: str | None = None,
+        root_certificates: PemSource | None = None,
+        client_cert: PemSource | None = None,
+        client_key: PemSource | None = None,
     ):
         self.address = address
         self._metadata = auth_metadata(token)
         self.timeout_s = timeout_s
         self.retry = retry
-        self._channel = grpc.insecure_channel(address, options=list(channel_options or ()))
+        tls = client_tls(root_certificates, client_cert, client_key)
+        self._channel = channel(address, list(channel_options or ()), tls)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
 
     def generate(self, prompt: str | None = None, *, timeout_s: float | None = None, **options) -> Completion:

@@ -72,6 +72,8 @@ class LocalCluster:
     ``engine.host_cache_address`` is set to it. None: workers without a node tier. ``redis_url``: the
     router's HiCache cluster index ("": none); the workers' (and the tier's) is in their configs.
     ``auth_token_file``: the router's ``--auth-token-file`` ("": the public API needs no token).
+    ``tls_cert``, ``tls_key``, ``tls_client_ca``: the router's ``--tls-*`` files ("": plaintext ports);
+    the workers' ports stay as they are.
 
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
@@ -100,6 +102,9 @@ class LocalCluster:
         host_cache: ManagedCache | None = None,
         redis_url: str = "",
         auth_token_file: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
+        tls_client_ca: str = "",
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -145,6 +150,9 @@ class LocalCluster:
                     slo_tpot_s=slo_tpot_s,
                     redis_url=redis_url,
                     auth_token_file=auth_token_file,
+                    tls_cert=tls_cert,
+                    tls_key=tls_key,
+                    tls_client_ca=tls_client_ca,
                     # the router refuses what no worker could take (--max-model-len reaches both)
                     max_model_len=min(w.config.engine.max_model_len for w in self.workers),
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),

@@ -37,6 +37,9 @@ def cluster_config(
         slo_tpot_s=args.slo_tpot_ms / 1000,
         redis_url=args.redis_url,
         auth_token_file=args.auth_token_file,  # a path on the node the router actor runs on
+        tls_cert=args.tls_cert,  # the same for the TLS files
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )
     return RayClusterConfig(
         router=router,

@@ -5,6 +5,7 @@ import contextlib
 from loadtest.records import RequestRecord
 from sdk import AsyncClient, BatonError
 from sdk.retry import RetryPolicy
+from sdk.tls import ClientTls
 
 from .base import Client, Stamper, one_line
 
@@ -19,10 +20,18 @@ class GrpcClient(Client):
         address: the router's ``HOST:PORT``.
         timeout_s: deadline of each call (DEADLINE_EXCEEDED when passed).
         token: the router's bearer token (None: none sent).
+        tls: the channel's TLS (None: plaintext).
     """
 
-    def __init__(self, address: str, timeout_s: float | None = 600.0, token: str | None = None):
-        self._sdk = AsyncClient(address, timeout_s=timeout_s, retry=NO_RETRY, token=token)
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float | None = 600.0,
+        token: str | None = None,
+        tls: ClientTls | None = None,
+    ):
+        secure = {} if tls is None else vars(tls)  # root_certificates, client_cert, client_key
+        self._sdk = AsyncClient(address, timeout_s=timeout_s, retry=NO_RETRY, token=token, **secure)
 
     async def generate(
         self, prompt_ids: tuple[int, ...], max_tokens: int, session_id: str, record: RequestRecord

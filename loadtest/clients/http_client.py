@@ -14,6 +14,7 @@ import aiohttp
 import grpc
 
 from loadtest.records import RequestRecord
+from sdk.tls import ClientTls
 
 from .base import Client, Stamper, one_line
 
@@ -44,6 +45,8 @@ class HttpClient(Client):
         model: the ``model`` field; None leaves it out (Baton's front serves its only model).
         timeout_s: limit on each whole request (DEADLINE_EXCEEDED when passed).
         token: sent as ``Authorization: Bearer <token>`` (None: no header).
+        tls: HTTPS with this CA (and client certificate): ``http://`` in ``base_url`` becomes
+            ``https://`` (None: as given).
     """
 
     def __init__(
@@ -52,13 +55,17 @@ class HttpClient(Client):
         model: str | None = None,
         timeout_s: float | None = 600.0,
         token: str | None = None,
+        tls: ClientTls | None = None,
     ):
+        if tls is not None and base_url.startswith("http://"):
+            base_url = "https://" + base_url.removeprefix("http://")
         self.url = base_url.rstrip("/") + "/v1/completions"
         self._auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
         self.model = model
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         # No connection limit: the driver decides how many requests are in flight.
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        ssl_context = True if tls is None else tls.ssl_context()  # True: aiohttp's default checks
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context))
 
     async def generate(
         self, prompt_ids: tuple[int, ...], max_tokens: int, session_id: str, record: RequestRecord

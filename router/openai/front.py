@@ -1,6 +1,7 @@
 """``OpenAIFront``: the OpenAI HTTP application on its own thread and asyncio event loop."""
 
 import asyncio
+import ssl
 import threading
 
 import grpc
@@ -19,6 +20,8 @@ class OpenAIFront:
     """Serves the OpenAI-compatible HTTP API, calling the router's gRPC API at ``grpc_target``.
 
     ``authenticator``: the bearer-token check of every route but ``/health`` (None: none).
+    ``ssl_context``: serve HTTPS with it (``router/tls.py``; None: plain HTTP). ``grpc_target`` is
+    always reached in plaintext: loopback, or the router's private Unix socket when it has TLS.
     Serving starts in the constructor (``port`` 0 picks a free port; ``.port`` is the bound one)
     and runs on a daemon thread with its own event loop, so it never blocks the caller.
     ``stop()`` cancels the generations in flight, closes the listener and the gRPC channel, and
@@ -34,8 +37,10 @@ class OpenAIFront:
         host: str = "127.0.0.1",
         port: int = 0,
         authenticator: Authenticator | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ):
         self.authenticator = authenticator
+        self.ssl_context = ssl_context
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-front", daemon=True)
         self._thread.start()
@@ -67,7 +72,7 @@ class OpenAIFront:
             access_log=None,
         )
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context).start()
         return self._runner.addresses[0][1]
 
     async def _shutdown(self) -> None:
