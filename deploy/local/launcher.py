@@ -7,6 +7,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from common.cluster_secret import read_cluster_secret
 from router.server import RouterConfig, RouterServer
 from services.config_flags import worker_config_from_flags
 from services.worker_config import ROLES, WorkerConfig
@@ -73,7 +74,9 @@ class LocalCluster:
     router's HiCache cluster index ("": none); the workers' (and the tier's) is in their configs.
     ``auth_token_file``: the router's ``--auth-token-file`` ("": the public API needs no token).
     ``tls_cert``, ``tls_key``, ``tls_client_ca``: the router's ``--tls-*`` files ("": plaintext ports);
-    the workers' ports stay as they are.
+    the workers' ports stay as they are. ``cluster_secret_file``: the cluster secret every worker and
+    the tier then require on their internal calls and the router and workers send ("": none; ``baton
+    serve`` always gives one); it is set on ``host_cache`` too.
 
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
@@ -105,6 +108,7 @@ class LocalCluster:
         tls_cert: str = "",
         tls_key: str = "",
         tls_client_ca: str = "",
+        cluster_secret_file: str = "",
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -119,6 +123,14 @@ class LocalCluster:
             configs = role_configs(model, worker_args, role_args or {}, grace_period_s)
         elif worker_args or role_args:
             raise ValueError("worker_args, role_args: give either these or configs")
+        if cluster_secret_file:
+            read_cluster_secret(cluster_secret_file)  # a bad file fails here, before anything starts
+            configs = {
+                role: replace(config, cluster_secret_file=cluster_secret_file)
+                for role, config in configs.items()
+            }
+            if host_cache is not None:
+                host_cache.cluster_secret_file = cluster_secret_file
         self.host_cache = host_cache
         self.workers: list[ManagedWorker] = []
         self._supervisor: Supervisor | None = None
@@ -153,6 +165,7 @@ class LocalCluster:
                     tls_cert=tls_cert,
                     tls_key=tls_key,
                     tls_client_ca=tls_client_ca,
+                    cluster_secret_file=cluster_secret_file,
                     # the router refuses what no worker could take (--max-model-len reaches both)
                     max_model_len=min(w.config.engine.max_model_len for w in self.workers),
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),
