@@ -7,7 +7,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import grpc
+
 from common.cluster_secret import read_cluster_secret
+from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from router.server import RouterConfig, RouterServer
 from services.config_flags import worker_config_from_flags
 from services.worker_config import ROLES, WorkerConfig
@@ -41,6 +44,14 @@ class ManagedWorker(ManagedProcess):
     def grace_period_s(self) -> float:
         """The worker's ``grace_period_s`` (how long it drains after SIGTERM)."""
         return self.config.grace_period_s
+
+    def channel(self) -> grpc.Channel:
+        """A channel to the worker that sends its cluster secret (``config.cluster_secret_file``) on
+        every call; the caller closes it."""
+        file = self.config.cluster_secret_file
+        return with_cluster_secret(
+            grpc.insecure_channel(self.address), read_cluster_secret(file) if file else ""
+        )
 
     def start(self, ready_timeout_s: float) -> None:
         with tempfile.NamedTemporaryFile(
