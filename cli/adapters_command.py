@@ -9,7 +9,11 @@ import json
 
 import grpc
 
+from common.cluster_secret import read_cluster_secret
+from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
+
+from .cluster_secret_flag import add_cluster_secret_flag
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -26,6 +30,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         action.add_argument("--role", choices=("decode", "prefill"), default="decode", help="its role")
         action.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
         action.add_argument("--json", action="store_true", help="print one JSON object")
+        add_cluster_secret_flag(action, "sent with the call, for a worker that requires it")
         action.set_defaults(run=run)
 
 
@@ -33,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     stub_class = (
         workers_pb2_grpc.DecodeWorkerStub if args.role == "decode" else workers_pb2_grpc.PrefillWorkerStub
     )
+    secret = read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else ""
     with grpc.insecure_channel(args.worker) as channel:
-        stub = stub_class(channel)
+        stub = stub_class(with_cluster_secret(channel, secret))
         try:
             if args.action == "load":
                 reply = stub.LoadAdapter(

@@ -6,9 +6,11 @@ import os
 import signal
 import threading
 
+from common.cluster_secret import read_cluster_secret
 from common.redis_link import check_redis_url
 from services.hicache.server import GIB, CacheConfig, HostCacheServer
 
+from .cluster_secret_flag import add_cluster_secret_flag
 from .worker_command import watch_parent
 
 
@@ -49,6 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="keep the pages in shared-memory files here, which workers on this machine map and copy "
         "directly (workers elsewhere use NIXL); '' keeps them private, NIXL only (default /dev/shm)",
     )
+    add_cluster_secret_flag(parser, "every call but health checks must carry it; workers send it")
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
@@ -88,6 +91,7 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
         node=args.node,
         l3_budget_bytes=int(args.redis_l3_gib * GIB),
         shm_dir=args.shm_dir,
+        cluster_secret=read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else "",
     )
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from router.server import RouterConfig, RouterServer
 
+from .cluster_secret_flag import add_cluster_secret_flag
 from .tls_flags import add_router_tls_flags
 
 _KUBERNETES_FLAGS = (
@@ -33,6 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(docs/authentication.md; default: no authentication)",
     )
     add_router_tls_flags(parser)
+    add_cluster_secret_flag(parser, "sent on every call to the workers")
     workers = parser.add_argument_group("workers: a fixed list, or found through the Kubernetes API")
     workers.add_argument("--prefill", default="", metavar="HOST:PORT,...", help="prefill worker addresses")
     workers.add_argument("--decode", default="", metavar="HOST:PORT,...", help="decode worker addresses")
@@ -158,6 +160,7 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        cluster_secret_file=args.cluster_secret_file,
         disaggregation="never" if args.colocated else "always" if args.always_disaggregate else "conditional",
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=args.slo_ttft_ms / 1000,

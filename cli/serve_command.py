@@ -5,11 +5,16 @@ import argparse
 import json
 import logging
 import math
+import secrets
+import shutil
 import signal
+import tempfile
 import threading
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
+from common.cluster_secret import read_cluster_secret, write_cluster_secret
 from deploy.local.launcher import LocalCluster, ManagedCache
 from deploy.local.redis_server import RedisServer
 from router.auth_tokens import parse_token_file
@@ -20,6 +25,7 @@ from services.engine.parallel.parallel_check import check_parallel
 from services.hicache.server import GIB, CacheConfig
 from services.worker_config import ROLES, WorkerConfig
 
+from .cluster_secret_flag import add_cluster_secret_flag
 from .tls_flags import add_router_tls_flags
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(docs/authentication.md; default: no authentication)",
     )
     add_router_tls_flags(parser)
+    add_cluster_secret_flag(
+        parser,
+        "what the router, the workers and the tier require of each other's calls (default: a fresh random "
+        "one, in a file only this user can read in a folder removed at exit)",
+    )
     parser.add_argument("--prefill-workers", type=int, default=1)
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument(
@@ -161,12 +172,15 @@ def run(args: argparse.Namespace) -> int:
     if args.auth_token_file:
         parse_token_file(args.auth_token_file)  # a bad file fails here, before any worker starts
     tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)  # so do bad TLS files
+    given_secret = read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else ""
     configs = worker_configs(args, args.redis_url)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
 
+        secret = given_secret or secrets.token_urlsafe(32)  # a value: each actor gets it as an argument
+        announce_tls = partial(announce, tls=tls)
         return serve_on_ray(
-            args, _disaggregation(args), partial(announce, tls=tls), configs, node_cache_config(args)
+            args, _disaggregation(args), announce_tls, configs, node_cache_config(args), secret
         )
     for config in configs.values():  # a layout that cannot run fails here, before any worker starts
         check_parallel(config.engine)
@@ -176,9 +190,14 @@ def run(args: argparse.Namespace) -> int:
         redis = _start_redis()
         if redis is not None:
             configs = {role: replace(config, redis_url=redis.url) for role, config in configs.items()}
+    run_folder = tempfile.mkdtemp(prefix="baton-serve-")  # mode 0700: this user's only
     try:
-        return _serve_locally(args, configs, tls)
+        secret_file = args.cluster_secret_file or str(
+            write_cluster_secret(Path(run_folder) / "cluster-secret")
+        )
+        return _serve_locally(args, configs, tls, secret_file)
     finally:
+        shutil.rmtree(run_folder, ignore_errors=True)
         if redis is not None:
             redis.stop()
 
@@ -210,7 +229,12 @@ def _start_redis() -> RedisServer | None:
     return server
 
 
-def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig], tls: ServerTls | None) -> int:
+def _serve_locally(
+    args: argparse.Namespace,
+    configs: dict[str, WorkerConfig],
+    tls: ServerTls | None,
+    cluster_secret_file: str,
+) -> int:
     cluster = LocalCluster(
         str(args.model),
         args.port,
@@ -229,6 +253,7 @@ def _serve_locally(args: argparse.Namespace, configs: dict[str, WorkerConfig], t
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        cluster_secret_file=cluster_secret_file,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.cluster_index import ClusterIndex
+from common.cluster_secret import read_cluster_secret
 from common.metrics import Metrics
 from common.model_info import STATEFUL_FAMILIES, read_model_info
 from common.redis_link import check_redis_url
@@ -65,6 +66,7 @@ class RouterConfig:
     tls_cert: str = ""  # PEM certificate (chain) of both public ports (``router/tls.py``); "": plaintext
     tls_key: str = ""  # its PEM private key, unencrypted
     tls_client_ca: str = ""  # mutual TLS: clients need a certificate signed by this CA; "": none asked
+    cluster_secret_file: str = ""  # the cluster secret sent to every worker (common/cluster_secret.py)
 
     def __post_init__(self):
         for name in ("slo_ttft_s", "slo_tpot_s"):
@@ -77,13 +79,19 @@ class RouterServer:
     """A running router; ``port`` is the bound port (useful with ``port=0``).
 
     ``discovery`` replaces the one ``config`` names (a caller that knows its workers itself, such as
-    a test or a Ray deployment, feeds them through its own ``Discovery``).
+    a test or a Ray deployment, feeds them through its own ``Discovery``). ``cluster_secret``, sent
+    on every call to the workers, replaces the one in ``config.cluster_secret_file``.
     """
 
-    def __init__(self, config: RouterConfig, discovery: Discovery | None = None):
+    def __init__(
+        self, config: RouterConfig, discovery: Discovery | None = None, cluster_secret: str | None = None
+    ):
         self.metrics = Metrics("router")
         self.authenticator = _authenticator(config.auth_token_file, self.metrics)  # a bad file fails first
         self.tls = server_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
+        secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
+        if secret is None:
+            secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""
         self.discovery = discovery if discovery is not None else discovery_for(config)
         model_info = read_model_info(config.model)
         try:
@@ -99,6 +107,7 @@ class RouterServer:
             on_health=self._worker_health,
             cluster_index=self.cluster_index,
             has_state=model_info.family in STATEFUL_FAMILIES,
+            cluster_secret=secret,
         )
         admission = Admission(config.max_running, config.max_queued, self.metrics)
         dispatcher = Dispatcher(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 
 from common.cluster_index import ClusterIndex
+from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 
 from .load_watcher import LoadWatcher
@@ -107,6 +108,7 @@ class WorkerPool:
         cluster_index: HiCache's cluster index (a reader), or None: device pools only. Anything with
             ``ClusterIndex.lookup``'s signature; its nodes are the workers' ``WorkerStats.node``.
         has_state: the model has KDA state (the hybrid hit rule applies to tier hits).
+        cluster_secret: sent on every call to every worker (``--cluster-secret-file``); "": none.
     """
 
     def __init__(
@@ -117,7 +119,9 @@ class WorkerPool:
         probe_interval_s: float = 1.0,
         cluster_index: ClusterIndex | None = None,
         has_state: bool = True,
+        cluster_secret: str = "",
     ):
+        self._cluster_secret = cluster_secret
         self.prefill: list[Worker] = []
         self.decode: list[Worker] = []
         self.on_health = on_health or (lambda worker, up: None)
@@ -189,7 +193,7 @@ class WorkerPool:
         return fresh
 
     def _connect(self, role: str, address: str, stub_class) -> Worker:
-        channel = grpc.insecure_channel(address)
+        channel = with_cluster_secret(grpc.insecure_channel(address), self._cluster_secret)
         worker = Worker(role=role, address=address, stub=stub_class(channel), channel=channel)
         # Closed once nothing holds the worker: the pool after ``update`` removed it (and its watcher
         # stopped), or a request that was still running on it. (Earlier would cancel that request.)

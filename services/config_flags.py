@@ -54,6 +54,8 @@ HELP = {
     "node": "the node whose HiCache tier this worker uses, as the cluster index names it (default: the "
     "host name; in Kubernetes the node's name)",
     "redis_url": "HiCache's cluster index and L3: redis://HOST:PORT (default: none)",
+    "cluster_secret_file": "a file holding the cluster secret (>= 32 characters): every internal call to "
+    "this worker must carry it, and it is sent to the node's tier (docs/authentication.md; default: none)",
     # EngineConfig
     "model": "checkpoint folder",
     "device": "cpu, cuda or cuda:N",

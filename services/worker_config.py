@@ -63,6 +63,9 @@ class WorkerConfig:
     grace_period_s: float = 30.0  # drain(): how long running work may take to finish after SIGTERM
     node: str = ""  # the node whose HiCache tier it uses, as the cluster index names it; "": the host name
     redis_url: str = ""  # HiCache's cluster index and L3 (redis://HOST:PORT); "": none
+    cluster_secret_file: str = (
+        ""  # the cluster secret internal calls need and send (common/cluster_secret.py)
+    )
 
     def __post_init__(self):
         if self.role not in ROLES:

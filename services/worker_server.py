@@ -10,7 +10,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common.cluster_secret import read_cluster_secret
 from common.metrics import Metrics
+from common.rpc.cluster_secret_interceptor import ClusterSecretInterceptor
 from common.rpc.errors import ErrorInterceptor
 from proto.baton.v1 import workers_pb2_grpc
 from services.engine.engine_core import EngineCore
@@ -33,15 +35,22 @@ log = logging.getLogger(__name__)
 
 class WorkerServer:
     """A running worker. ``drain()`` stops it gracefully (``services.worker_drain``); ``stop()`` then
-    closes it, cancelling whatever is still in flight."""
+    closes it, cancelling whatever is still in flight.
 
-    def __init__(self, config: WorkerConfig):
+    With a cluster secret (``cluster_secret``, else the one in ``config.cluster_secret_file``) every
+    call but the health service's must carry it, and the worker sends it to its node's tier.
+    """
+
+    def __init__(self, config: WorkerConfig, cluster_secret: str | None = None):
         self.config = config
+        secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
+        if secret is None:  # read first: a bad file fails before the engine loads
+            secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""
         self.name = config.name or f"{config.role}-{config.port}"
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         ttl = config.reservation_ttl_s if config.role == "decode" else None
-        core = EngineCore(config.engine, redis_url=config.redis_url)
+        core = EngineCore(config.engine, redis_url=config.redis_url, cluster_secret=secret)
         self.engine = EngineService(core, reservation_ttl_s=ttl)
         self.metrics.record_engine(self.engine.info)
         self.node = config.node or socket.gethostname()
@@ -62,8 +71,9 @@ class WorkerServer:
         # request runs or waits (a lease and a decode stream share one seat, in turn): room for every
         # sequence slot twice over, and spare threads for health checks and stats.
         threads = config.max_workers or 2 * config.engine.max_num_seqs + 16
+        interceptors = [ClusterSecretInterceptor(secret)] if secret else []
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads), interceptors=[ErrorInterceptor()]
+            futures.ThreadPoolExecutor(max_workers=threads), interceptors=[*interceptors, ErrorInterceptor()]
         )
         faults = FaultDelays.parse(config.role, config.fault_delays)
         self.decode: DecodeServicer | None = None

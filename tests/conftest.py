@@ -80,6 +80,7 @@ SLOWEST_FIRST = (
     "tests/engine/test_invariant_triton_engine.py",  # 43
     "tests/cli/test_cli.py",  # 42
     "tests/parallel/test_dcp_generate.py",  # 40
+    "tests/cluster_secret/test_served_cluster.py",  # 39 (alone, 2026-12-02)
     "tests/services/test_end_to_end.py",  # 34
     "tests/parallel/test_dcp_decode.py",  # 26-37
     "tests/parallel/test_model_parallel.py",  # 28

@@ -7,6 +7,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import grpc
+
+from common.cluster_secret import read_cluster_secret
+from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from router.server import RouterConfig, RouterServer
 from services.config_flags import worker_config_from_flags
 from services.worker_config import ROLES, WorkerConfig
@@ -41,6 +45,14 @@ class ManagedWorker(ManagedProcess):
         """The worker's ``grace_period_s`` (how long it drains after SIGTERM)."""
         return self.config.grace_period_s
 
+    def channel(self) -> grpc.Channel:
+        """A channel to the worker that sends its cluster secret (``config.cluster_secret_file``) on
+        every call; the caller closes it."""
+        file = self.config.cluster_secret_file
+        return with_cluster_secret(
+            grpc.insecure_channel(self.address), read_cluster_secret(file) if file else ""
+        )
+
     def start(self, ready_timeout_s: float) -> None:
         with tempfile.NamedTemporaryFile(
             "w", prefix=f"baton-{self.name}-", suffix=".yaml", delete=False
@@ -73,7 +85,9 @@ class LocalCluster:
     router's HiCache cluster index ("": none); the workers' (and the tier's) is in their configs.
     ``auth_token_file``: the router's ``--auth-token-file`` ("": the public API needs no token).
     ``tls_cert``, ``tls_key``, ``tls_client_ca``: the router's ``--tls-*`` files ("": plaintext ports);
-    the workers' ports stay as they are.
+    the workers' ports stay as they are. ``cluster_secret_file``: the cluster secret every worker and
+    the tier then require on their internal calls and the router and workers send ("": none; ``baton
+    serve`` always gives one); it is set on ``host_cache`` too.
 
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
@@ -105,6 +119,7 @@ class LocalCluster:
         tls_cert: str = "",
         tls_key: str = "",
         tls_client_ca: str = "",
+        cluster_secret_file: str = "",
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -119,6 +134,14 @@ class LocalCluster:
             configs = role_configs(model, worker_args, role_args or {}, grace_period_s)
         elif worker_args or role_args:
             raise ValueError("worker_args, role_args: give either these or configs")
+        if cluster_secret_file:
+            read_cluster_secret(cluster_secret_file)  # a bad file fails here, before anything starts
+            configs = {
+                role: replace(config, cluster_secret_file=cluster_secret_file)
+                for role, config in configs.items()
+            }
+            if host_cache is not None:
+                host_cache.cluster_secret_file = cluster_secret_file
         self.host_cache = host_cache
         self.workers: list[ManagedWorker] = []
         self._supervisor: Supervisor | None = None
@@ -153,6 +176,7 @@ class LocalCluster:
                     tls_cert=tls_cert,
                     tls_key=tls_key,
                     tls_client_ca=tls_client_ca,
+                    cluster_secret_file=cluster_secret_file,
                     # the router refuses what no worker could take (--max-model-len reaches both)
                     max_model_len=min(w.config.engine.max_model_len for w in self.workers),
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import ray
 from ray.util.placement_group import placement_group_table, remove_placement_group
@@ -64,6 +64,8 @@ class RayClusterConfig:
         supervise_interval_s: how often the supervisor checks worker addresses.
         host_cache: the HiCache tier started on every node that runs workers (``cache_actor.py``; its
             ``port`` is the fixed port on each node), every worker given its node's; None: no tier.
+        cluster_secret: the secret every internal call needs, given to each actor as a value (the
+            router, the workers and each node's tier); "": none.
     """
 
     router: RouterConfig
@@ -77,6 +79,7 @@ class RayClusterConfig:
     ready_timeout_s: float = 300.0
     supervise_interval_s: float = 0.5
     host_cache: CacheConfig | None = None
+    cluster_secret: str = field(default="", repr=False)
 
     def __post_init__(self):
         if self.decode_workers < 1:
@@ -195,7 +198,8 @@ class RayCluster:
         config = self.config
         pending = []
         if config.host_cache is not None:
-            self.caches = NodeCaches(config.host_cache, config.max_restarts, config.ready_timeout_s)
+            tier = replace(config.host_cache, cluster_secret=config.cluster_secret)
+            self.caches = NodeCaches(tier, config.max_restarts, config.ready_timeout_s)
         for service in config.placements():
             group = self.groups[service.role] = service.create(config.ready_timeout_s)
             nodes = placement_group_table(group)["bundles_to_node_id"]  # bundle index -> node id
@@ -212,7 +216,7 @@ class RayCluster:
                     num_gpus=service.num_gpus,
                     max_restarts=config.max_restarts,
                     scheduling_strategy=service.strategy_for(group, i),
-                ).remote(replace(worker, name=name))
+                ).remote(replace(worker, name=name), config.cluster_secret)
                 self._actors.append(actor)
                 pending.append((service.role, name, actor))
         infos = self._get([actor.info.remote() for _, _, actor in pending], "workers")
@@ -224,7 +228,7 @@ class RayCluster:
             scheduling_strategy=NodeAffinitySchedulingStrategy(
                 node_id=ray.get_runtime_context().get_node_id(), soft=False
             ),
-        ).remote(replace(config.router, prefill=prefill, decode=decode))
+        ).remote(replace(config.router, prefill=prefill, decode=decode), config.cluster_secret)
         self._actors.append(self.router)
         self.endpoints = self._get([self.router.endpoints.remote()], "router")[0]
 

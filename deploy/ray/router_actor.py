@@ -29,12 +29,13 @@ class RouterActor:
 
     Args:
         config: the router, with the first worker lists; ``host`` is replaced by ``0.0.0.0``.
+        cluster_secret: sent to the workers, as a value (as ``WorkerActor``'s); "": none.
     """
 
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: RouterConfig, cluster_secret: str = ""):
         self.host = ray.util.get_node_ip_address()
         self.config = replace(config, host="0.0.0.0")
-        self.server = RouterServer(self.config)
+        self.server = RouterServer(self.config, cluster_secret=cluster_secret)
 
     def endpoints(self) -> RouterEndpoints:
         """The bound addresses (useful when a port was given as 0)."""

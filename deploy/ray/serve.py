@@ -19,10 +19,12 @@ def cluster_config(
     disaggregation: str,
     workers: Mapping[str, WorkerConfig],
     host_cache: CacheConfig | None = None,
+    cluster_secret: str = "",
 ) -> RayClusterConfig:
     """The ``RayClusterConfig`` that ``baton serve``'s flags describe; ``workers``: its per-role
     ``WorkerConfig`` (``cli.serve_command.worker_configs``), the same the local launcher starts;
-    ``host_cache``: each node's tier (``--host-cache-gib``), or None."""
+    ``host_cache``: each node's tier (``--host-cache-gib``), or None; ``cluster_secret``: the one
+    every actor gets (``baton serve`` always has one)."""
     model = str(args.model)
     router = RouterConfig(
         model=model,
@@ -50,6 +52,7 @@ def cluster_config(
         worker_num_gpus=args.worker_num_gpus,
         placement_strategy=args.placement_strategy,
         host_cache=host_cache,
+        cluster_secret=cluster_secret,
     )
 
 
@@ -59,14 +62,16 @@ def serve_on_ray(
     announce: Callable[[str, str, list[tuple[str, str]], str | None], None],
     workers: Mapping[str, WorkerConfig],
     host_cache: CacheConfig | None = None,
+    cluster_secret: str = "",
 ) -> int:
     """Run the cluster on Ray (``--ray-address``; none: a local Ray instance started here) until
     SIGINT / SIGTERM; ``announce(router, metrics, [(name, address)], http)`` prints the SERVING line;
-    ``workers``: each role's ``WorkerConfig``; ``host_cache``: each node's tier, or None.
+    ``workers``: each role's ``WorkerConfig``; ``host_cache``: each node's tier, or None;
+    ``cluster_secret``: given to every actor as a value.
     """
     if not Path(args.model).is_dir() and args.ray_address is None:
         raise FileNotFoundError(f"--model: {args.model} is not a folder")  # local: check before Ray starts
-    config = cluster_config(args, disaggregation, workers, host_cache)
+    config = cluster_config(args, disaggregation, workers, host_cache, cluster_secret)
     logging.getLogger("deploy.ray").setLevel(logging.INFO)
     cluster = RayCluster(config, ray_address=args.ray_address)
     try:

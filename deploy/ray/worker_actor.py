@@ -45,11 +45,13 @@ class WorkerActor:
     Args:
         config: the worker; its ``host`` and ``port`` are replaced (``0.0.0.0``, 0), and so are
             ``metrics_port`` (0).
+        cluster_secret: the cluster secret, as a value (a file named on the driver's node would not
+            be on this one); "": none.
     """
 
-    def __init__(self, config: WorkerConfig):
+    def __init__(self, config: WorkerConfig, cluster_secret: str = ""):
         self.host = ray.util.get_node_ip_address()
-        self.server = WorkerServer(replace(config, host="0.0.0.0", port=0, metrics_port=0))
+        self.server = WorkerServer(replace(config, host="0.0.0.0", port=0, metrics_port=0), cluster_secret)
 
     def info(self) -> WorkerInfo:
         """Where this incarnation of the worker listens."""

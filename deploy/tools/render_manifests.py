@@ -24,6 +24,12 @@ HEADER = (
 )
 
 
+# The cluster secret's Secret: a render generates a fresh random value, which must never be committed.
+# Create it beside the manifests: kubectl -n baton create secret generic baton-cluster-secret
+#   --from-literal=cluster-secret="$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+LEFT_OUT = ("Secret",)
+
+
 def render(helm: str) -> dict[str, str]:
     """``{file name: text}`` for the plain manifests of the chart's default values."""
     out = subprocess.run(
@@ -35,6 +41,8 @@ def render(helm: str) -> dict[str, str]:
     by_kind: dict[str, list[str]] = {}
     for doc in _documents(out):
         kind = yaml.safe_load(doc)["kind"]
+        if kind in LEFT_OUT:
+            continue
         by_kind.setdefault(f"{kind.lower()}.yaml", []).append(doc)
     files = {name: HEADER + "".join(f"---\n{doc}" for doc in docs) for name, docs in sorted(by_kind.items())}
     kustomization = {

@@ -150,11 +150,13 @@ class CacheManager:
         scratch: bool = False,
         redis_url: str = "",
         checkpoints: bool = False,
+        cluster_secret: str = "",
     ) -> "CacheManager":
         """The pools ``config`` asks for, laid out for ``model`` (its shard, on a parallel rank) on
         ``config.device`` (a pipeline stage's layers only); ``scratch``: a spare block and slot for
         CUDA-graph padding rows; ``redis_url``: the Redis of the own tier's L3 (``redis_l3_gib``);
-        ``checkpoints``: speculative decoding, two state slots per seat (its own and its checkpoint)."""
+        ``checkpoints``: speculative decoding, two state slots per seat (its own and its checkpoint);
+        ``cluster_secret``: sent on every call to the ``baton cache`` at ``host_cache_address``."""
         dtype = model.dtype
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         layers = stage_position(model.parallel, model.config.num_hidden_layers)[0]  # all at --pp 1
@@ -177,7 +179,9 @@ class CacheManager:
             snapshots = SnapshotStore(slots.layout, kept, config.device)
         host = None
         if config.host_cache_address:  # one rank only: EngineConfig refuses a tier on a parallel engine
-            host = HostCacheConnector.remote(config.host_cache_address, blocks, slots)
+            host = HostCacheConnector.remote(
+                config.host_cache_address, blocks, slots, cluster_secret=cluster_secret
+            )
         if config.host_cache_gib > 0:
             host = HostCacheConnector.in_process(
                 blocks,

@@ -74,6 +74,7 @@ class EngineCore:
         model: CausalLM | None = None,
         redis_url: str = "",
         proposer: DraftProposer | None = None,
+        cluster_secret: str = "",
     ):
         self.config = config
         if proposer is not None and config.world_size > 1:
@@ -110,7 +111,12 @@ class EngineCore:
         self.spec_policy = SpecPolicy(proposer.num_draft_tokens) if adaptive else None
         self.clock = time.perf_counter
         self.cache = CacheManager.for_model(
-            config, self.model, scratch=use_graphs, redis_url=redis_url, checkpoints=proposer is not None
+            config,
+            self.model,
+            scratch=use_graphs,
+            redis_url=redis_url,
+            checkpoints=proposer is not None,
+            cluster_secret=cluster_secret,
         )
         self.model_fingerprint = (
             checkpoint_fingerprint(config.model) if not prebuilt else f"built:{config.model}"

@@ -153,11 +153,17 @@ class HostCacheConnector:
 
     @classmethod
     def remote(
-        cls, address: str, blocks: BlockPool, slots: StateSlotPool, client: "HostCacheClient | None" = None
+        cls,
+        address: str,
+        blocks: BlockPool,
+        slots: StateSlotPool,
+        client: "HostCacheClient | None" = None,
+        cluster_secret: str = "",
     ) -> "HostCacheConnector | None":
         """The ``baton cache`` service at ``address`` (``HOST:PORT``), attached with the pools' layout
         fingerprint and row sizes; a tier not reachable yet is attached to when it is (misses till
-        then). ``client``: one already made for ``address`` (tests pass theirs).
+        then). ``client``: one already made for ``address`` (tests pass theirs); ``cluster_secret``:
+        sent on every call to the tier (``--cluster-secret-file``; "": none).
 
         None when the tier refuses this engine (another model's or KV format's layout, other page
         sizes): the engine serves without a tier, and the error is logged naming
@@ -166,7 +172,7 @@ class HostCacheConnector:
         if client is None:
             from services.hicache.client import HostCacheClient  # here: it imports the engine
 
-            client = HostCacheClient(address)
+            client = HostCacheClient(address, cluster_secret=cluster_secret)
         has_state = bool(slots.layout.fields)
         try:
             client.attach(

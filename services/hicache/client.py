@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from proto.baton.v1 import host_cache_pb2, host_cache_pb2_grpc
 from services.rpc.convert import endpoint_from_pb
 from services.transfer import TransferEndpoint
@@ -51,6 +52,7 @@ class HostCacheClient:
         prefetch_timeout_s: deadline of a ``Prefetch`` (nobody waits on it longer than its policy says).
         retry_s: after a failed call, how long calls are answered without the tier before it is tried again.
         clock: monotonic seconds (tests pass their own).
+        cluster_secret: sent on every call (``--cluster-secret-file``); "": none.
 
     Attributes:
         epoch: how many tier runs this client attached to (1 after the first ``attach`` that reached it).
@@ -69,6 +71,7 @@ class HostCacheClient:
         retry_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         prefetch_timeout_s: float = 30.0,
+        cluster_secret: str = "",
     ):
         self.address = address
         self.timeout_s = timeout_s
@@ -93,13 +96,16 @@ class HostCacheClient:
         # gRPC's reconnect backoff grows to minutes; keep it at our retry period so a restarted tier is
         # found within about retry_s.
         backoff_ms = max(100, int(retry_s * 1000))
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[
-                ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
-                ("grpc.min_reconnect_backoff_ms", min(backoff_ms, 1000)),
-                ("grpc.max_reconnect_backoff_ms", backoff_ms),
-            ],
+        self._channel = with_cluster_secret(
+            grpc.insecure_channel(
+                address,
+                options=[
+                    ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
+                    ("grpc.min_reconnect_backoff_ms", min(backoff_ms, 1000)),
+                    ("grpc.max_reconnect_backoff_ms", backoff_ms),
+                ],
+            ),
+            cluster_secret,
         )
         self._stub = host_cache_pb2_grpc.HostCacheStub(self._channel)
 

@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from common.cluster_index import ClusterIndex
 from common.metrics import Metrics
 from common.redis_link import check_redis_url
+from common.rpc.cluster_secret_interceptor import ClusterSecretInterceptor
 from common.rpc.errors import ErrorInterceptor
 from proto.baton.v1 import host_cache_pb2_grpc
 from services.transfer import make_backend
@@ -52,6 +53,8 @@ class CacheConfig:
             prefetches read back), a byte budget for the whole cluster; 0: no L3. Needs ``redis_url``.
         shm_dir: where the arenas live as shared-memory files that the node's workers map and copy
             rows of directly (``shared_pages.py``); "": private memory, every worker goes through NIXL.
+        cluster_secret: every call but the health service's must carry it (``--cluster-secret-file``;
+            ``common/cluster_secret.py``); "": none. Left out of the config's repr.
     """
 
     kv_budget_bytes: int
@@ -70,6 +73,7 @@ class CacheConfig:
     index_interval_s: float = 1.0
     l3_budget_bytes: int = 0
     shm_dir: str = "/dev/shm"
+    cluster_secret: str = field(default="", repr=False)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field that cannot work."""
@@ -131,8 +135,10 @@ class HostCacheServer:
             daemon=True,
         )
         self._refresher.start()
+        interceptors = [ClusterSecretInterceptor(config.cluster_secret)] if config.cluster_secret else []
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.threads), interceptors=[ErrorInterceptor()]
+            futures.ThreadPoolExecutor(max_workers=config.threads),
+            interceptors=[*interceptors, ErrorInterceptor()],
         )
         host_cache_pb2_grpc.add_HostCacheServicer_to_server(self.servicer, self.server)
         self.health = health.HealthServicer()

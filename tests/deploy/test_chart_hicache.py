@@ -6,11 +6,13 @@ import math
 import os
 import stat
 import subprocess
+import tempfile
 
 import pytest
 
 from cli.cache_command import config_from
 from cli.main import build_parser
+from common.cluster_secret import write_cluster_secret
 from services.hicache.server import GIB
 from services.worker_config import load_worker_config
 from tests.deploy import chart
@@ -28,10 +30,21 @@ def _selected(selector: dict, objects: list[dict]) -> list[str]:
     return [c for c in COMPONENTS if chart.selects(selector, _pod(objects, c)["metadata"]["labels"])]
 
 
+def _tier_config(container: dict):
+    """The tier container's ``CacheConfig`` as ``baton cache`` parses its args, the cluster secret read
+    from a file of this machine in place of the pod's mount."""
+    with tempfile.TemporaryDirectory() as folder:
+        secret_file = write_cluster_secret(os.path.join(folder, "cluster-secret"))
+        flag = "--cluster-secret-file="
+        args = [f"{flag}{secret_file}" if arg.startswith(flag) else arg for arg in container["args"]]
+        assert args != container["args"]  # the chart passes the flag
+        return config_from(build_parser().parse_args(args))
+
+
 def _shm_dir(objects: list[dict]) -> str:
     """The DaemonSet's ``baton cache --shm-dir``, as the command parses it."""
     container = _pod(objects, "hicache")["spec"]["containers"][0]
-    return config_from(build_parser().parse_args(container["args"])).shm_dir
+    return _tier_config(container).shm_dir
 
 
 def _shared_directory(pod_spec: dict, container: dict) -> tuple[dict, str] | None:
@@ -51,14 +64,14 @@ def test_the_daemonset_runs_baton_cache_on_the_node_port_with_its_budgets():
     assert "--redis-l3-gib" not in args  # no L3 by default
     l3 = chart.render("default", *ON, "--set", "redis.enabled=true", "--set", "hicache.redisL3Gib=16")
     container = _pod(l3, "hicache")["spec"]["containers"][0]
-    assert config_from(build_parser().parse_args(container["args"])).l3_budget_bytes == 16 * GIB
+    assert _tier_config(container).l3_budget_bytes == 16 * GIB
     no_redis = chart.render("default", *ON, "--set", "hicache.redisL3Gib=16")  # no Redis: no L3
     assert "--redis-l3-gib" not in chart.args(_pod(no_redis, "hicache")["spec"]["containers"][0])
     objects = chart.render("default", *ON, "--set-json", "hicache.kvGib=2.5", "--set", "hicache.kdaGib=1")
     pod = _pod(objects, "hicache")["spec"]
     assert "hostNetwork" not in pod and pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
-    config = config_from(build_parser().parse_args(container["args"]))
+    config = _tier_config(container)
     assert (config.kv_budget_bytes, config.kda_budget_bytes) == (int(2.5 * GIB), GIB)
     assert (config.host, config.port, config.node, config.redis_url) == ("0.0.0.0", 50070, "$(NODE_NAME)", "")
     assert chart.env(container)["NODE_NAME"] == {
@@ -160,7 +173,7 @@ def test_no_host_path_keeps_the_pages_private_and_mounts_nothing():
     objects = chart.render("default", *ON, "--set", "hicache.sharedMemory.hostPath=")
     assert _shm_dir(objects) == ""  # private pages, NIXL only (not the command's default /dev/shm)
     tier = _pod(objects, "hicache")["spec"]
-    assert "volumes" not in tier and "initContainers" not in tier
+    assert [v["name"] for v in tier["volumes"]] == ["cluster-secret"] and "initContainers" not in tier
     for role in ("prefill", "decode"):
         worker = _pod(objects, role)["spec"]
         assert _shared_directory(worker, worker["containers"][0]) is None

@@ -4,6 +4,7 @@ Bad values are refused at `helm template` time: by values.schema.json (types, en
 unknown keys) or, for rules across keys, by the chart's own checks; each message names the key.
 """
 
+import base64
 import json
 
 import pytest
@@ -43,6 +44,7 @@ def test_gpu_values_render_every_kind_the_chart_has():
         "PrometheusRule",
         "Role",
         "RoleBinding",
+        "Secret",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
@@ -183,3 +185,41 @@ def test_schema_and_default_values_name_the_same_keys():
 
     walk(schema, values, "")
     assert mismatched == []
+
+
+SECRET_MOUNT = "/var/run/baton/cluster-secret"
+
+
+@pytest.mark.parametrize("values", ["default", "gpu"])
+def test_every_pod_mounts_the_cluster_secret_and_passes_its_flag(values):
+    objects = chart.render(values)
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "baton-cluster-secret"
+    assert len(base64.b64decode(secret["data"]["cluster-secret"])) >= 32
+    pods = {o["metadata"]["name"]: o for o in objects if o["kind"] in ("Deployment", "DaemonSet")}
+    expected = {"baton-router", "baton-prefill", "baton-decode"} | (
+        {"baton-hicache"} if values == "gpu" else set()
+    )
+    assert expected <= set(pods)
+    for name in expected:
+        spec = pods[name]["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["cluster-secret"]["secret"]["secretName"] == "baton-cluster-secret", name
+        (container,) = spec["containers"]
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["cluster-secret"] == {
+            "name": "cluster-secret",
+            "mountPath": SECRET_MOUNT,
+            "readOnly": True,
+        }
+        assert f"--cluster-secret-file={SECRET_MOUNT}/cluster-secret" in container["args"], name
+
+
+def test_the_cluster_secret_comes_from_a_value_or_the_schema_refuses_it():
+    given = "v" * 40
+    (secret,) = [
+        o for o in chart.render("default", "--set", f"clusterSecret.value={given}") if o["kind"] == "Secret"
+    ]
+    assert base64.b64decode(secret["data"]["cluster-secret"]).decode() == given
+    short = chart.helm(*chart.template_args("default", ("--set", "clusterSecret.value=short")))
+    assert short.returncode != 0 and "at '/clusterSecret/value': minLength: got 5, want 32" in short.stderr

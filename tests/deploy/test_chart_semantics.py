@@ -196,7 +196,7 @@ def test_disabled_features_render_nothing(values):
     switches = ["rbac.create", "serviceAccount.create", "networkPolicy.enabled"]
     switches += [f"{component}.podDisruptionBudget.enabled" for component in COMPONENTS]
     off = chart.render(values, *(arg for key in switches for arg in ("--set", f"{key}=false")))
-    assert {o["kind"] for o in off} == {"ConfigMap", "Deployment", "Service"}
+    assert {o["kind"] for o in off} == {"ConfigMap", "Deployment", "Secret", "Service"}  # Secret: cluster's
 
 
 def test_pod_disruption_budgets_cover_each_component():

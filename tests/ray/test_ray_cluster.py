@@ -16,7 +16,7 @@ from common.prefix_hash import chain_root, extend_chain
 from deploy.ray import RayCluster, RayClusterConfig, ServicePlacement
 from deploy.ray.cache_actor import NodeCaches
 from deploy.ray.cluster import init_ray
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
 from router.server import RouterConfig
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
@@ -29,6 +29,7 @@ PROMPT = [(7 * i + 3) % 97 for i in range(40)]  # more than --local-prefill-toke
 MAX_TOKENS = 5
 RAY_CPUS = 4
 PAGE = 256  # a host tier page (one fake packed block)
+SECRET = "ray-cluster-secret-" + "s" * 32
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def served(tiny_checkpoint):
             workers={role: WorkerConfig(role, EngineConfig(model=model, dtype="float32")) for role in ROLES},
             ready_timeout_s=120,
             supervise_interval_s=0.2,
+            cluster_secret=SECRET,  # as `baton serve --ray` always gives: every actor gets it as a value
         )
         cluster = RayCluster(config)
         try:
@@ -72,6 +74,11 @@ def test_a_request_through_the_router_actor_equals_the_offline_engine(served):
     assert route.transfer_backend == "nixl" and route.transfer_bytes > 0
     prefill, decode = cluster.addresses()
     assert route.prefill_worker == prefill[0] and route.decode_worker == "decode-0"
+    # The router actor reached the workers with the secret; a call without it is refused.
+    with grpc.insecure_channel(decode[0]) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            workers_pb2_grpc.DecodeWorkerStub(channel).Stats(workers_pb2.StatsRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_each_role_is_one_placement_group_with_a_bundle_per_worker(served):

@@ -65,7 +65,7 @@ class LeakCheck:
 
 def wait_until_released(workers: list[ManagedWorker], since: float, bound_s: float) -> LeakCheck:
     """Poll ``workers`` until all are clean or ``bound_s`` after ``since`` (a ``time.monotonic()``)."""
-    channels = [grpc.insecure_channel(worker.address) for worker in workers]
+    channels = [worker.channel() for worker in workers]  # with the cluster's secret, if it has one
     stubs = [
         (workers_pb2_grpc.DecodeWorkerStub if w.role == "decode" else workers_pb2_grpc.PrefillWorkerStub)(c)
         for w, c in zip(workers, channels, strict=True)

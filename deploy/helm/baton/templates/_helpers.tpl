@@ -207,3 +207,26 @@ top, EngineConfig fields under engine:, the role's parallel degrees among them. 
 {{- $_ := set $config "engine" $engine -}}
 {{- toYaml $config -}}
 {{- end }}
+
+{{/* The cluster secret's Secret (templates/cluster-secret.yaml), its volume, mount and flag. */}}
+{{- define "baton.clusterSecretName" -}}
+{{- include "baton.componentName" (dict "root" . "component" "cluster-secret") }}
+{{- end }}
+
+{{- define "baton.clusterSecretVolume" -}}
+- name: cluster-secret
+  secret:
+    secretName: {{ include "baton.clusterSecretName" . }}
+    # Readable by the container's (non-root) user; the file is in this pod's mount only.
+    defaultMode: 0444
+{{- end }}
+
+{{- define "baton.clusterSecretMount" -}}
+- name: cluster-secret
+  mountPath: /var/run/baton/cluster-secret
+  readOnly: true
+{{- end }}
+
+{{- define "baton.clusterSecretFlag" -}}
+- --cluster-secret-file=/var/run/baton/cluster-secret/cluster-secret
+{{- end }}
