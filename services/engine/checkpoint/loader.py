@@ -88,7 +88,9 @@ def build_empty_model(
     for name, param in model.named_parameters():
         param.requires_grad_(False)
         param.data = param.data.to(torch.float32 if name.endswith(FLOAT32_PARAMETERS) else dtype)
-    model = model.to_empty(device=device)
+    # ``to_empty`` without its ``empty_like`` of meta tensors, a Python reference whose first call imports
+    # torch's meta registrations and sympy (about 1 s of CPU in each worker and rank process).
+    model = model._apply(lambda tensor: torch.empty(tensor.shape, dtype=tensor.dtype, device=device))
     if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
