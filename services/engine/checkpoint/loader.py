@@ -81,8 +81,7 @@ def build_empty_model(
 
     Dtypes are set while the parameters are still on the meta device, so memory is allocated once.
     """
-    with torch.device("meta"), _SkipInitialisers():
-        model = CausalLM(config, parallel)
+    model = meta_model(config, parallel)
     if parallel is not None and parallel.layout.pp > 1:  # the stage's modules only
         keep_stage(model, *stage_position(parallel, config.num_hidden_layers))
     for name, param in model.named_parameters():
@@ -94,6 +93,13 @@ def build_empty_model(
     if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
+
+
+def meta_model(config: ModelConfig, parallel: ParallelContext | None = None) -> CausalLM:
+    """``CausalLM(config, parallel)`` on the meta device (shapes and dtypes, no memory), built without
+    running its initialisers (``_SkipInitialisers``)."""
+    with torch.device("meta"), _SkipInitialisers():
+        return CausalLM(config, parallel)
 
 
 class _SkipInitialisers(TorchFunctionMode):
