@@ -31,6 +31,7 @@ if not torch.cuda.is_available():
 # Imported after the set-up above: they reach Triton kernels and transformers' modeling modules.
 from kernels.invariant.reproducible_blas import request_strict_mkl  # noqa: E402
 from services.engine.checkpoint.init_folder import init_checkpoint  # noqa: E402
+from tests.relative_error import relative_error  # noqa: E402, F401 (the tests import it from here too)
 
 request_strict_mkl()  # before any test multiplies: MKL reads its reproducibility mode once, at its first call
 # One compute thread per process (and, through the environment, per worker process a test starts):
@@ -43,12 +44,6 @@ torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 # Engine tests run on this device; the GPU run sets BATON_TEST_DEVICE=cuda.
 TEST_DEVICE = os.environ.get("BATON_TEST_DEVICE", "cpu")
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``max |got - want| / max |want|`` in float64."""
-    got, want = got.double(), want.double()
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
 @pytest.fixture(scope="session")

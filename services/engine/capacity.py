@@ -38,7 +38,8 @@ from services.engine.cache.layout import (
     block_layout,
     slot_layout,
 )
-from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
+from services.engine.checkpoint.loader import meta_model
+from services.engine.model.causal_lm import FLOAT32_PARAMETERS
 from services.engine.model.config import LAYER_KDA, LAYER_MLA, MLP_DENSE, ModelConfig
 from services.engine.parallel.context import ParallelContext
 from services.engine.parallel.layout import ParallelLayout
@@ -297,8 +298,7 @@ def weight_footprint(
     """``(parameters, bytes, float32 bytes)`` of ``CausalLM(config, parallel)`` (one rank's shard; the
     whole model without ``parallel``) loaded in ``dtype``, counted on the meta device
     (``FLOAT32_PARAMETERS`` stay float32, as the loader keeps them)."""
-    with torch.device("meta"):
-        model = CausalLM(config, parallel)
+    model = meta_model(config, parallel)
     count = total = in_float32 = 0
     for name, param in model.named_parameters():  # shared (tied) parameters are listed once
         count += param.numel()

@@ -1,7 +1,12 @@
-"""Checkpoint loading: both tensor layouts, sharded folders, and every bad-tensor case named."""
+"""Checkpoint loading: both tensor layouts, sharded folders, and every bad-tensor case named; a load in a
+fresh process (a worker's, a rank's) pays no ``torch._dynamo`` or ``sympy`` import."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,3 +136,22 @@ def test_out_of_vocabulary_input_is_rejected(tiny_checkpoint):
         model(torch.tensor([[5, 1024, 3]]))
     with pytest.raises(ValueError, match="input_ids: id -1"):
         model(torch.tensor([[-1]]))
+
+
+def test_loading_a_model_in_a_fresh_process_imports_no_dynamo_nor_sympy(tiny_checkpoint):
+    """Building the empty model on the meta device skips the modules' initialisers (``nn.Embedding``'s
+    ``normal_`` on meta would import ``torch._dynamo``: about 2.5 s of CPU at every worker start) and
+    allocates without ``empty_like`` of meta tensors (which imports sympy: about 1 s)."""
+    script = (
+        "import sys; from services.engine.checkpoint.loader import load_model; "
+        f"model = load_model({str(tiny_checkpoint('k3'))!r}); "
+        "print(sum(p.numel() for p in model.parameters()), 'torch._dynamo' in sys.modules, "
+        "'sympy' in sys.modules)"
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": repo}, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    parameters, dynamo_imported, sympy_imported = result.stdout.split()
+    assert int(parameters) > 0 and (dynamo_imported, sympy_imported) == ("False", "False")

@@ -21,8 +21,8 @@ from services.engine.model import SequenceStep, build_step_metadata
 from services.engine.parallel.context import ParallelContext, build_parallel_context
 from services.engine.parallel.dcp_indexer import DcpIndexer
 from services.engine.parallel.layout import ParallelLayout
-from tests.conftest import relative_error
 from tests.parallel.gloo_ranks import run_ranks
+from tests.relative_error import relative_error  # not conftest: the spawned ranks import this module
 
 WORLD = 4
 BLOCK = 4  # tokens per block of a rank's pool

@@ -13,8 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from services.engine.parallel.layout import ParallelLayout
-
-from ..conftest import relative_error
+from tests.relative_error import relative_error  # not conftest: the spawned ranks import this module
 
 FAMILIES = ("k3", "kimi_linear", "deepseek_v32")
 LAYOUTS = {

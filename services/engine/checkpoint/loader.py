@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch.overrides import TorchFunctionMode
 
 from services.engine.model.causal_lm import FLOAT32_PARAMETERS, CausalLM
 from services.engine.model.config import ModelConfig
@@ -80,17 +81,38 @@ def build_empty_model(
 
     Dtypes are set while the parameters are still on the meta device, so memory is allocated once.
     """
-    with torch.device("meta"):
-        model = CausalLM(config, parallel)
+    model = meta_model(config, parallel)
     if parallel is not None and parallel.layout.pp > 1:  # the stage's modules only
         keep_stage(model, *stage_position(parallel, config.num_hidden_layers))
     for name, param in model.named_parameters():
         param.requires_grad_(False)
         param.data = param.data.to(torch.float32 if name.endswith(FLOAT32_PARAMETERS) else dtype)
-    model = model.to_empty(device=device)
+    # ``to_empty`` without its ``empty_like`` of meta tensors, a Python reference whose first call imports
+    # torch's meta registrations and sympy (about 1 s of CPU in each worker and rank process).
+    model = model._apply(lambda tensor: torch.empty(tensor.shape, dtype=tensor.dtype, device=device))
     if config.tie_word_embeddings and isinstance(model.lm_head, torch.nn.Linear):
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
+
+
+def meta_model(config: ModelConfig, parallel: ParallelContext | None = None) -> CausalLM:
+    """``CausalLM(config, parallel)`` on the meta device (shapes and dtypes, no memory), built without
+    running its initialisers (``_SkipInitialisers``)."""
+    with torch.device("meta"), _SkipInitialisers():
+        return CausalLM(config, parallel)
+
+
+class _SkipInitialisers(TorchFunctionMode):
+    """Skips ``torch.nn.init``'s initialisers (the modules' ``reset_parameters``) while a model is built on
+    the meta device, where there are no values to initialise. On meta some of them (``normal_``, which
+    ``nn.Embedding`` uses) run as Python references whose first call imports ``torch._dynamo``: about
+    2.5 s of CPU in every process that loads a model, each worker and each rank.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 def _stream_weights(model: CausalLM, config: ModelConfig, files: list[Path]) -> None:
