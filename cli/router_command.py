@@ -9,6 +9,7 @@ from router.server import RouterConfig, RouterServer
 
 from .cluster_secret_flag import add_cluster_secret_flag
 from .tls_flags import add_router_tls_flags
+from .token_file import add_auth_token_file_flag
 
 _KUBERNETES_FLAGS = (
     ("namespace", "--namespace"),
@@ -26,13 +27,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0: any free)")
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP front (0: any)")
     parser.add_argument("--metrics-port", type=int, default=0, help="/metrics port (default 0: any free)")
-    parser.add_argument(
-        "--auth-token-file",
-        default="",
-        metavar="FILE",
-        help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
-        "(docs/authentication.md; default: no authentication)",
-    )
+    add_auth_token_file_flag(parser)
     add_router_tls_flags(parser)
     add_cluster_secret_flag(parser, "sent on every call to the workers")
     workers = parser.add_argument_group("workers: a fixed list, or found through the Kubernetes API")

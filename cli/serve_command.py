@@ -27,6 +27,7 @@ from services.worker_config import ROLES, WorkerConfig
 
 from .cluster_secret_flag import add_cluster_secret_flag
 from .tls_flags import add_router_tls_flags
+from .token_file import add_auth_token_file_flag
 
 log = logging.getLogger(__name__)
 # EngineConfig's per-worker tier fields (hcengine's): under `baton serve` the node's tier takes their place.
@@ -42,13 +43,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--http-port", type=int, default=None, help="OpenAI-compatible HTTP front (default: none; 0: any)"
     )
-    parser.add_argument(
-        "--auth-token-file",
-        default="",
-        metavar="FILE",
-        help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
-        "(docs/authentication.md; default: no authentication)",
-    )
+    add_auth_token_file_flag(parser)
     add_router_tls_flags(parser)
     add_cluster_secret_flag(
         parser,

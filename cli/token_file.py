@@ -1,9 +1,23 @@
-"""``--token-file``: the bearer token a client command sends to a router with ``--auth-token-file``.
+"""Bearer-token flags: the router's ``--auth-token-file`` (``add_auth_token_file_flag``), and
+``--token-file``, the token a client command sends to such a router (``read_token_file``).
 
-The token is the first field of the file's first line that is neither blank nor a ``#`` comment, so
+A ``--token-file`` token is the first field of the file's first line that is neither blank nor a ``#`` comment, so
 a one-token file (``echo TOKEN > f``) and the router's own token file (``TOKEN [TENANT]`` lines) both
 work; the rest of the file is ignored. The token never appears in output or reports.
 """
+
+import argparse
+
+
+def add_auth_token_file_flag(parser: argparse.ArgumentParser) -> None:
+    """``--auth-token-file`` on a command that runs the router (``baton router``, ``baton serve``)."""
+    parser.add_argument(
+        "--auth-token-file",
+        default="",
+        metavar="FILE",
+        help="bearer tokens of the public API, one a line, optionally 'TOKEN TENANT'; reloaded on change "
+        "(docs/authentication.md; default: no authentication)",
+    )
 
 
 def read_token_file(path: str | None, flag: str = "--token-file") -> str | None:
