@@ -1,9 +1,10 @@
 """Bearer-token flags: the router's ``--auth-token-file`` (``add_auth_token_file_flag``), and
 ``--token-file``, the token a client command sends to such a router (``read_token_file``).
 
-A ``--token-file`` token is the first field of the file's first line that is neither blank nor a ``#`` comment, so
-a one-token file (``echo TOKEN > f``) and the router's own token file (``TOKEN [TENANT]`` lines) both
-work; the rest of the file is ignored. The token never appears in output or reports.
+A ``--token-file`` token is the first field of the file's first line that is neither blank nor a
+``#`` comment, so a one-token file (``echo TOKEN > f``) and the router's own token file (``TOKEN
+[TENANT]`` lines) both work; the rest of the file is ignored. The token never appears in output or
+reports.
 """
 
 import argparse
