@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from kernels.kda.token_slots import own_lengths
+
 
 def causal_conv1d(
     x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None
@@ -37,6 +39,7 @@ def causal_conv1d_varlen(
     has_state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     max_query_len: int,
+    token_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``causal_conv1d`` (with SiLU) over a packed batch; each tail is read from and written to its slot.
 
@@ -50,6 +53,9 @@ def causal_conv1d_varlen(
         has_state: ``[S]`` bool; False starts the sequence from a zero tail (the slot's bytes are ignored).
         cu_seqlens: ``[S + 1]`` int32 row offsets of the sequences in ``x``.
         max_query_len: the longest sequence (unused here; the fast kernel sizes its grid with it).
+        token_slots: ``[S, T]`` int32 per-token slots (``kernels/kda/token_slots.py``), or None: the own
+            slot ends with the tail after the last own column, each other column's slot gets the tail
+            after its token.
 
     Returns:
         ``y [N, C]`` in ``x.dtype``. A sequence with no rows keeps its tail (zeroed when it had no state).
@@ -57,6 +63,9 @@ def causal_conv1d_varlen(
     del max_query_len
     y = torch.empty_like(x)
     bounds = cu_seqlens.tolist()
+    counts = cu_seqlens.diff().tolist()
+    owned = counts if token_slots is None else own_lengths(token_slots, slots, cu_seqlens)
+    width = weight.shape[-1] - 1
     for seq, slot in enumerate(slots.tolist()):
         start, end = bounds[seq], bounds[seq + 1]
         initial = conv_pool[slot][None] if bool(has_state[seq]) else None
@@ -64,7 +73,11 @@ def causal_conv1d_varlen(
             if initial is None:
                 conv_pool[slot] = 0
             continue
-        out, tail = causal_conv1d(x[None, start:end], weight, initial)
+        out, _ = causal_conv1d(x[None, start:end], weight, initial)
         y[start:end] = out[0]
-        conv_pool[slot] = tail[0].to(conv_pool.dtype)
+        old = conv_pool[slot].to(weight.dtype) if initial is not None else weight.new_zeros(x.shape[1], width)
+        combined = torch.cat([old, x[start:end].to(weight.dtype).T], dim=-1)  # [C, W - 1 + T]
+        for t in range(owned[seq], counts[seq]):  # after token t: combined[:, t + 1 : t + W]
+            conv_pool[int(token_slots[seq, t])] = combined[:, t + 1 : t + 1 + width].to(conv_pool.dtype)
+        conv_pool[slot] = combined[:, owned[seq] : owned[seq] + width].to(conv_pool.dtype)
     return y

@@ -20,6 +20,30 @@ from kernels.triton_env import require_triton_device
 
 
 @triton.jit
+def _tail_after(
+    x, stride_x, bos, end, p_tail, stride_pool_w, stateful, o_c, m_c, W: tl.constexpr, WP: tl.constexpr
+):
+    """The ``W - 1`` inputs ending with token ``end - 1`` (``combined[end : end + W - 1]``): rows of ``x``,
+    or, for a short ``end``, the old tail at ``p_tail``. Returns ``([WP, BC] float32, row mask)``."""
+    o_i = tl.arange(0, WP)
+    m_i = o_i < W - 1
+    src = end - (W - 1) + o_i
+    m_x = (src >= 0) & m_i
+    x_i = tl.load(
+        x + (bos + tl.maximum(src, 0))[:, None] * stride_x + o_c[None, :],
+        mask=m_x[:, None] & m_c[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    m_s = (src < 0) & m_i & stateful
+    s_i = tl.load(
+        p_tail[None, :] + tl.maximum(src + W - 1, 0)[:, None] * stride_pool_w,
+        mask=m_s[:, None] & m_c[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    return x_i + s_i, m_i
+
+
+@triton.jit
 def _causal_conv1d_varlen_kernel(
     x,
     weight,
@@ -28,16 +52,19 @@ def _causal_conv1d_varlen_kernel(
     slots,
     has_state,
     cu_seqlens,
+    token_slots,
     stride_x,
     stride_y,
     stride_pool_slot,
     stride_pool_c,
     stride_pool_w,
+    stride_token_slots,
     C,
     W: tl.constexpr,
     WP: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
+    HAS_TOKEN_SLOTS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     o_c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -77,30 +104,38 @@ def _causal_conv1d_varlen_kernel(
         )
         t0 += BT
 
-    # New tail: combined[T + i] for i < W - 1, i.e. x[T - (W-1) + i] or, for short sequences, old tail.
-    o_i = tl.arange(0, WP)
-    m_i = o_i < W - 1
-    src = seq_len - (W - 1) + o_i
-    m_x = (src >= 0) & m_i
-    x_i = tl.load(
-        x + (bos + tl.maximum(src, 0))[:, None] * stride_x + o_c[None, :],
-        mask=m_x[:, None] & m_c[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    m_s = (src < 0) & m_i & stateful
-    s_i = tl.load(
-        p_tail[None, :] + tl.maximum(src + W - 1, 0)[:, None] * stride_pool_w,
-        mask=m_s[:, None] & m_c[None, :],
-        other=0.0,
-    ).to(tl.float32)
+    own_len = seq_len  # the own slot keeps the tail after this many tokens
+    if HAS_TOKEN_SLOTS:
+        # Tails after tokens whose column names another slot go there; the own slot (still holding the
+        # old tail those may read) is written last, with the tail after its last column.
+        own_len = seq_len * 0
+        t = seq_len * 0
+        while t < seq_len:
+            target = tl.load(token_slots + seq * stride_token_slots + t).to(tl.int64)
+            if target == slot:
+                own_len = t + 1
+            else:
+                tail, m_i = _tail_after(
+                    x, stride_x, bos, t + 1, p_tail, stride_pool_w, stateful, o_c, m_c, W, WP
+                )
+                p_target = pool + target * stride_pool_slot + o_c * stride_pool_c
+                tl.store(
+                    p_target[None, :] + tl.arange(0, WP)[:, None] * stride_pool_w,
+                    tail.to(pool.dtype.element_ty),
+                    mask=m_i[:, None] & m_c[None, :],
+                )
+            t += 1
+    tail, m_i = _tail_after(x, stride_x, bos, own_len, p_tail, stride_pool_w, stateful, o_c, m_c, W, WP)
     tl.store(
-        p_tail[None, :] + o_i[:, None] * stride_pool_w,
-        (x_i + s_i).to(pool.dtype.element_ty),
+        p_tail[None, :] + tl.arange(0, WP)[:, None] * stride_pool_w,
+        tail.to(pool.dtype.element_ty),
         mask=m_i[:, None] & m_c[None, :],
     )
 
 
-def _launch_causal_conv1d_varlen(x, weight, conv_pool, y, slots, has_state, cu_seqlens, max_query_len):
+def _launch_causal_conv1d_varlen(
+    x, weight, conv_pool, y, slots, has_state, cu_seqlens, max_query_len, token_slots
+):
     num_seqs = slots.shape[0]
     channels, width = weight.shape
     block_t = min(32, triton.next_power_of_2(max(1, max_query_len)))
@@ -114,16 +149,19 @@ def _launch_causal_conv1d_varlen(x, weight, conv_pool, y, slots, has_state, cu_s
         slots,
         has_state,
         cu_seqlens,
+        slots if token_slots is None else token_slots,
         x.stride(0),
         y.stride(0),
         conv_pool.stride(0),
         conv_pool.stride(1),
         conv_pool.stride(2),
+        0 if token_slots is None else token_slots.stride(0),
         channels,
         W=width,
         WP=triton.next_power_of_2(max(1, width - 1)),
         BT=block_t,
         BC=block_c,
+        HAS_TOKEN_SLOTS=token_slots is not None,
     )
 
 
@@ -135,6 +173,7 @@ def causal_conv1d_varlen(
     has_state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     max_query_len: int,
+    token_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal depthwise conv + SiLU over a packed batch, tails read from and written to their slots.
 
@@ -148,6 +187,10 @@ def causal_conv1d_varlen(
         has_state: ``[S]`` bool; False reads a zero tail.
         cu_seqlens: ``[S + 1]`` int32.
         max_query_len: an upper bound of the sequence lengths (host int; picks the time tile).
+        token_slots: ``[S, >= max_query_len]`` int32, or None: where the tail after each token goes
+            (speculative verification keeps the state after every draft, ``kernels/kda/token_slots.py``):
+            each row starts with the sequence's own slot for its first tokens; the own slot ends with
+            the tail after the last of those, every other column's slot gets the tail after its token.
 
     Returns:
         ``y [N, C]`` in ``x.dtype``, ``silu(conv)`` computed in float32.
@@ -157,5 +200,7 @@ def causal_conv1d_varlen(
         x = x.contiguous()
     weight = weight.contiguous()
     y = torch.empty_like(x)
-    _launch_causal_conv1d_varlen(x, weight, conv_pool, y, slots, has_state, cu_seqlens, max_query_len)
+    _launch_causal_conv1d_varlen(
+        x, weight, conv_pool, y, slots, has_state, cu_seqlens, max_query_len, token_slots
+    )
     return y

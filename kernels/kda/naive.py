@@ -13,6 +13,7 @@ Per head, with recurrent state ``S [K, V]`` (float32) and per-channel log-decay 
 import torch
 
 from kernels.kda.chunk import kda_chunked
+from kernels.kda.token_slots import own_lengths
 
 VARLEN_CHUNK_SIZE = 64
 
@@ -93,6 +94,7 @@ def kda_varlen(
     cu_seqlens: torch.Tensor,
     max_query_len: int,
     any_fresh: bool = True,
+    token_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """KDA over a packed batch, each sequence's recurrent state read from and written to its slot.
 
@@ -115,6 +117,9 @@ def kda_varlen(
         max_query_len: the longest sequence (host int; unused by the reference).
         any_fresh: whether some ``has_state`` entry is False (host bool, e.g. from the step's host
             copies); False lets the fast kernel skip zeroing fresh slots. The reference checks it.
+        token_slots: ``[S, T]`` int32 per-token slots (``kernels/kda/token_slots.py``), or None: the own
+            slot ends with the state after the last own column (the own tokens run as above), each other
+            column's token runs ``kda_recurrent`` and its state goes to that column's slot.
 
     Returns:
         ``o [N, H, V]`` in ``v.dtype``. A sequence with no rows leaves its slot as it was (zeroed when
@@ -125,8 +130,10 @@ def kda_varlen(
         raise ValueError("any_fresh: False, but has_state marks a sequence without state")
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     bounds = cu_seqlens.tolist()
+    counts = cu_seqlens.diff().tolist()
+    owned = counts if token_slots is None else own_lengths(token_slots, slots, cu_seqlens)
     for seq, slot in enumerate(slots.tolist()):
-        start, end = bounds[seq], bounds[seq + 1]
+        start, end = bounds[seq], bounds[seq] + owned[seq]
         initial = state_pool[slot][None] if bool(has_state[seq]) else None
         if end == start:
             if initial is None:
@@ -140,4 +147,11 @@ def kda_varlen(
             o, final = kda_chunked(*args, VARLEN_CHUNK_SIZE)
         out[rows] = o[0]
         state_pool[slot] = final[0]
+        for t in range(owned[seq], counts[seq]):  # the drafts: one token at a time, every state kept
+            row = slice(start + t, start + t + 1)
+            o, final = kda_recurrent(
+                q[None, row], k[None, row], v[None, row], g[None, row], beta[None, row], scale, final
+            )
+            out[row] = o[0]
+            state_pool[int(token_slots[seq, t])] = final[0]
     return out

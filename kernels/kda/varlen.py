@@ -85,13 +85,21 @@ def _say_reference_on_cpu() -> None:
     )
 
 
-def _recurrent(q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh, max_query_len):
+def _recurrent(
+    q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh, max_query_len, token_slots
+):
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
     if any_fresh:
         zero_fresh_slots(state_pool, slots, has_state)
-    # The kernel writes token t's state at indices[seq, t]: every column the sequence's own slot.
-    indices = slots if max_query_len == 1 else slots[:, None].expand(-1, max_query_len).contiguous()
+    # The kernel reads the state at indices[seq, 0] and writes token t's at indices[seq, t]: every column
+    # the sequence's own slot, or the step's per-token slots (whose first column is the own slot).
+    if token_slots is not None:
+        indices = token_slots if token_slots.is_contiguous() else token_slots.contiguous()
+    elif max_query_len == 1:
+        indices = slots
+    else:
+        indices = slots[:, None].expand(-1, max_query_len).contiguous()
     # This entry of fla has no input guard: its kernel addresses rows as contiguous [N, H, K] (the
     # layer's v is a strided slice of the conv output).
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
@@ -147,6 +155,7 @@ def kda_varlen(
     cu_seqlens: torch.Tensor,
     max_query_len: int,
     any_fresh: bool = True,
+    token_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """KDA over a packed batch on fla-core, reading and writing each sequence's state in its slot.
 
@@ -166,6 +175,9 @@ def kda_varlen(
             in-place recurrent kernel, more the chunked one.
         any_fresh: whether some ``has_state`` entry is False (host bool); False skips zeroing the
             fresh slots (one launch per decode step). Must agree with ``has_state``.
+        token_slots: ``[S, >= max_query_len]`` int32 per-token slots (``kernels/kda/token_slots.py``), or
+            None; given, the step runs the recurrent kernel whatever its length (the chunked one keeps
+            no per-token state).
 
     Returns:
         ``o [N, H, V]`` in ``v.dtype``.
@@ -173,7 +185,7 @@ def kda_varlen(
     if q.device.type == "cpu":
         _say_reference_on_cpu()
         args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens)
-        return naive.kda_varlen(*args, max_query_len, any_fresh)
+        return naive.kda_varlen(*args, max_query_len, any_fresh, token_slots)
     if state_pool.dtype != torch.float32 or not state_pool[0].is_contiguous():
         raise ValueError("state_pool: expected float32 slots, each [H, K, V] contiguous")
     # fla's kernels multiply q, k, v and beta in one dtype (a bf16 model's layer normalises q and k
@@ -181,8 +193,8 @@ def kda_varlen(
     q, k, beta = q.to(v.dtype), k.to(v.dtype), beta.to(v.dtype)
     args = (q, k, v, g, beta, scale, state_pool, slots, has_state, cu_seqlens, any_fresh)
     with _float32_dots(v.dtype):
-        if max_query_len <= RECURRENT_MAX_QUERY_LEN:
-            return _recurrent(*args, max_query_len)
+        if max_query_len <= RECURRENT_MAX_QUERY_LEN or token_slots is not None:
+            return _recurrent(*args, max_query_len, token_slots)
         return _prefill(*args)
 
 

@@ -157,3 +157,37 @@ def test_kda_and_conv_on_a_state_slot_pool_view():
     y_ref = conv_naive.causal_conv1d_varlen(x.float(), weight.float(), conv_ref, slots, states, cu, 1)
     assert_rel(y.float(), y_ref, 2e-2, "conv y")
     assert_rel(conv[slots.long()].float(), conv_ref[slots.long()], 2e-2, "conv tails")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_per_token_slots_keep_the_bits_of_decoding_each_draft(dtype):
+    """``--kda-rollback states``: a verify chunk with per-token slots leaves in each draft's slot the
+    state that decoding the chunk token by token has after that draft, bit for bit, and in the own slot
+    the state after the tail; the outputs equal the chunk's without per-token slots."""
+    heads, dim, lengths = 4, 64, [4, 2, 8]
+    token_rows = [[3, 9, 10, 11] + [3] * 4, [0] * 8, [6, 6, 12, 13, 14, 15, 16, 17]]
+    own = [1, 2, 2]
+    inputs, (slots, states, cu) = packed_inputs(
+        lengths, [True] * 3, heads, dim, dtype, "cuda", slots=[3, 0, 6]
+    )
+    pool = strided_pool(20, heads, dim, "cuda", seed=3)
+    plain_pool = pool.clone()
+    token_slots = torch.tensor(token_rows, dtype=torch.int32, device="cuda")
+    o = fast.kda_varlen(*inputs, dim**-0.5, pool, slots, states, cu, max(lengths), False, token_slots)
+    plain = fast.kda_varlen(*inputs, dim**-0.5, plain_pool, slots, states, cu, max(lengths), False)
+    assert torch.equal(o, plain), "per-token slots changed the outputs"
+    decoded = strided_pool(20, heads, dim, "cuda", seed=3)
+    starts = cu[:-1].tolist()
+    one = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    for seq, slot in enumerate([3, 0, 6]):
+        for t in range(lengths[seq]):
+            row = slice(starts[seq] + t, starts[seq] + t + 1)
+            fast.kda_varlen(
+                *(x[row] for x in inputs), dim**-0.5, decoded, slots[seq : seq + 1], states[:1], one, 1, False
+            )
+            if t == own[seq] - 1:
+                assert torch.equal(pool[slot], decoded[slot]), f"sequence {seq}: own slot after the tail"
+            if t >= own[seq]:
+                assert torch.equal(pool[token_rows[seq][t]], decoded[slot]), (
+                    f"sequence {seq}: after token {t}"
+                )
