@@ -98,12 +98,16 @@ HELP = {
     "spec_policy": "how many tokens to draft each step: adaptive (the k up to --num-draft-tokens this "
     "engine measured to give the most tokens per second, none where speculation loses; "
     "docs/speculative.md) or fixed (always --num-draft-tokens)",
+    "kda_rollback": "how verify steps undo rejected drafts in the KDA state: states (the state after every "
+    "draft kept in a slot of its own; fixed-shape verify steps that CUDA graphs replay), replay (one "
+    "checkpoint, accepted drafts run again; needed by --batch-invariant) or auto (replay with "
+    "--batch-invariant, else states)",
 }
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
     from services.engine.cache.layout import KV_FORMATS
-    from services.engine.engine_config import PREFETCH_POLICIES, SPEC_POLICIES
+    from services.engine.engine_config import KDA_ROLLBACKS, PREFETCH_POLICIES, SPEC_POLICIES
     from services.engine.model.backends import KERNEL_BACKENDS
 
     return {
@@ -113,6 +117,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
         "kernels": KERNEL_BACKENDS,
         "prefetch_policy": PREFETCH_POLICIES,
         "spec_policy": SPEC_POLICIES,
+        "kda_rollback": KDA_ROLLBACKS,
     }
 
 

@@ -27,10 +27,12 @@ With a Redis L3 below the tier, ``prefetch`` (when a request arrives) starts bri
 the L3 into the tier, and ``ready`` (the scheduler, before admitting it) answers by the worker's
 prefetch policy (``prefetch_gate.py``).
 
-With ``checkpoints`` (speculative decoding) every admitted request also holds a checkpoint slot, where
-the KDA layers copy its state after a verify step's tail, before the drafts; ``rollback`` restores the
-slot from it when a draft is rejected. Only committed tokens ever reach ``record_progress`` and
-``record_end``, so registered blocks and snapshots never hold a rejected draft.
+Speculative decoding (``rollback_mode``) gives every admitted request more state slots
+(``Request.spec_slots``): with ``replay`` one checkpoint slot, where the KDA layers copy its state after a
+verify step's tail, before the drafts (``rollback`` restores the slot from it when a draft is rejected);
+with ``states`` one slot per draft, where they keep the state after that draft (``commit_drafts`` copies
+the last accepted one's into the request's slot). Only committed tokens ever reach ``record_progress``
+and ``record_end``, so registered blocks and snapshots never hold a rejected draft.
 
 ``admit`` counts where each admitted request's cached prefix came from (``counters``,
 ``cache_counters.py``) and, with a tier, the tier's hits and misses for the match it was admitted on:
@@ -97,8 +99,9 @@ class CacheManager:
         host: the host tier's connector, or None (no tier).
         prefetch_gate: when a request whose prefix is prefetched from the L3 may be admitted (default:
             ``best_effort``, never held back).
-        checkpoints: speculative decoding: each admitted request also holds a checkpoint slot, where a
-            verify step keeps its KDA state from before the drafts (``rollback`` restores it).
+        rollback_mode: speculative decoding's KDA rollback (``EngineConfig.rollback``): ``replay``,
+            ``states``, or "" without speculation.
+        num_draft_tokens: the most drafts of a verify step (the ``states`` slots per request).
     """
 
     def __init__(
@@ -110,10 +113,12 @@ class CacheManager:
         dcp: int = 1,
         host: HostCacheConnector | None = None,
         prefetch_gate: PrefetchGate | None = None,
-        checkpoints: bool = False,
+        rollback_mode: str = "",
+        num_draft_tokens: int = 0,
     ):
         self.blocks = blocks
-        self.checkpoints = checkpoints
+        self.rollback_mode = rollback_mode
+        self.num_spec_slots = {"": 0, "replay": 1, "states": num_draft_tokens}[rollback_mode]
         self.block_tokens = dcp * blocks.block_size
         self.slots = slots
         self.snapshots = snapshots
@@ -149,15 +154,18 @@ class CacheManager:
         model: CausalLM,
         scratch: bool = False,
         redis_url: str = "",
-        checkpoints: bool = False,
+        num_draft_tokens: int = 0,
         cluster_secret: str = "",
     ) -> "CacheManager":
         """The pools ``config`` asks for, laid out for ``model`` (its shard, on a parallel rank) on
         ``config.device`` (a pipeline stage's layers only); ``scratch``: a spare block and slot for
         CUDA-graph padding rows; ``redis_url``: the Redis of the own tier's L3 (``redis_l3_gib``);
-        ``checkpoints``: speculative decoding, two state slots per seat (its own and its checkpoint);
+        ``num_draft_tokens``: speculative decoding's most drafts per step (0: none), which with
+        ``config.rollback`` sets the slots per seat beside its own;
         ``cluster_secret``: sent on every call to the ``baton cache`` at ``host_cache_address``."""
         dtype = model.dtype
+        mode = config.rollback if num_draft_tokens else ""
+        spec_slots = {"": 0, "replay": 1, "states": num_draft_tokens}[mode]
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         layers = stage_position(model.parallel, model.config.num_hidden_layers)[0]  # all at --pp 1
         blocks = BlockPool(
@@ -169,7 +177,7 @@ class CacheManager:
         )
         slots = StateSlotPool(
             stage_layout(slot_layout(model.config, dtype, open_rows, model.parallel.tp), layers),
-            config.max_num_seqs * (2 if checkpoints else 1),
+            config.max_num_seqs * (1 + spec_slots),
             config.device,
             scratch=scratch,
         )
@@ -192,7 +200,9 @@ class CacheManager:
                 l3_gib=config.redis_l3_gib,
             )
         gate = PrefetchGate(config.prefetch_policy, config.prefetch_timeout_ms)
-        return cls(blocks, slots, snapshots, config.snapshot_stride, config.dcp, host, gate, checkpoints)
+        return cls(
+            blocks, slots, snapshots, config.snapshot_stride, config.dcp, host, gate, mode, num_draft_tokens
+        )
 
     def apply_state_copies(self, copies: tuple[StateCopy, ...]) -> None:
         """A follower rank: make the KDA state copies rank 0's cache manager recorded, in order."""
@@ -326,8 +336,8 @@ class CacheManager:
 
     @property
     def slots_per_request(self) -> int:
-        """State slots an admitted request holds: its own, and a checkpoint slot when speculating."""
-        return 2 if self.checkpoints else 1
+        """State slots an admitted request holds: its own, and its ``spec_slots`` when speculating."""
+        return 1 + self.num_spec_slots
 
     def admit(self, request: Request, hit: PrefixHit, new_tokens: int) -> None:
         """Start a waiting request from ``hit``: share its blocks, load the host tier's part, restore its
@@ -336,8 +346,7 @@ class CacheManager:
         request.block_table = list(hit.block_ids)
         request.num_registered = len(hit.block_ids)
         request.slot = self.slots.allocate()
-        if self.checkpoints:
-            request.checkpoint_slot = self.slots.allocate()
+        request.spec_slots = [self.slots.allocate() for _ in range(self.num_spec_slots)]
         request.num_cached_tokens_host = 0
         if hit.tier_match is not None:
             self.host.record_lookup(hit.tier_match, hit.tier_blocks, with_state=not hit.kv_only)
@@ -430,16 +439,23 @@ class CacheManager:
         if request.slot is not None:
             self.slots.free(request.slot)
             request.slot = None
-        if request.checkpoint_slot is not None:
-            self.slots.free(request.checkpoint_slot)
-            request.checkpoint_slot = None
+        for slot in request.spec_slots:
+            self.slots.free(slot)
+        request.spec_slots = []
         request.num_computed = 0
         request.num_registered = 0
 
     def rollback(self, request: Request) -> None:
         """Restore the request's KDA state from its checkpoint slot: undo a verify step's drafts (the
-        target's KDA layers copied the state there after the step's tail rows)."""
-        self.slots.copy_slot(request.checkpoint_slot, request.slot)
+        target's KDA layers copied the state there after the step's tail rows). ``replay`` only."""
+        self.slots.copy_slot(request.spec_slots[0], request.slot)
+
+    def commit_drafts(self, request: Request, num_accepted: int) -> None:
+        """Make the KDA state after the request's last accepted draft its own (``states`` only): the
+        verify step kept it in ``spec_slots[num_accepted - 1]``; with none accepted the slot already
+        holds the state after the tail."""
+        if num_accepted:
+            self.slots.copy_slot(request.spec_slots[num_accepted - 1], request.slot)
 
     def total_tokens(self) -> int:
         """Context tokens the block pool holds in all (over the DCP ranks, each storing its share)."""

@@ -11,6 +11,7 @@ PREFETCH_POLICIES = ("best_effort", "wait", "timeout_ms")  # services/engine/pre
 PARALLEL_DEGREES = ("tp", "dcp", "pp", "pcp", "ep")
 MAX_DRAFT_TOKENS = 16
 SPEC_POLICIES = ("adaptive", "fixed")  # services/engine/speculative/spec_policy.py
+KDA_ROLLBACKS = ("auto", "states", "replay")  # services/engine/model/spec_split.py
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class EngineConfig:
         spec_policy: ``adaptive`` (``speculative/spec_policy.py``: each step drafts the ``k`` up to
             ``num_draft_tokens`` that this engine measured to give the most tokens per second, 0 where
             speculation loses) or ``fixed`` (every step drafts ``num_draft_tokens``).
+        kda_rollback: how a verify step can undo rejected drafts in the KDA state: ``states`` keeps the
+            state after every draft in a slot of its own (``kernels/kda/token_slots.py``; every verify
+            chunk is then ``1 + k`` tokens, which decode CUDA graphs replay), ``replay`` keeps one
+            checkpoint after the tail and runs the accepted drafts again in the next step (the
+            batch-invariant numerics' CF-BI rows need it); ``auto`` is ``replay`` with
+            ``batch_invariant``, else ``states`` (``rollback``).
     """
 
     model: str
@@ -95,6 +102,7 @@ class EngineConfig:
     draft_model: str = ""
     num_draft_tokens: int = 0
     spec_policy: str = "adaptive"
+    kda_rollback: str = "auto"
 
     def __post_init__(self):
         self.adapter_folders()  # raises naming ``adapters``
@@ -133,6 +141,15 @@ class EngineConfig:
         if self.spec_policy not in SPEC_POLICIES:
             raise ValueError(
                 f"spec_policy: {self.spec_policy!r} is not supported ({', '.join(SPEC_POLICIES)})"
+            )
+        if self.kda_rollback not in KDA_ROLLBACKS:
+            raise ValueError(
+                f"kda_rollback: {self.kda_rollback!r} is not supported ({', '.join(KDA_ROLLBACKS)})"
+            )
+        if self.kda_rollback == "states" and self.batch_invariant:
+            raise ValueError(
+                "kda_rollback: states keeps per-token states on the default numerics' recurrent kernel; "
+                "--batch-invariant's CF-BI rows need --kda-rollback replay (or auto)"
             )
         k = self.num_draft_tokens
         if not isinstance(k, int) or isinstance(k, bool):
@@ -226,6 +243,13 @@ class EngineConfig:
     def kernel_backend(self) -> str:
         """The backend the engine runs: ``kernels``, or the device's default."""
         return self.kernels or default_kernels(self.device, self.batch_invariant)
+
+    @property
+    def rollback(self) -> str:
+        """``kda_rollback`` resolved: ``states`` or ``replay``."""
+        if self.kda_rollback != "auto":
+            return self.kda_rollback
+        return "replay" if self.batch_invariant else "states"
 
     @property
     def layout(self) -> ParallelLayout:

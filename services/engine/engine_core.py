@@ -115,7 +115,7 @@ class EngineCore:
             self.model,
             scratch=use_graphs,
             redis_url=redis_url,
-            checkpoints=proposer is not None,
+            num_draft_tokens=proposer.num_draft_tokens if proposer is not None else 0,
             cluster_secret=cluster_secret,
         )
         self.model_fingerprint = (

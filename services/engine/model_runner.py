@@ -71,7 +71,7 @@ class ModelRunner:
                 c.slot,
                 adapter,
                 num_draft=c.num_draft,
-                checkpoint_slot=requests[c.request_id].checkpoint_slot if c.num_draft else -1,
+                **self._rollback_slots(requests[c.request_id], c.num_draft),
             )
             for c, adapter in zip(chunks, adapters, strict=True)
         ]
@@ -172,6 +172,15 @@ class ModelRunner:
         )
         table = self.adapters.table if self.adapters is not None else None
         return self.model.forward_step(meta, self.paged, table)
+
+    def _rollback_slots(self, request: Request, num_draft: int) -> dict:
+        """A verify chunk's KDA rollback slots for its ``SequenceStep``: the checkpoint slot (``replay``)
+        or a slot per draft (``states``); none for a plain chunk."""
+        if not num_draft:
+            return {}
+        if self.cache.rollback_mode == "states":
+            return {"draft_slots": tuple(request.spec_slots[:num_draft])}
+        return {"checkpoint_slot": request.spec_slots[0]}
 
     def _adapter_slot(self, request: Request) -> int:
         if not request.adapter:

@@ -40,7 +40,9 @@ class Request:
     finish_reason: FinishReason | None = None
     block_table: list[int] = field(default_factory=list)
     slot: int | None = None
-    checkpoint_slot: int | None = None  # speculative decoding: the KDA state before a verify's drafts
+    # speculative decoding's extra state slots (``CacheManager.rollback_mode``): replay, the checkpoint
+    # (the KDA state before a verify's drafts); states, one per draft (the state after it)
+    spec_slots: list[int] = field(default_factory=list)
     num_computed: int = 0
     cache_root: bytes = b""  # prefix-cache chain salt: model, adapter, tenant
     adapter: str = ""  # the LoRA adapter's name, "" for the base model

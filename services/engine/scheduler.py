@@ -10,6 +10,12 @@ uncomputed tokens (the "tail") followed by its drafts::
 
     all_ids:  | computed (past) | tail |                       (tail: up to k + 1 tokens)
     chunk:                      | tail | draft 0 .. draft k-1 |  logits of its last 1 + k rows
+
+With ``--kda-rollback states`` the KDA layers kept the state after every draft (``spec_slots``):
+    a accepted:       num_computed = past + len(tail) + a  (the slot takes the state after draft a - 1;
+                                                           the new token alone is the next tail, so
+                                                           every verify chunk is 1 + k tokens)
+With ``replay`` (batch-invariant mode's):
     all k accepted:   num_computed = past + len(chunk)    (the slot holds the state after the drafts)
     fewer accepted:   num_computed = past + len(tail)     (the slot is restored from the checkpoint the
                                                            KDA layers took after the tail; the accepted
@@ -342,7 +348,11 @@ class Scheduler:
             if reason is not None:
                 break
         kept = len(request.output_ids) - before  # a stop may drop the last accepted drafts
-        if verified.num_accepted == chunk.num_draft and kept >= chunk.num_draft:
+        if self.cache.rollback_mode == "states":  # the state after each draft was kept: take the last
+            accepted = min(verified.num_accepted, kept)
+            self.cache.commit_drafts(request, accepted)
+            request.num_computed = chunk.past + len(chunk.token_ids) - chunk.num_draft + accepted
+        elif verified.num_accepted == chunk.num_draft and kept >= chunk.num_draft:
             request.num_computed = chunk.past + len(chunk.token_ids)
         else:
             self.cache.rollback(request)
@@ -425,13 +435,12 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Every request holding a cache (running, reserved, held) holds its own state slot and, when
-        speculating, a checkpoint slot; no slot is held twice and no other slot is in use."""
+        speculating, its ``spec_slots``; no slot is held twice and no other slot is in use."""
         holders = [*self.running, *self.reserved.values(), *self.held.values()]
-        checkpoints = [r.checkpoint_slot for r in holders if r.checkpoint_slot is not None]
-        slots = [r.slot for r in holders] + checkpoints
+        slots = [r.slot for r in holders] + [slot for r in holders for slot in r.spec_slots]
         assert None not in slots, "a request holding a cache has no state slot"
         assert len(set(slots)) == len(slots), "a state slot is held twice"
-        assert len(slots) == self.cache.slots_per_request * len(holders), "a request lacks a checkpoint slot"
+        assert len(slots) == self.cache.slots_per_request * len(holders), "a request lacks a speculation slot"
         assert set(slots) == self.cache.slots.used, "state slots in use that no request holds"
 
     def _finish(self, request: Request, reason: FinishReason) -> None:

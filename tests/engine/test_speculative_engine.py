@@ -6,8 +6,9 @@ decoding must then give the plain run's tokens (and, in batch-invariant mode, it
 whatever the acceptance, stops and preemptions; the checkpoint slots must be held and freed with the
 requests; and ``SpecCounters`` must count exactly the verifies the script forced.
 
-K3 (KDA) rejections roll the KDA state back from the checkpoint its KDA layers write during the verify
-step; DeepSeek-V3.2 (no KDA) only rewrites MLA rows.
+K3 (KDA) rejections take the KDA state the verify step kept after the last accepted draft
+(``--kda-rollback states``) or roll it back from the checkpoint its KDA layers wrote after the tail
+(``replay``, also batch-invariant mode's); DeepSeek-V3.2 (no KDA) only rewrites MLA rows.
 """
 
 import dataclasses
@@ -96,10 +97,12 @@ def counted(llm: LLM) -> tuple:
 
 
 @pytest.mark.parametrize("pattern", ["all", "none", "some"])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_tokens_equal_plain_decoding(family, pattern, plain, tiny_checkpoint):
+@pytest.mark.parametrize(
+    ("family", "rollback"), [("k3", "states"), ("k3", "replay"), ("deepseek_v32", "auto")]
+)
+def test_greedy_tokens_equal_plain_decoding(family, rollback, pattern, plain, tiny_checkpoint):
     want = plain(family)
-    llm = speculative(tiny_checkpoint, family, want, [pattern] * len(PROMPTS))
+    llm = speculative(tiny_checkpoint, family, want, [pattern] * len(PROMPTS), kda_rollback=rollback)
     got = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert all(o.finish_reason == "length" for o in got)
@@ -207,20 +210,23 @@ def test_drafts_that_do_not_fit_are_discarded_not_released(tiny_checkpoint):
     engine.abort(request.request_id)
 
 
-def test_each_request_holds_a_checkpoint_slot_while_it_runs(plain, tiny_checkpoint):
+@pytest.mark.parametrize(("rollback", "extra"), [("replay", 1), ("states", K)])
+def test_each_request_holds_its_speculation_slots_while_it_runs(plain, tiny_checkpoint, rollback, extra):
+    """``replay``: a checkpoint slot beside the request's own; ``states``: one per draft."""
     family = "k3"
     want = plain(family)
-    llm = speculative(tiny_checkpoint, family, want, ["all"] * len(PROMPTS))
+    llm = speculative(tiny_checkpoint, family, want, ["all"] * len(PROMPTS), kda_rollback=rollback)
     engine = llm.engine
-    assert engine.cache.slots.num_slots == 2 * ENGINE["max_num_seqs"]
+    assert engine.cache.slots.num_slots == (1 + extra) * ENGINE["max_num_seqs"]
     requests = [engine.add_request(p, GREEDY) for p in PROMPTS]
     engine.step()
-    held = [(r.slot, r.checkpoint_slot) for r in requests]
-    assert all(c is not None for _, c in held) and len({s for pair in held for s in pair}) == 2 * len(PROMPTS)
-    assert engine.cache.slots.used == {s for pair in held for s in pair}
+    held = [(r.slot, *r.spec_slots) for r in requests]
+    assert all(len(slots) == 1 + extra for slots in held)
+    assert len({s for slots in held for s in slots}) == (1 + extra) * len(PROMPTS)
+    assert engine.cache.slots.used == {s for slots in held for s in slots}
     engine.check_integrity()
     engine.abort(requests[0].request_id)
-    assert requests[0].checkpoint_slot is None and requests[0].request_id in engine.proposer.released
+    assert requests[0].spec_slots == [] and requests[0].request_id in engine.proposer.released
     engine.check_integrity()
     while engine.has_unfinished:
         engine.step()
@@ -258,7 +264,7 @@ def test_a_handed_off_request_speculates_from_its_next_step(plain, tiny_checkpoi
         register_pools(receiver, decode.cache)
         peer = sender.connect(receiver.endpoint())
         reserved = decode.reserve(PROMPTS[0], GREEDY, "handed")
-        assert reserved.checkpoint_slot is not None
+        assert len(reserved.spec_slots) == K
         held = prefill.add_prefill_only(PROMPTS[0], GREEDY, "handed")
         while held.status is not RequestStatus.HELD:
             prefill.step()
@@ -289,8 +295,13 @@ def test_a_handed_off_request_speculates_from_its_next_step(plain, tiny_checkpoi
             dict(draft_model="draft", num_draft_tokens=3, spec_policy="greedy"),
             "spec_policy: 'greedy'.*adaptive",
         ),
+        (dict(draft_model="draft", num_draft_tokens=3, kda_rollback="undo"), "kda_rollback: 'undo'.*states"),
+        (
+            dict(draft_model="draft", num_draft_tokens=3, kda_rollback="states", batch_invariant=True),
+            "kda_rollback: states.*--batch-invariant",
+        ),
     ],
-    ids=["no-k", "no-draft", "k-too-big", "k-zero", "parallel", "policy"],
+    ids=["no-k", "no-draft", "k-too-big", "k-zero", "parallel", "policy", "rollback", "states-invariant"],
 )
 def test_config_errors_name_the_flag(fields, named):
     with pytest.raises(ValueError, match=named):

@@ -37,6 +37,7 @@ DRAFTS = {"c": 2, "d": 4}
 SEQS = ("a", "b", "c", "d")
 SLOT = {"a": 0, "b": 1, "c": 2, "d": 3}
 CHECKPOINT = {"c": 4, "d": 5}
+DRAFT_SLOTS = {"c": (6, 7), "d": (8, 9, 10, 11)}  # --kda-rollback states: the state after each draft
 
 MODES = [
     pytest.param("k3", "reference", True, id="k3-reference-invariant"),
@@ -57,8 +58,8 @@ class VerifyBench:
         self.tokens = {name: ids[i].tolist() for i, name in enumerate(SEQS)}
         self.blocks = BlockPool(block_layout(config, BLOCK, dtype), BLOCK, num_blocks=16, device="cpu")
         open_rows = CHUNK if invariant else 0
-        self.slots = StateSlotPool(slot_layout(config, dtype, open_rows), num_slots=6, device="cpu")
-        assert [self.slots.allocate() for _ in range(6)] == list(range(6))
+        self.slots = StateSlotPool(slot_layout(config, dtype, open_rows), num_slots=12, device="cpu")
+        assert [self.slots.allocate() for _ in range(12)] == list(range(12))
         self.tables = {name: tuple(self.blocks.allocate(3)) for name in SEQS}
         self.cache = PagedModelCache(self.blocks, self.slots, config, dtype)
         self.forward(
@@ -87,7 +88,8 @@ class VerifyBench:
         meta = build_step_metadata(
             steps, BLOCK, "cpu", logit_rows=list(range(rows)), index_topk=self.model.index_topk
         )
-        assert (meta.spec is not None) == any(step.num_draft for step in steps)
+        replay = any(step.checkpoint_slot >= 0 for step in steps)
+        assert replay <= (meta.spec is not None), "a step with checkpoints runs unsplit"
         with torch.no_grad():
             return self.model.forward_step(meta, self.cache)
 
@@ -95,7 +97,7 @@ class VerifyBench:
         """Back to the cached prefix; the checkpoint slots filled with NaN so an unwritten field shows."""
         self.blocks.storage.copy_(self.saved[0])
         self.slots.storage.copy_(self.saved[1])
-        for slot in CHECKPOINT.values():
+        for slot in (*CHECKPOINT.values(), *(s for slots in DRAFT_SLOTS.values() for s in slots)):
             self.slots.storage[slot] = 0xFF
 
     def slot(self, name: str) -> torch.Tensor:
@@ -200,3 +202,45 @@ def test_split_step_equals_plain_and_checkpoints_the_tail_state(family, kernels,
         assert_slots_match(
             b, redone[name], split_slots[name], exact, f"seq {name} redone from its checkpoint"
         )
+
+
+@pytest.mark.parametrize("prefill", [10, 20], ids=["one-kernel", "split-around-a-long-chunk"])
+@pytest.mark.parametrize(
+    "family, kernels", [("k3", "reference"), ("kimi_linear", "reference"), ("k3", "triton")]
+)
+def test_states_step_keeps_the_state_after_every_draft(family, kernels, prefill, bench):
+    """``--kda-rollback states``: the same mixed step with a slot per draft (``draft_slots``) gives the
+    plain step's logits, and leaves in each draft's slot the state a plain step through that draft
+    leaves, in each own slot the state after its tail. With a 20-token prompt chunk (past the recurrent
+    kernel's bound) the step is split around it."""
+    b = bench(family, kernels, False)
+    new = {**NEW, "b": prefill}
+
+    def steps(states: bool) -> list[SequenceStep]:
+        out = []
+        for name in SEQS:
+            past = PREFIX.get(name, 0)
+            step = SequenceStep(
+                tuple(b.tokens[name][past : past + new[name]]), past, b.tables[name], SLOT[name]
+            )
+            if states and name in DRAFTS:
+                step = dataclasses.replace(step, num_draft=DRAFTS[name], draft_slots=DRAFT_SLOTS[name])
+            out.append(step)
+        return out
+
+    b.restore()
+    plain = b.forward(steps(states=False))
+    b.restore()
+    meta = build_step_metadata(steps(states=True), BLOCK, "cpu", index_topk=b.model.index_topk)
+    assert meta.kda_token_slots is not None and (meta.spec is not None) == (prefill > 16)
+    kept = b.forward(steps(states=True))
+    torch.testing.assert_close(kept, plain, rtol=1e-4, atol=1e-4)
+    got = {slot: b.slots.storage[slot].clone() for slots in DRAFT_SLOTS.values() for slot in slots}
+    own = {name: b.slot(name) for name in DRAFTS}
+    for name in DRAFTS:
+        tail = PREFIX[name] + NEW[name] - DRAFTS[name]
+        for j in range(DRAFTS[name] + 1):  # through j drafts: a plain step of the tail and j drafts
+            b.restore()
+            b.forward([b.step(name, PREFIX[name], tail + j, PREFIX[name])])
+            slot = own[name] if j == 0 else got[DRAFT_SLOTS[name][j - 1]]
+            assert_slots_match(b, slot, b.slot(name), set(), f"seq {name} after {j} drafts")

@@ -13,12 +13,20 @@ A KDA layer runs its short conv and recurrence on the heads step, copies the spe
 layer fields from ``slots`` to ``checkpoint_slots`` (the state after the tail: where a rejected draft
 restores from), then runs the drafts step. Rows of sequences without drafts are all head rows.
 Attention layers need none of this: the chunk is causal.
+
+With ``--kda-rollback states`` the sequences name a slot per draft instead (``draft_slots``): the KDA
+kernels keep the state after every draft there (``StepMetadata.kda_token_slots``), on the recurrent
+kernel only. Such a step is split only when it also holds a chunk longer than the recurrent kernel's
+bound (a prompt chunk): the heads step is then every sequence without drafts (the chunked kernel),
+the drafts step every sequence with drafts, whole (the recurrent kernel), and nothing is checkpointed.
 """
 
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
+
+from kernels.kda.varlen import RECURRENT_MAX_QUERY_LEN
 
 from .layer_cache import KdaLayerCache
 
@@ -48,7 +56,9 @@ class SpecSplit:
 
     def checkpoint(self, cache: KdaLayerCache) -> None:
         """Copy every field of one KDA layer (conv tail, recurrent state, CF-BI open rows when kept)
-        from each speculative sequence's slot to its checkpoint slot."""
+        from each speculative sequence's slot to its checkpoint slot (none in a per-token-states split)."""
+        if not self.slots.numel():
+            return
         for field in fields(cache):
             view = getattr(cache, field.name)
             if view is not None:
@@ -81,6 +91,8 @@ def plan_split(steps: list["SequenceStep"]) -> SplitPlan | None:
     """
     if not any(step.num_draft for step in steps):  # the plain step's whole cost here
         return None
+    if any(step.draft_slots for step in steps):
+        return _plan_states_split(steps)
     plan = SplitPlan([], [], [], [], [], [])
     start = 0
     for seq, step in enumerate(steps):
@@ -115,3 +127,41 @@ def plan_split(steps: list["SequenceStep"]) -> SplitPlan | None:
             f"may be a sequence's slot ({sorted(taken)})"
         )
     return plan
+
+
+def _plan_states_split(steps: list["SequenceStep"]) -> SplitPlan | None:
+    """A step whose drafts keep per-token states: split only around a chunk longer than the recurrent
+    kernel takes (see the module docstring), else None.
+
+    Raises:
+        ValueError: a sequence with drafts whose ``draft_slots`` are not one per draft, a checkpoint slot
+            beside them, or draft slots that are not distinct or are some sequence's own slot.
+    """
+    taken, named = {step.slot for step in steps}, []
+    for seq, step in enumerate(steps):
+        if len(step.draft_slots) != step.num_draft or step.checkpoint_slot >= 0:
+            raise ValueError(
+                f"steps[{seq}].draft_slots: {len(step.draft_slots)} slots for {step.num_draft} drafts (and "
+                f"checkpoint_slot {step.checkpoint_slot}); a step keeping per-token states needs one slot "
+                "per draft and no checkpoint slot"
+            )
+        if step.num_draft >= len(step.token_ids):
+            raise ValueError(
+                f"steps[{seq}].num_draft: {step.num_draft} drafts in {len(step.token_ids)} tokens"
+            )
+        named.extend(step.draft_slots)
+    if len(set(named)) < len(named) or taken & set(named):
+        raise ValueError(
+            f"steps[*].draft_slots: {named} must be distinct and none may be a sequence's slot "
+            f"({sorted(taken)})"
+        )
+    if max(len(step.token_ids) for step in steps) <= RECURRENT_MAX_QUERY_LEN:
+        return None
+    plan = SplitPlan([], [], [], [], [], [])
+    start = 0
+    for step in steps:
+        rows = range(start, start + len(step.token_ids))
+        (plan.draft_rows if step.num_draft else plan.head_rows).extend(rows)
+        (plan.draft_steps if step.num_draft else plan.head_steps).append(step)
+        start += len(step.token_ids)
+    return plan if plan.head_steps and plan.draft_steps else None

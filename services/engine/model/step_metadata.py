@@ -35,8 +35,11 @@ class SequenceStep:
         adapter: the sequence's LoRA adapter slot (``AdapterRegistry``), 0 for the base model.
         num_draft: the last ``num_draft`` of ``token_ids`` are drafts to verify (0: an ordinary chunk);
             at least one token (the tail) precedes them.
-        checkpoint_slot: with drafts, the state slot each KDA layer copies the sequence's state into
-            once the tail is processed, before the drafts (``SpecSplit``); -1 without.
+        checkpoint_slot: with drafts (``--kda-rollback replay``), the state slot each KDA layer copies the
+            sequence's state into once the tail is processed, before the drafts (``SpecSplit``); -1 without.
+        draft_slots: with drafts (``--kda-rollback states``), the slot that receives the KDA state after
+            each draft (one per draft; ``kernels/kda/token_slots.py``), the own slot keeping the state
+            after the tail; empty without.
     """
 
     token_ids: tuple[int, ...]
@@ -46,6 +49,13 @@ class SequenceStep:
     adapter: int = 0
     num_draft: int = 0
     checkpoint_slot: int = -1
+    draft_slots: tuple[int, ...] = ()
+
+    def token_slots(self, width: int) -> list[int]:
+        """This sequence's row of ``StepMetadata.kda_token_slots``: the own slot for the tail (and the
+        padding past its tokens), then ``draft_slots``."""
+        tail = len(self.token_ids) - len(self.draft_slots)
+        return [self.slot] * tail + list(self.draft_slots) + [self.slot] * (width - len(self.token_ids))
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,8 @@ class StepMetadata:
         kda_slots: ``[S] int32``, each sequence's KDA state slot.
         has_state: ``[S] bool``, whether the slot holds state to continue (``past_lens > 0``).
         adapter_ids: ``[N] int32``, each row's LoRA adapter slot (0: the base model).
+        kda_token_slots: ``[S, max_query_len] int32`` where the KDA layers keep the state after each
+            token (``SequenceStep.token_slots``) when some sequence has ``draft_slots``, else None.
         packed: the device bytes every tensor above views (a CUDA graph's static buffer is refilled
             through it: ``build_step_metadata(..., out=meta.packed)``).
 
@@ -105,6 +117,7 @@ class StepMetadata:
     kda_slots_host: tuple[int, ...]
     seq_adapters_host: tuple[int, ...] = ()
     spec: SpecSplit | None = None
+    kda_token_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -145,6 +158,7 @@ _INT32 = (
     "block_tables",
     "kda_slots",
     "adapter_ids",
+    "kda_token_slots",  # only in a step with draft slots
 )
 
 
@@ -216,6 +230,9 @@ def build_step_metadata(
         "kda_slots": [step.slot for step in steps],
         "adapter_ids": adapter_ids,
     }
+    query_len = max(len(step.token_ids) for step in steps)
+    if any(step.draft_slots for step in steps):
+        values["kda_token_slots"] = [slot for step in steps for slot in step.token_slots(query_len)]
     device = torch.device(device)
     host = _pack(values, [p > 0 for p in past], device.type == "cuda")
     if out is None:
@@ -225,12 +242,14 @@ def build_step_metadata(
     out.copy_(host, non_blocking=True)
     views = _unpack(out, {name: len(v) for name, v in values.items()})
     views["block_tables"] = views["block_tables"].view(len(steps), width)
+    if "kda_token_slots" in views:
+        views["kda_token_slots"] = views["kda_token_slots"].view(len(steps), query_len)
     return StepMetadata(
         **views,
         has_state=out[out.shape[0] - len(steps) :].view(torch.bool),
         packed=out,
         block_size=block_size,
-        max_query_len=max(len(step.token_ids) for step in steps),
+        max_query_len=query_len,
         max_seq_len=max(lens) if max_seq_len is None else max_seq_len,
         num_decode_tokens=sum(1 for step in steps if len(step.token_ids) == 1 and step.past > 0),
         index_topk=index_topk,
@@ -266,7 +285,9 @@ def _spec_split(
 
 def _pack(values: dict[str, list[int]], has_state: list[bool], pin: bool) -> torch.Tensor:
     parts = [torch.tensor(values[name], dtype=torch.int64).view(torch.uint8) for name in _INT64]
-    parts += [torch.tensor(values[name], dtype=torch.int32).view(torch.uint8) for name in _INT32]
+    parts += [
+        torch.tensor(values[name], dtype=torch.int32).view(torch.uint8) for name in _INT32 if name in values
+    ]
     parts.append(torch.tensor(has_state, dtype=torch.bool).view(torch.uint8))
     host = torch.cat(parts)
     return host.pin_memory() if pin else host
@@ -275,7 +296,7 @@ def _pack(values: dict[str, list[int]], has_state: list[bool], pin: bool) -> tor
 def _unpack(buffer: torch.Tensor, lengths: dict[str, int]) -> dict[str, torch.Tensor]:
     views, offset = {}, 0
     for names, dtype in ((_INT64, torch.int64), (_INT32, torch.int32)):
-        for name in names:
+        for name in (name for name in names if name in lengths):
             size = lengths[name] * dtype.itemsize
             views[name] = buffer[offset : offset + size].view(dtype)
             offset += size

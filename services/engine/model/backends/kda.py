@@ -5,6 +5,10 @@ continuing its state slot in place.
 for prefill, recurrent for a decode token; CF-BI rows with their open chunk in batch-invariant
 mode). ``triton`` runs ``causal_conv1d_varlen`` and ``kda_varlen`` on every row at once through
 ``cu_seqlens`` (``query_start_loc``) and the slot indices, with no gather or scatter of the state.
+
+A verify step of ``--kda-rollback states`` (``meta.kda_token_slots``) also keeps the state after every
+draft in its slot (``kernels/kda/token_slots.py``): the reference runs the tail, then each draft as a
+one-token step from the state before it; the Triton kernels take the per-token slots directly.
 """
 
 from abc import ABC, abstractmethod
@@ -74,20 +78,18 @@ class ReferenceKda(KdaBackend):
 
     def short_conv(self, x, weight, cache, meta):
         out = torch.empty_like(x)
-        for seq in range(meta.num_seqs):
-            rows, slot = meta.rows(seq), meta.kda_slots_host[seq]
-            state = cache.conv[slot] if meta.past_lens_host[seq] > 0 else None
+        for rows, read, write, fresh in _segments(meta):
+            state = None if fresh else cache.conv[read]
             out[rows], new_state = self.nx.causal_conv1d(x[rows], weight, state)
-            cache.conv[slot] = new_state.to(cache.conv.dtype)
+            cache.conv[write] = new_state.to(cache.conv.dtype)
         return out
 
     def forward(self, q, k, v, g, beta, scale, cache, meta):
         out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        for seq in range(meta.num_seqs):
-            rows, slot = meta.rows(seq), meta.kda_slots_host[seq]
-            previous = self.read_state(cache, slot) if meta.past_lens_host[seq] > 0 else None
+        for rows, read, write, fresh in _segments(meta):
+            previous = None if fresh else self.read_state(cache, read)
             out[rows], state = self.nx.kda(q[rows], k[rows], v[rows], g[rows], beta[rows], scale, previous)
-            self.write_state(cache, slot, state)
+            self.write_state(cache, write, state)
         return out
 
     @staticmethod
@@ -116,6 +118,23 @@ class ReferenceKda(KdaBackend):
             cache.recurrent[slot] = state
 
 
+def _segments(meta: StepMetadata) -> list[tuple[slice, int, int, bool]]:
+    """The reference's runs over a step: ``(rows, slot read, slot written, fresh)``, one per sequence, or
+    with per-token slots its own tokens, then each draft alone, reading the state the one before left."""
+    token_slots = None if meta.kda_token_slots is None else meta.kda_token_slots.tolist()
+    segments = []
+    for seq in range(meta.num_seqs):
+        rows, slot, fresh = meta.rows(seq), meta.kda_slots_host[seq], meta.past_lens_host[seq] == 0
+        columns = [slot] * (rows.stop - rows.start) if token_slots is None else token_slots[seq]
+        own = next((t for t in range(rows.stop - rows.start) if columns[t] != slot), rows.stop - rows.start)
+        segments.append((slice(rows.start, rows.start + own), slot, slot, fresh))
+        read = slot
+        for t in range(own, rows.stop - rows.start):
+            segments.append((slice(rows.start + t, rows.start + t + 1), read, columns[t], False))
+            read = columns[t]
+    return segments
+
+
 class TritonKda(KdaBackend):
     """``causal_conv1d_varlen`` and ``kda_varlen`` (signatures in ``triton_kernels``)."""
 
@@ -128,7 +147,14 @@ class TritonKda(KdaBackend):
 
     def short_conv(self, x, weight, cache, meta):
         return self.causal_conv1d_varlen(
-            x, weight, cache.conv, meta.kda_slots, meta.has_state, meta.query_start_loc, meta.max_query_len
+            x,
+            weight,
+            cache.conv,
+            meta.kda_slots,
+            meta.has_state,
+            meta.query_start_loc,
+            meta.max_query_len,
+            meta.kda_token_slots,
         )
 
     def forward(self, q, k, v, g, beta, scale, cache, meta):
@@ -145,4 +171,5 @@ class TritonKda(KdaBackend):
             meta.query_start_loc,
             meta.max_query_len,
             meta.any_fresh,
+            meta.kda_token_slots,
         )

@@ -10,9 +10,9 @@ Signatures (``T`` query rows, ``S`` sequences, ``N`` tokens; shapes in each kern
   | None, scale, max_seq_len) -> (out [T, H, Dc], lse [T, H] f32)``.
 - ``kda_varlen(q, k, v [N, H, K], g [N, H, K] f32, beta [N, H], scale, state_pool [slots, H, K, V]
   f32 (in place), slots [S] i32, has_state [S] bool, cu_seqlens [S + 1] i32, max_query_len,
-  any_fresh) -> o [N, H, V]``.
+  any_fresh, token_slots [S, max_query_len] i32 | None) -> o [N, H, V]``.
 - ``causal_conv1d_varlen(x [N, C], weight [C, W], conv_pool [slots, C, W - 1] (in place), slots,
-  has_state, cu_seqlens, max_query_len) -> y [N, C]`` (SiLU applied).
+  has_state, cu_seqlens, max_query_len, token_slots | None) -> y [N, C]`` (SiLU applied).
 - ``moe_grouped(x [N, D], expert_ids [N, k], weights [N, k] f32, w_gate_up [E, 2I, D],
   w_down [E, D, I]) -> [N, D]``: the Triton grouped GEMM of ``kernels.moe.grouped`` (its peer on
   ``torch._grouped_mm`` needs sm90+ and bf16 on CUDA and has no interpreted form).
