@@ -179,6 +179,24 @@ def test_a_shorter_proposal_commits_by_its_own_k(checkpoints, draft_llms):
     release_all(proposer, requests)
 
 
+def test_one_draft_per_proposal_needs_no_checkpoint_slot(checkpoints, draft_llms):
+    """``k = 1``: nothing is fed after the tail, so a seat is its slot alone; commit of 0 or 1 and
+    discard keep it as it is, and the next drafts are a fresh run's."""
+    proposer = make_proposer(checkpoints, "k3", k=1)
+    assert proposer.slots.num_slots == ENGINE["max_num_seqs"]
+    requests = make_requests(lambda i: GREEDY)[:3]
+    first = proposer.propose(requests)
+    assert all(proposer.seats[r.request_id].checkpoint_slots == [] for r in requests)
+    accept(proposer, requests[0], first["r0"].token_ids, 0)
+    accept(proposer, requests[1], first["r1"].token_ids, 1)
+    proposer.discard(requests[2])
+    requests[2].output_ids.append(FIRST_TOKEN)
+    again = proposer.propose(requests)
+    want = greedy_continuations(draft_llms("k3"), [r.all_ids for r in requests], 1)
+    assert [again[r.request_id].token_ids for r in requests] == want
+    release_all(proposer, requests)
+
+
 def sampled(seed):
     def params_of(i):
         return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, min_p=0.01, seed=seed + i)
