@@ -1,7 +1,8 @@
 """Which of the draft model's forwards its decode CUDA graphs serve, on the CPU (nothing captured): a
 stand-in ``DecodeGraphs`` keeps the real eligibility test (``can_replay``) and serves each replay with
 an eager forward of the replayed steps, recording them. Each proposal replays its ``k - 1`` one-token
-draft feeds, and its tail when every tail is one token; prompts and longer tails stay eager; the
+draft feeds, and its tail when every tail is one token (after a commit unless all ``k`` drafts were
+accepted, so such a round is all replays); prompts and two-token tails stay eager; the
 drafts and their distributions are a proposer's without graphs, bit for bit. The GPU side (captured
 graphs, greedy tokens and acceptance equal to an engine without graphs) is
 ``tests/gpu/test_draft_graphs_gpu.py``."""
@@ -18,6 +19,7 @@ from tests.engine.test_draft_model import (
     draft_overrides,
     make_proposer,
     make_requests,
+    record_forwards,
     release_all,
     sampled,
 )
@@ -78,7 +80,8 @@ def test_one_token_feeds_replay_and_drafts_equal_a_proposer_without_graphs(check
     assert graphs.replays == k - 1  # the prompts ran eagerly, drafts 1..k-1 were replayed
     for steps in graphs.replayed:
         assert len(steps) == len(requests) and all(len(s.token_ids) == 1 and s.past > 0 for s in steps)
-    # tails of 1, 2, 1 and 2 tokens: that forward runs eagerly, the draft feeds replay
+    # tails of 1, 1, 1 and 2 tokens (all k accepted: [dk, bonus]): that forward runs eagerly, the
+    # draft feeds replay
     for accepted, (request, copy) in zip((0, 1, k - 1, k), zip(requests, copies, strict=True), strict=True):
         accept(proposer, request, first[request.request_id].token_ids, accepted)
         accept(eager, copy, first[request.request_id].token_ids, accepted)
@@ -88,8 +91,17 @@ def test_one_token_feeds_replay_and_drafts_equal_a_proposer_without_graphs(check
     for request, copy in zip(requests, copies, strict=True):
         accept(proposer, request, second[request.request_id].token_ids, k - 1)
         accept(eager, copy, second[request.request_id].token_ids, k - 1)
-    assert_same_proposals(proposer.propose(requests), eager.propose(copies), requests)
+    assert_same_proposals(third := proposer.propose(requests), eager.propose(copies), requests)
     assert graphs.replays == 3 * (k - 1) + 1
+    assert [s.token_ids for s in graphs.replayed[-k]] == [(r.all_ids[-1],) for r in requests]
+    # a draft rejected in every seat, at each place: the target's token is each tail, all k replay
+    for accepted, (request, copy) in zip((0, 1, k - 1, 1), zip(requests, copies, strict=True), strict=True):
+        accept(proposer, request, third[request.request_id].token_ids, accepted)
+        accept(eager, copy, third[request.request_id].token_ids, accepted)
+    forwards = record_forwards(proposer)
+    assert_same_proposals(proposer.propose(requests), eager.propose(copies), requests)
+    assert graphs.replays == 3 * (k - 1) + 1 + k and len(forwards) == k  # every forward replayed
+    assert graphs.replayed[-k:] == forwards
     assert [s.token_ids for s in graphs.replayed[-k]] == [(r.all_ids[-1],) for r in requests]
     release_all(proposer, requests)
     release_all(eager, copies)

@@ -1,6 +1,8 @@
 """The draft model proposer on tiny CPU checkpoints: its greedy drafts are the draft model's own greedy
-continuation, commit keeps or rolls back its KDA state so the next drafts are a fresh run's, sampled
-drafts carry their distributions, release frees everything, and the start-up compatibility check."""
+continuation, commit keeps the accepted fed drafts' KDA state (restoring the state after the last
+accepted one) so the next tail is the target's token alone and the next drafts are a fresh run's,
+sampled drafts carry their distributions, release frees everything, and the start-up compatibility
+check."""
 
 import json
 import shutil
@@ -88,6 +90,18 @@ def release_all(proposer, requests):
     assert proposer.slots.num_free == proposer.slots.num_slots, "draft state slots leaked"
 
 
+def record_forwards(proposer):
+    """Wrap ``proposer._forward``: the returned list gets each forward's steps (replayed or eager)."""
+    forwards, forward = [], proposer._forward
+
+    def recording(steps, logit_rows):
+        forwards.append(list(steps))
+        return forward(steps, logit_rows)
+
+    proposer._forward = recording
+    return forwards
+
+
 def accept(proposer, request, drafts, num_accepted):
     """What the engine does after verifying: append the accepted drafts and a token of the target's
     own (one the draft did not propose there), then commit."""
@@ -110,25 +124,33 @@ def test_greedy_drafts_are_the_draft_models_own_continuation(family, checkpoints
 
 
 @pytest.mark.parametrize("family", ["k3", "deepseek_v32"])
-def test_commit_keeps_or_rolls_back_so_next_drafts_equal_a_fresh_run(family, checkpoints, draft_llms):
-    k = 3
+def test_commit_keeps_the_accepted_drafts_so_the_next_tail_is_one_token(family, checkpoints, draft_llms):
+    """Two rounds of ``k = 4`` drafts, each request accepting 0 .. k drafts across them: after each
+    commit the seat covers the accepted fed drafts (its slot the checkpoint slot of that many), the
+    next proposal's tail forward runs one token per seat (two after all k accepted: ``[dk, bonus]``),
+    and its drafts are the draft model's own continuation of the whole sequence."""
+    k = 4
     proposer = make_proposer(checkpoints, family, k)
+    forwards = record_forwards(proposer)
     requests = make_requests(lambda i: GREEDY)
-    first = proposer.propose(requests)
-    accepted = (0, 1, k - 1, k)  # request i accepts accepted[i] drafts
-    for request, num_accepted in zip(requests, accepted, strict=True):
-        seat = proposer.seats[request.request_id]
-        assert seat.num_computed == seat.checkpoint + k - 1  # drafts 1..k-1 were fed
-        accept(proposer, request, first[request.request_id].token_ids, num_accepted)
-        kept = seat.checkpoint + k - 1 if num_accepted >= k - 1 else seat.checkpoint
-        assert seat.num_computed == kept, f"{num_accepted} accepted"
-        if num_accepted < k - 1:  # the whole slot is the checkpoint's again
-            assert torch.equal(
-                proposer.slots.storage[seat.slot], proposer.slots.storage[seat.checkpoint_slot]
-            )
-    second = proposer.propose(requests)
-    want = greedy_continuations(draft_llms(family), [r.all_ids for r in requests], k)
-    assert [second[r.request_id].token_ids for r in requests] == want
+    proposals = proposer.propose(requests)
+    for accepted in ((0, 1, 2, k), (k - 1, k, 0, 1)):  # request i accepts accepted[i] drafts
+        for request, num_accepted in zip(requests, accepted, strict=True):
+            seat = proposer.seats[request.request_id]
+            assert seat.num_computed == seat.checkpoint + k - 1  # drafts 1..k-1 were fed
+            accept(proposer, request, proposals[request.request_id].token_ids, num_accepted)
+            kept = min(num_accepted, k - 1)
+            assert seat.num_computed == seat.checkpoint + kept, f"{num_accepted} accepted"
+            assert len(request.all_ids) - seat.num_computed == (2 if num_accepted == k else 1)
+            if kept < k - 1:  # the whole slot is that checkpoint slot's again
+                restored = proposer.slots.storage[seat.checkpoint_slots[kept]]
+                assert torch.equal(proposer.slots.storage[seat.slot], restored)
+        del forwards[:]
+        proposals = proposer.propose(requests)
+        tokens_per_seat = [[len(step.token_ids) for step in steps] for steps in forwards]
+        assert tokens_per_seat == [[2 if n == k else 1 for n in accepted]] + [[1] * len(requests)] * (k - 1)
+        want = greedy_continuations(draft_llms(family), [r.all_ids for r in requests], k)
+        assert [proposals[r.request_id].token_ids for r in requests] == want
     release_all(proposer, requests)
 
 
@@ -154,6 +176,24 @@ def test_a_shorter_proposal_commits_by_its_own_k(checkpoints, draft_llms):
     for bad in (0, 5):
         with pytest.raises(ValueError, match=r"num_tokens: must be in \[1, 4\]"):
             proposer.propose(requests, num_tokens=bad)
+    release_all(proposer, requests)
+
+
+def test_one_draft_per_proposal_needs_no_checkpoint_slot(checkpoints, draft_llms):
+    """``k = 1``: nothing is fed after the tail, so a seat is its slot alone; commit of 0 or 1 and
+    discard keep it as it is, and the next drafts are a fresh run's."""
+    proposer = make_proposer(checkpoints, "k3", k=1)
+    assert proposer.slots.num_slots == ENGINE["max_num_seqs"]
+    requests = make_requests(lambda i: GREEDY)[:3]
+    first = proposer.propose(requests)
+    assert all(proposer.seats[r.request_id].checkpoint_slots == [] for r in requests)
+    accept(proposer, requests[0], first["r0"].token_ids, 0)
+    accept(proposer, requests[1], first["r1"].token_ids, 1)
+    proposer.discard(requests[2])
+    requests[2].output_ids.append(FIRST_TOKEN)
+    again = proposer.propose(requests)
+    want = greedy_continuations(draft_llms("k3"), [r.all_ids for r in requests], 1)
+    assert [again[r.request_id].token_ids for r in requests] == want
     release_all(proposer, requests)
 
 
@@ -201,21 +241,23 @@ def test_sampled_drafts_carry_their_distribution_and_roll_back_to_a_fresh_runs_n
 
 def test_batch_invariant_rollback_gives_a_fresh_runs_bits(checkpoints):
     """Invariant numerics: chunking does not change bits, so the drafts after commit (slot kept or
-    restored, CF-BI open rows included) carry exactly a fresh proposer's distributions."""
+    restored from any checkpoint slot, CF-BI open rows included) carry exactly a fresh proposer's
+    distributions, round after round."""
     k = 3
     proposer = make_proposer(checkpoints, "k3", k, batch_invariant=True)
     fresh = make_proposer(checkpoints, "k3", k, batch_invariant=True)
     assert proposer.slots.layout.has(0, "open_k")  # the slot carries the open chunk's rows
     requests = make_requests(sampled(3))
     drafts = proposer.propose(requests)
-    for request, num_accepted in zip(requests, (0, 1, k - 1, k), strict=True):
-        accept(proposer, request, drafts[request.request_id].token_ids, num_accepted)
-    continued, from_scratch = proposer.propose(requests), fresh.propose(requests)
-    for request in requests:
-        assert continued[request.request_id].token_ids == from_scratch[request.request_id].token_ids
-        assert torch.equal(continued[request.request_id].probs, from_scratch[request.request_id].probs)
+    for accepted in ((0, 1, k - 1, k), (k, 0, 1, k - 1)):
+        for request, num_accepted in zip(requests, accepted, strict=True):
+            accept(proposer, request, drafts[request.request_id].token_ids, num_accepted)
+        drafts, from_scratch = proposer.propose(requests), fresh.propose(requests)
+        for request in requests:
+            assert drafts[request.request_id].token_ids == from_scratch[request.request_id].token_ids
+            assert torch.equal(drafts[request.request_id].probs, from_scratch[request.request_id].probs)
+        release_all(fresh, requests)
     release_all(proposer, requests)
-    release_all(fresh, requests)
 
 
 def test_uncommitted_proposal_is_dropped_and_seats_are_bounded(checkpoints, draft_llms):
@@ -246,6 +288,9 @@ def test_discard_rolls_back_and_keeps_the_seat(checkpoints, draft_llms):
         proposer.discard(request)
         seat = proposer.seats[request.request_id]
         assert seat.drafted is None and seat.num_computed == checkpoints_at[request.request_id]
+        slots = proposer.slots.storage  # the state after the tail, not after the 2 fed drafts
+        assert torch.equal(slots[seat.slot], slots[seat.checkpoint_slots[0]])
+        assert not torch.equal(slots[seat.slot], slots[seat.checkpoint_slots[1]])
         request.output_ids.append(FIRST_TOKEN)  # the plain step's token
     again = proposer.propose(requests)  # from the certain state: only the new token is fed
     want = greedy_continuations(draft_llms("k3"), [r.all_ids for r in requests], 3)
@@ -256,16 +301,21 @@ def test_discard_rolls_back_and_keeps_the_seat(checkpoints, draft_llms):
 
 
 def test_release_frees_everything_and_integrity_sees_a_leak(checkpoints):
-    proposer = make_proposer(checkpoints, "k3", k=2)
+    proposer = make_proposer(checkpoints, "k3", k=3)
     requests = make_requests(lambda i: GREEDY)
     proposer.propose(requests)
     proposer.check_integrity()
-    assert proposer.slots.num_free == proposer.slots.num_slots - 2 * len(requests)
+    assert proposer.slots.num_slots == 3 * ENGINE["max_num_seqs"]  # a slot and 2 checkpoints per seat
+    assert proposer.slots.num_free == proposer.slots.num_slots - 3 * len(requests)
     proposer.release("never-seen")  # ignored
     lost = proposer.seats.pop("r0")  # a seat forgotten without freeing its blocks and slots
     with pytest.raises(AssertionError, match="draft blocks used"):
         proposer.check_integrity()
     proposer.seats["r0"] = lost
+    forgotten = lost.checkpoint_slots.pop()  # a checkpoint slot no seat holds
+    with pytest.raises(AssertionError, match="draft slots used"):
+        proposer.check_integrity()
+    lost.checkpoint_slots.append(forgotten)
     release_all(proposer, requests)
 
 

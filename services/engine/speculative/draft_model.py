@@ -1,25 +1,32 @@
 """``DraftModelProposer``: a small model of the target's family drafts ``k`` tokens per request.
 
 The draft keeps its own cache (a block pool and a KDA state-slot pool, no prefix cache, no host
-tier) and, per request, a ``DraftSeat``: its blocks, its state slot, a checkpoint slot and how many of
-the request's tokens it has computed. One ``propose`` of ``k`` drafts (``num_draft_tokens``, or fewer
-for the step) for a request::
+tier) and, per request, a ``DraftSeat``: its blocks, its state slot, ``num_draft_tokens - 1``
+checkpoint slots and how many of the request's tokens it has computed. One ``propose`` of ``k``
+drafts (``num_draft_tokens``, or fewer for the step) for a request::
 
     all_ids:  | computed by the draft | tail (not yet) |
                                       ^ forward(tail): draft 1 from the last row
-                                                     ^ checkpoint: slot copied to the checkpoint slot
-    then k - 1 one-token forwards:  feed d1 -> d2, feed d2 -> d3, ..., feed d(k-1) -> dk
+                                                     ^ checkpoint (tokens covered)
+    then k - 1 one-token forwards, each after copying the slot to a checkpoint slot:
+        slot -> checkpoint_slots[0], feed d1 -> d2
+        slot -> checkpoint_slots[1], feed d2 -> d3
+        ...
+        slot -> checkpoint_slots[k-2], feed d(k-1) -> dk
 
-so after it the slot covers ``checkpoint + k - 1`` tokens (``dk`` is never fed). ``commit(n)``:
-with ``n >= k - 1`` accepted the fed drafts were all right and the slot stays (computed =
-checkpoint + k - 1); otherwise the slot is restored from the checkpoint (a whole-slot copy: every
-KDA field, CF-BI open rows included) and computed = checkpoint. What the target added after that is
-the next tail; the MLA rows past ``computed`` are simply written again. Blocks are kept until
-``release`` (rewritten, never read past ``computed``).
+so after it the slot covers ``checkpoint + k - 1`` tokens (``dk`` is never fed) and
+``checkpoint_slots[j]`` the state after the tail and ``j`` fed drafts. ``commit(n)`` keeps the
+``min(n, k - 1)`` fed drafts the target accepted: the slot stays when that is all of them, else it is
+restored from ``checkpoint_slots[n]`` (a whole-slot copy: every KDA field, CF-BI open rows included);
+computed = checkpoint + ``min(n, k - 1)``. The next tail is what the target added after that: its
+bonus token alone, or ``[dk, bonus]`` when all ``k`` drafts were accepted. The MLA rows past
+``computed`` are simply written again. Blocks are kept until ``release`` (rewritten, never read past
+``computed``).
 
 With the engine's CUDA graphs on (``cuda_graphs.use_cuda_graphs``), the draft captures its own decode
 graphs (``DecodeGraphs``, forward only) over its pools: a forward whose every seat feeds one token after
-a non-empty prefix (the ``k - 1`` draft feeds, a one-token tail) replays one; longer tails, prompts and
+a non-empty prefix (the ``k - 1`` draft feeds, a one-token tail) replays one, so a round after a
+commit with a rejected draft is all replays; two-token tails (all drafts accepted), prompts and
 ``prefill_seat`` run eagerly.
 
 A handoff may carry a seat's prompt rows (``services/engine/draft_handoff.py``): the decode engine
@@ -56,17 +63,20 @@ class DraftSeat:
     Attributes:
         block_table: the draft blocks of the request's positions, in order.
         slot: the KDA state slot the draft's forwards continue.
-        checkpoint_slot: the slot's copy at ``checkpoint`` (the state rollback returns to).
+        checkpoint_slots: ``num_draft_tokens - 1`` slots; after a ``propose``, ``checkpoint_slots[j]``
+            holds the state after the tail and ``j`` fed drafts (``checkpoint + j`` tokens), for each
+            ``j`` below the proposal's fed drafts (the state after all of them is ``slot`` itself).
         num_computed: leading tokens whose rows and state the draft holds (after a ``propose``, that
             count includes the fed drafts, which are not in ``all_ids`` until ``commit``).
-        checkpoint: tokens the checkpoint slot's state covers.
+        checkpoint: tokens the state after the last tail covers (``checkpoint_slots[0]``'s, once a
+            draft is fed).
         drafted: the last proposal's tokens until it is committed (its length is that proposal's
-            ``k``: commit keeps ``k - 1`` fed drafts); None when nothing is pending.
+            ``k``: commit keeps up to ``k - 1`` fed drafts); None when nothing is pending.
     """
 
     block_table: list[int]
     slot: int
-    checkpoint_slot: int
+    checkpoint_slots: list[int]
     num_computed: int = 0
     checkpoint: int = 0
     drafted: tuple[int, ...] | None = None
@@ -93,8 +103,8 @@ class DraftModelProposer(DraftProposer):
             can be captured too (else None: every forward runs eagerly).
 
     Pools: ``max_num_seqs`` seats, each able to hold a whole sequence plus its drafts
-    (``max_model_len + num_draft_tokens`` positions), two state slots each; with graphs, a scratch
-    block and slot more for the padding rows.
+    (``max_model_len + num_draft_tokens`` positions), ``num_draft_tokens`` state slots each (the slot
+    and its checkpoints); with graphs, a scratch block and slot more for the padding rows.
 
     Raises:
         ValueError: ``num_draft_tokens`` below 1, or a draft whose vocabulary differs from the
@@ -130,7 +140,7 @@ class DraftModelProposer(DraftProposer):
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         self.slots = StateSlotPool(
             slot_layout(self.model.config, dtype, open_rows),
-            2 * config.max_num_seqs,
+            self.num_draft_tokens * config.max_num_seqs,
             self.device,
             scratch=use_graphs,
         )
@@ -150,7 +160,8 @@ class DraftModelProposer(DraftProposer):
 
         A seat's tail is ``all_ids[num_computed:]`` (the whole sequence the first time); a proposal
         never committed (the engine decoded the request without verifying it) is dropped first: the
-        seat rolls back to its checkpoint.
+        seat rolls back to its checkpoint. Before each draft is fed, every seat's slot is copied to the
+        checkpoint slot a ``commit`` rejecting that draft restores.
 
         Raises:
             RuntimeError: more requests than the draft's ``max_num_seqs`` seats.
@@ -163,7 +174,7 @@ class DraftModelProposer(DraftProposer):
         seats = [self._seat(request) for request in requests]
         for seat in seats:
             if seat.drafted is not None:
-                self._roll_back(seat)
+                self._roll_back(seat, 0)
         tails = [request.all_ids[seat.num_computed :] for request, seat in zip(requests, seats, strict=True)]
         for request, tail in zip(requests, tails, strict=True):
             if not tail:
@@ -171,12 +182,14 @@ class DraftModelProposer(DraftProposer):
                     f"request {request.request_id!r}: no token since its last proposal to draft after"
                 )
         logits = self._feed(seats, tails)
-        self._checkpoint(seats)
+        for seat in seats:
+            seat.checkpoint = seat.num_computed
         params = [request.params for request in requests]
         drafted: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         for step in range(k):
             if step > 0:  # feed the previous drafts; their rows give the next ones
+                self._checkpoint(seats, step - 1)
                 logits = self._feed(seats, [[tokens[-1]] for tokens in drafted])
             positions = [request.sample_position + step for request in requests]
             tokens, rows_probs = draw_drafts(logits, params, positions)
@@ -193,7 +206,9 @@ class DraftModelProposer(DraftProposer):
         return proposals
 
     def commit(self, request: Request, num_accepted: int) -> None:
-        """Keep the fed drafts the target accepted, or roll the slot back to the checkpoint.
+        """Keep the fed drafts the target accepted: the slot goes back to the state after the tail and
+        ``min(num_accepted, k - 1)`` fed drafts, so the next tail is the target's token after the
+        accepted drafts (with ``dk`` before it when all ``k`` were accepted).
 
         Raises:
             ValueError: ``num_accepted`` outside ``[0, k]`` (the proposal's ``k``), or ``output_ids``
@@ -213,26 +228,22 @@ class DraftModelProposer(DraftProposer):
                 f"drafts {seat.drafted[:num_accepted]} and one more token after position "
                 f"{seat.checkpoint}, got {tuple(accepted)}"
             )
-        if num_accepted >= k - 1:  # every fed draft was accepted: the slot already covers them
-            seat.num_computed = seat.checkpoint + k - 1
-            seat.drafted = None
-        else:
-            self._roll_back(seat)
+        self._roll_back(seat, min(num_accepted, k - 1))
 
     def discard(self, request: Request) -> None:
         """Roll the seat back to its checkpoint: its fed drafts were never verified."""
         seat = self.seats.get(request.request_id)
         if seat is not None and seat.drafted is not None:
-            self._roll_back(seat)
+            self._roll_back(seat, 0)
 
     def release(self, request_id: str) -> None:
-        """Free the request's blocks and both slots (unknown ids are ignored)."""
+        """Free the request's blocks, its slot and its checkpoint slots (unknown ids are ignored)."""
         seat = self.seats.pop(request_id, None)
         if seat is None:
             return
         self.blocks.free(seat.block_table)
-        self.slots.free(seat.slot)
-        self.slots.free(seat.checkpoint_slot)
+        for slot in (seat.slot, *seat.checkpoint_slots):
+            self.slots.free(slot)
 
     def reserve_seat(self, request: Request) -> DraftSeat:
         """Decode side of a handoff: the request's seat, with blocks for its prompt, nothing computed
@@ -287,35 +298,39 @@ class DraftModelProposer(DraftProposer):
         assert len(held) == len(set(held)), "a draft block is held by two seats or twice"
         used = {block for block, count in enumerate(self.blocks.ref_counts) if count > 0}
         assert set(held) == used, f"draft blocks used {sorted(used)} but seats hold {sorted(held)}"
-        slots = [slot for seat in self.seats.values() for slot in (seat.slot, seat.checkpoint_slot)]
+        slots = [slot for seat in self.seats.values() for slot in (seat.slot, *seat.checkpoint_slots)]
         assert len(slots) == len(set(slots)), "a draft state slot is held twice"
         assert set(slots) == self.slots.used, f"draft slots used {self.slots.used} but seats hold {slots}"
 
     def _seat(self, request: Request) -> DraftSeat:
         seat = self.seats.get(request.request_id)
         if seat is None:
-            if self.slots.num_free < 2:
+            if self.slots.num_free < self.num_draft_tokens:
                 raise RuntimeError(
                     f"draft model: no free seat for request {request.request_id!r} "
                     f"({len(self.seats)} requests hold all of them; max_num_seqs bounds both)"
                 )
             seat = DraftSeat(
-                block_table=[], slot=self.slots.allocate(), checkpoint_slot=self.slots.allocate()
+                block_table=[],
+                slot=self.slots.allocate(),
+                checkpoint_slots=[self.slots.allocate() for _ in range(self.num_draft_tokens - 1)],
             )
             self.seats[request.request_id] = seat
         return seat
 
-    def _checkpoint(self, seats: list[DraftSeat]) -> None:
-        """Every seat's slot (all of it computed from certain tokens) copied to its checkpoint slot."""
-        for seat in seats:
-            seat.checkpoint = seat.num_computed
+    def _checkpoint(self, seats: list[DraftSeat], num_fed: int) -> None:
+        """Every seat's slot (the state after its tail and ``num_fed`` fed drafts) copied to its
+        ``checkpoint_slots[num_fed]``, in one copy."""
         sources = torch.tensor([seat.slot for seat in seats], device=self.device)
-        targets = torch.tensor([seat.checkpoint_slot for seat in seats], device=self.device)
+        targets = torch.tensor([seat.checkpoint_slots[num_fed] for seat in seats], device=self.device)
         self.slots.storage[targets] = self.slots.storage[sources]
 
-    def _roll_back(self, seat: DraftSeat) -> None:
-        self.slots.storage[seat.slot].copy_(self.slots.storage[seat.checkpoint_slot])
-        seat.num_computed = seat.checkpoint
+    def _roll_back(self, seat: DraftSeat, num_kept: int) -> None:
+        """Drop the pending proposal's fed drafts after the first ``num_kept``: the slot is restored
+        from ``checkpoint_slots[num_kept]`` unless it already covers exactly those."""
+        if seat.num_computed != seat.checkpoint + num_kept:
+            self.slots.storage[seat.slot].copy_(self.slots.storage[seat.checkpoint_slots[num_kept]])
+        seat.num_computed = seat.checkpoint + num_kept
         seat.drafted = None
 
     def _feed(self, seats: list[DraftSeat], tokens: list[list[int]]) -> torch.Tensor:
