@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     ledger = _ledger(args, config, dtype, tp=args.tp, dcp=args.dcp, ep=args.ep)
     draft = _draft_ledger(args, config, dtype)
     memory = round(args.memory_gib * GIB)
-    fits = [fit(ledger, memory, length, draft, args.num_draft_tokens) for length in context_lens]
+    rollback = "replay" if args.batch_invariant else "states"  # the engine's --kda-rollback auto
+    fits = [fit(ledger, memory, length, draft, args.num_draft_tokens, rollback) for length in context_lens]
     if args.json:
         print(json.dumps(_json_report(args, ledger, memory, fits, draft), indent=2))
     else:

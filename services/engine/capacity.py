@@ -14,9 +14,10 @@ KV blocks plus its KDA slot::
     | weights | workspace | n x (KV blocks of L tokens) | n x KDA slot | free (< one request) |
 
 With speculative decoding (``fit(..., draft=...)``) the draft's weights and workspace join the
-target's, and each request also holds the speculative part: the target's checkpoint slot (KDA
-rollback), the blocks its ``k`` drafted positions may need past ``L``, and the draft model's own
-blocks for ``L + k`` tokens and two slots (state and checkpoint). The handoff then carries the draft's
+target's, and each request also holds the speculative part: the target's KDA rollback slots (``k``
+with ``--kda-rollback states``, one checkpoint with ``replay``), the blocks its ``k`` drafted positions
+may need past ``L``, and the draft model's own blocks for ``L + k`` tokens and ``k`` slots (its state
+and a checkpoint after each of the ``k - 1`` drafts it feeds). The handoff then carries the draft's
 prompt rows too (``services/engine/draft_handoff.py``): its ``ceil(L / B)`` blocks and one slot join
 the transfer.
 
@@ -235,10 +236,12 @@ def fit(
     context_len: int,
     draft: CapacityLedger | None = None,
     num_draft_tokens: int = 0,
+    rollback: str = "states",
 ) -> ContextFit:
     """Concurrent requests of ``context_len`` tokens that fit in ``memory_bytes`` beside the weights
     and workspace, each holding ``ceil(context_len / block_size)`` whole blocks and one KDA slot (and,
-    with a ``draft`` model drafting ``num_draft_tokens``, the speculative part: module docstring).
+    with a ``draft`` model drafting ``num_draft_tokens``, the speculative part: module docstring;
+    ``rollback`` is ``EngineConfig.rollback``).
 
     Raises:
         ValueError: ``memory_bytes`` or ``context_len`` below 1, or ``num_draft_tokens`` below 1 with a
@@ -257,11 +260,12 @@ def fit(
         weights += draft.weight_bytes
         workspace += draft.workspace_bytes
         drafted = context_len + num_draft_tokens
+        rollback_slots = num_draft_tokens if rollback == "states" else 1
         spec = (
-            ledger.kda_slot_bytes
+            rollback_slots * ledger.kda_slot_bytes
             + (ledger.kv_blocks(drafted) - blocks) * ledger.kv_block_bytes
             + draft.kv_blocks(drafted) * draft.kv_block_bytes
-            + 2 * draft.kda_slot_bytes
+            + num_draft_tokens * draft.kda_slot_bytes
         )
     room = memory_bytes - weights - workspace
     if room <= 0:

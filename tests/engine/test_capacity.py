@@ -223,9 +223,14 @@ def test_fit_arithmetic_and_monotone_in_memory():
 def test_fit_with_a_draft_counts_its_weights_and_the_speculative_part():
     target, draft = ledger("k3"), ledger(load_model_config(with_layers(preset_config("k3", "tiny"), 2)))
     plain, spec = fit(target, GIB, 4090), fit(target, GIB, 4090, draft=draft, num_draft_tokens=7)
-    # 4090 tokens take 256 blocks; 4097 drafted positions take 257 (one more target block).
-    speculative = 19200 + 3584 + draft.kv_blocks(4097) * draft.kv_block_bytes + 2 * draft.kda_slot_bytes
+    # 4090 tokens take 256 blocks; 4097 drafted positions take 257 (one more target block). The target
+    # keeps a KDA slot per draft (--kda-rollback states; one checkpoint slot with replay), the draft its
+    # own slot and a checkpoint after each of the 6 drafts it feeds.
+    drafted = 3584 + draft.kv_blocks(4097) * draft.kv_block_bytes + 7 * draft.kda_slot_bytes
+    speculative = 7 * 19200 + drafted
     assert spec.spec_bytes_per_request == speculative and spec.draft_weight_bytes == draft.weight_bytes
+    replay = fit(target, GIB, 4090, draft=draft, num_draft_tokens=7, rollback="replay")
+    assert replay.spec_bytes_per_request == 19200 + drafted
     assert spec.weight_bytes == target.weight_bytes + draft.weight_bytes
     assert spec.workspace_bytes == target.workspace_bytes + draft.workspace_bytes
     room = GIB - spec.weight_bytes - spec.workspace_bytes
