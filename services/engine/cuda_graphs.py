@@ -8,6 +8,11 @@ touch a real request's cache. Prefill and mixed steps run eagerly.
 
 The target's graphs sample inside the graph (``replay``); the draft model's capture the forward only
 (``sample=False``) and read the logits rows (``replay_logits``), which it samples itself.
+
+Verify graphs (``num_draft = k > 0``, ``--kda-rollback states``) capture speculative decoding's verify
+step: every sequence brings ``1 + k`` tokens (its last token and ``k`` drafts, each draft with its KDA
+state slot: ``SequenceStep.draft_slots``) and every row gives logits, which the runner verifies. Their
+padding sequences are ``1 + k`` tokens at positions ``0 .. k`` in the scratch block, without drafts.
 """
 
 import logging
@@ -88,6 +93,8 @@ class DecodeGraphs:
             kernels see it as their bound.
         sample: capture the sampling too when the sampling backend can be captured (the target's
             ``replay``); False captures the forward only (the draft model's ``replay_logits``).
+        num_draft: 0 for decode steps; ``k`` captures verify steps of ``1 + k`` tokens per sequence
+            (forward only: ``replay_logits``, every row's logits).
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class DecodeGraphs:
         sizes: tuple[int, ...],
         max_seq_len: int,
         sample: bool = True,
+        num_draft: int = 0,
     ):
         if not model.kernels.forward_graph_safe:
             raise ValueError(
@@ -106,14 +114,21 @@ class DecodeGraphs:
         if cache.blocks.scratch_id is None or cache.slots.scratch_id is None:
             raise ValueError("cuda_graphs: the pools need a scratch block and slot (scratch=True)")
         self.model, self.cache, self.max_seq_len = model, cache, max_seq_len
+        self.num_draft = num_draft
         self.max_blocks = -(-max_seq_len // cache.block_size)
         capturable = isinstance(model.kernels.sampling, TritonSampling)
-        self.sampler = model.kernels.sampling if sample and capturable else None
+        self.sampler = model.kernels.sampling if sample and capturable and not num_draft else None
         self.device = cache.blocks.storage.device
         self.pool = torch.cuda.graph_pool_handle()
-        self.pad = SequenceStep((0,), 0, (cache.blocks.scratch_id,), cache.slots.scratch_id)
+        pad_blocks = (cache.blocks.scratch_id,) * -(-self.query_len // cache.block_size)
+        self.pad = SequenceStep((0,) * self.query_len, 0, pad_blocks, cache.slots.scratch_id)
         self.graphs = {size: self._static(size) for size in sizes}
         self.replays = 0  # steps served from a graph (benchmarks and tests read it)
+
+    @property
+    def query_len(self) -> int:
+        """Tokens of each sequence in a captured step: ``1 + num_draft``."""
+        return 1 + self.num_draft
 
     @property
     def max_size(self) -> int:
@@ -131,11 +146,12 @@ class DecodeGraphs:
             steps,
             self.cache.block_size,
             self.device,
-            logit_rows=list(range(len(steps))),
+            logit_rows=list(range(len(steps) * self.query_len)),
             index_topk=self.model.index_topk,
             max_blocks=self.max_blocks,
             max_seq_len=self.max_seq_len,
             out=out,
+            token_slots=bool(self.num_draft),
         )
 
     def _run(self, graph: _Graph) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
@@ -161,30 +177,32 @@ class DecodeGraphs:
         log.info("captured decode CUDA graphs for batch sizes %s", sorted(self.graphs))
 
     def can_replay(self, steps: list[SequenceStep], num_sampling: int) -> bool:
-        """A pure-decode step (one token after a prefix, every sequence sampling: ``num_sampling`` of
-        the ``steps`` give a logits row) that fits a graph; the same test for ``replay`` and
-        ``replay_logits``."""
+        """A step these graphs hold: a pure-decode step (one token after a prefix, every sequence
+        sampling: ``num_sampling`` of the ``steps`` give a logits row), or for verify graphs a step of
+        ``1 + k`` tokens per sequence after a prefix, ``k`` of them drafts with their slots, every row a
+        logits row; and it fits a graph. The same test for ``replay`` and ``replay_logits``."""
         return (
             len(steps) <= self.max_size
-            and num_sampling == len(steps)
-            and all(len(step.token_ids) == 1 and step.past > 0 for step in steps)
-            and all(step.past < self.max_seq_len for step in steps)
+            and num_sampling == len(steps) * self.query_len
+            and all(len(step.token_ids) == self.query_len and step.past > 0 for step in steps)
+            and all(len(step.draft_slots) == step.num_draft == self.num_draft for step in steps)
+            and all(step.past + self.query_len <= self.max_seq_len for step in steps)
         )
 
     def replay_logits(self, steps: list[SequenceStep]) -> torch.Tensor:
-        """Run a decode step from its graph (check ``can_replay(steps, len(steps))`` first) without
+        """Run a step from its graph (check ``can_replay(steps, len(steps) * query_len)`` first) without
         sampling.
 
         Returns:
-            ``[len(steps), vocab]``: each step's logits row, a view of the graph's static logits (no
-            copy): the next replay at the same padded size overwrites it, so the caller copies or
-            consumes it first (on the current stream, which replays run on).
+            ``[len(steps) * query_len, vocab]``: every row's logits in step order, a view of the graph's
+            static logits (no copy): the next replay at the same padded size overwrites it, so the caller
+            copies or consumes it first (on the current stream, which replays run on).
         """
         graph = self.graphs[self.padded_size(len(steps))]
         self._metadata(list(steps) + [self.pad] * (graph.size - len(steps)), graph.meta.packed)
         graph.graph.replay()
         self.replays += 1
-        return graph.logits[: len(steps)]
+        return graph.logits[: len(steps) * self.query_len]
 
     def padded_size(self, batch: int) -> int:
         """The captured size a batch of ``batch`` sequences replays at."""
@@ -193,7 +211,8 @@ class DecodeGraphs:
     def replay(
         self, steps: list[SequenceStep], params: list[SamplingParams], positions: list[int]
     ) -> SampleOutput:
-        """Run a decode step from its graph (check ``can_replay`` first) and sample its rows."""
+        """Run a decode step from its graph (check ``can_replay`` first) and sample its rows (decode
+        graphs only)."""
         graph = self.graphs[self.padded_size(len(steps))]
         padding = graph.size - len(steps)
         self._metadata(list(steps) + [self.pad] * padding, graph.meta.packed)

@@ -131,10 +131,16 @@ class EngineCore:
         if self.ranks is not None:
             self.cache.record_state_copies()
         if use_graphs:
-            self.runner.graphs = DecodeGraphs(
-                self.model, self.runner.paged, capture_sizes(config.max_num_seqs), config.max_model_len
-            )
+            sizes = capture_sizes(config.max_num_seqs)
+            self.runner.graphs = DecodeGraphs(self.model, self.runner.paged, sizes, config.max_model_len)
             self.runner.graphs.capture()
+            if proposer is not None and self.cache.rollback_mode == "states":  # fixed-shape verify steps
+                for k in range(1, proposer.num_draft_tokens + 1):
+                    graphs = DecodeGraphs(
+                        self.model, self.runner.paged, sizes, config.max_model_len, num_draft=k
+                    )
+                    graphs.capture()
+                    self.runner.verify_graphs[k] = graphs
         self._ids = itertools.count()
 
     def add_request(

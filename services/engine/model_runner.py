@@ -26,6 +26,8 @@ class ModelRunner:
         model: the loaded model (its kernel backends already chosen).
         cache: the pools the scheduler allocated from.
         graphs: captured decode graphs, or None to run every step eagerly.
+        verify_graphs: captured verify graphs by draft count ``k`` (``--kda-rollback states``; empty:
+            verify steps run eagerly).
         ranks: a parallel engine's rank group (rank 0 here): each step is broadcast to its followers
             before the forward; None on one rank.
     """
@@ -37,6 +39,7 @@ class ModelRunner:
         graphs: DecodeGraphs | None = None,
         adapters: AdapterRegistry | None = None,
         ranks: RankGroup | None = None,
+        verify_graphs: dict[int, DecodeGraphs] | None = None,
     ):
         self.model = model
         self.ranks = ranks
@@ -45,6 +48,7 @@ class ModelRunner:
         self.device = cache.blocks.storage.device
         self.paged = PagedModelCache(cache.blocks, cache.slots, model.config, model.dtype)
         self.graphs = graphs
+        self.verify_graphs = verify_graphs or {}
         layout = model.parallel.layout
         # under PCP or PP every rank runs its part of each step
         self.split = SplitStep(model, cache.block_tokens) if layout.pcp * layout.pp > 1 else None
@@ -76,7 +80,7 @@ class ModelRunner:
             for c, adapter in zip(chunks, adapters, strict=True)
         ]
         if any(chunk.num_draft for chunk in chunks):
-            return self._verify_step(output, requests, steps)
+            return self._verify_step(output, requests, steps, adapted=any(adapters))
         sampling = [i for i, chunk in enumerate(chunks) if chunk.samples]
         picked = [requests[chunks[i].request_id] for i in sampling]
         params = [r.params for r in picked]
@@ -106,17 +110,23 @@ class ModelRunner:
         }
 
     def _verify_step(
-        self, output: SchedulerOutput, requests: dict[str, Request], steps: list[SequenceStep]
+        self, output: SchedulerOutput, requests: dict[str, Request], steps: list[SequenceStep], adapted: bool
     ) -> dict[str, SampledToken | Verified]:
-        """An eager step with verify chunks: one logits row per plain sampling chunk, ``1 + k`` per
-        verify chunk; the plain rows are sampled together, the greedy verify chunks' rows verified
-        together, each sampled verify chunk's alone."""
+        """A step with verify chunks: one logits row per plain sampling chunk, ``1 + k`` per verify
+        chunk; the plain rows are sampled together, the greedy verify chunks' rows verified together,
+        each sampled verify chunk's alone. A step of verify chunks only, each ``1 + k`` tokens, replays
+        the verify graph of ``k`` when there is one (no adapted rows: graphs are captured without)."""
         ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
         plain = [i for i, chunk in enumerate(output.chunks) if chunk.samples and not chunk.num_draft]
         verifying = [i for i, chunk in enumerate(output.chunks) if chunk.num_draft]
         plain_rows = [ends[i] - 1 for i in plain]
         verify_rows = [list(range(ends[i] - 1 - output.chunks[i].num_draft, ends[i])) for i in verifying]
-        logits = self.forward(steps, plain_rows + [row for rows in verify_rows for row in rows])
+        rows = plain_rows + [row for rows in verify_rows for row in rows]
+        graphs = self.verify_graphs.get(steps[0].num_draft)
+        if graphs is not None and not adapted and graphs.can_replay(steps, len(rows)):
+            logits = graphs.replay_logits(steps)  # every row, in step order: the verify rows exactly
+        else:
+            logits = self.forward(steps, rows)
         results: dict[str, SampledToken | Verified] = {}
         if plain:
             picked = [requests[output.chunks[i].request_id] for i in plain]

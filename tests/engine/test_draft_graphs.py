@@ -42,6 +42,7 @@ class EagerReplays(DecodeGraphs):
         self.proposer = proposer
         self.graphs = dict.fromkeys(capture_sizes(ENGINE["max_num_seqs"]))
         self.max_seq_len = max_seq_len
+        self.num_draft = 0
         self.replays = 0
         self.replayed: list[list[SequenceStep]] = []
 

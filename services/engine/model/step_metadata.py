@@ -171,6 +171,7 @@ def build_step_metadata(
     max_blocks: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    token_slots: bool = False,
 ) -> StepMetadata:
     """Build a step's metadata on the host and copy it to ``device`` in one transfer.
 
@@ -185,6 +186,8 @@ def build_step_metadata(
         max_seq_len: the bound to record (default: the exact maximum).
         out: a device byte buffer of exactly the packed size to copy into (CUDA graphs' static
             buffer); a fresh one is allocated when None.
+        token_slots: build ``kda_token_slots`` even when no sequence has ``draft_slots`` (verify graphs
+            capture a step of padding sequences; the field must be in their static buffer).
 
     Raises:
         ValueError: no sequence, a sequence without new tokens, a block table too short for the
@@ -231,7 +234,7 @@ def build_step_metadata(
         "adapter_ids": adapter_ids,
     }
     query_len = max(len(step.token_ids) for step in steps)
-    if any(step.draft_slots for step in steps):
+    if token_slots or any(step.draft_slots for step in steps):
         values["kda_token_slots"] = [slot for step in steps for slot in step.token_slots(query_len)]
     device = torch.device(device)
     host = _pack(values, [p > 0 for p in past], device.type == "cuda")
