@@ -19,7 +19,7 @@ from services.engine.benchmark.spec_bench import (
 )
 from services.engine.checkpoint.init_folder import init_checkpoint
 from services.engine.checkpoint.presets import preset_config, with_layers
-from services.engine.engine_config import MAX_DRAFT_TOKENS
+from services.engine.engine_config import KDA_ROLLBACKS, MAX_DRAFT_TOKENS
 
 from .arguments import DTYPES, positive_int_list
 from .eval_command import documents, text_windows
@@ -68,6 +68,12 @@ def register_spec(kinds: argparse._SubParsersAction) -> None:
         help="also run each draft under the default adaptive policy at the largest --num-draft-tokens "
         "(what the default engine does; default on)",
     )
+    bench.add_argument(
+        "--kda-rollback",
+        default="auto",
+        help="comma-separated KDA rollbacks to run each fixed-k arm under: states, replay, auto (default "
+        "auto: the engine's); 'states,replay' measures both side by side",
+    )
     bench.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     bench.add_argument("--dtype", choices=sorted(DTYPES), help="model dtype (default: the checkpoint's)")
     bench.add_argument("--kernels", help="kernel backend (default: the engine's for the device)")
@@ -87,10 +93,18 @@ def run_spec(args: argparse.Namespace) -> int:
     if args.temperature < 0:
         raise ValueError(f"--temperature: {args.temperature} must be >= 0")
     options = {key: value for key, value in (("dtype", args.dtype), ("kernels", args.kernels)) if value}
+    rollbacks = tuple(dict.fromkeys(r.strip() for r in args.kda_rollback.split(",")))
+    unknown = [r for r in rollbacks if r not in KDA_ROLLBACKS]
+    if unknown:
+        raise ValueError(
+            f"--kda-rollback: {', '.join(unknown)} unknown; give some of {', '.join(KDA_ROLLBACKS)}"
+        )
     with tempfile.TemporaryDirectory() as scratch:
         target, draft, note = _checkpoints(args, Path(scratch))
         prompts = _prompts(args, target, max(batches))
-        arms = spec_arms(str(target), str(draft) if draft else "", drafts, args.self_draft, args.adaptive)
+        arms = spec_arms(
+            str(target), str(draft) if draft else "", drafts, args.self_draft, args.adaptive, rollbacks
+        )
         print(table_header(note), flush=True)
         rows: list[SpecBenchRow] = []
 

@@ -62,11 +62,17 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "mean k" in printed and "self-adaptive" in printed
     assert main([*argv, "--no-adaptive", "--no-self-draft"]) == 0
     assert [r["arm"] for r in json.loads(out.read_text())["rows"]] == [PLAIN, DRAFT]
+    # Both KDA rollbacks side by side: the second's rows named after it, the same tokens accepted.
+    assert main([*argv, "--no-adaptive", "--no-self-draft", "--kda-rollback", "states,replay"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["arm"] for r in rows] == [PLAIN, DRAFT, f"{DRAFT}/replay"]
+    assert rows[1]["acceptance_by_position"] == rows[2]["acceptance_by_position"]
     for bad, needle in (
         (["--batches", "0"], "--batches"),
         (["--num-draft-tokens", "x"], "--num-draft-tokens"),
         (["--temperature", "-1"], "--temperature"),
         (["--draft-model", str(tmp_path)], "--draft-model: needs --model"),
+        (["--kda-rollback", "states,undo"], "--kda-rollback: undo unknown"),
     ):
         assert main(["bench", "spec", *bad]) == 2
         assert needle in capsys.readouterr().err

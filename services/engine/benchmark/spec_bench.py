@@ -12,6 +12,9 @@ on the engine's step loop: from the step after every request has its first token
 last step; the draft's own catch-up on the prompt at its first verify counts as decode time. Each row is
 the best of ``repeats`` timed runs after an untimed one (kernels compile per shape; the adaptive policy's
 warm-up runs in it, at the arm's first batch, and its measurements carry over to the timed runs).
+With several KDA rollbacks (``--kda-rollback states,replay``: the state after every draft kept, or one
+checkpoint and the accepted drafts run again) each fixed arm runs under each, named ``arm/rollback``
+past the first; the adaptive arms take the first.
 """
 
 import time
@@ -33,12 +36,14 @@ SELF_ADAPTIVE = "self-adaptive"
 @dataclass(frozen=True)
 class SpecArm:
     """One engine configuration: ``draft`` is a checkpoint folder ("" for plain decoding), drafting up to
-    ``num_draft_tokens`` per step under ``spec_policy`` (``fixed``: that many every step)."""
+    ``num_draft_tokens`` per step under ``spec_policy`` (``fixed``: that many every step), rejected drafts
+    undone by ``kda_rollback``."""
 
     name: str
     draft: str
     num_draft_tokens: int
     spec_policy: str = "fixed"
+    kda_rollback: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -63,19 +68,33 @@ class SpecBenchRow:
 
 
 def spec_arms(
-    target: str, draft: str, num_draft_tokens: list[int], self_draft: bool, adaptive: bool = True
+    target: str,
+    draft: str,
+    num_draft_tokens: list[int],
+    self_draft: bool,
+    adaptive: bool = True,
+    rollbacks: tuple[str, ...] = ("auto",),
 ) -> list[SpecArm]:
     """The plain arm, then for each ``k`` the draft's arm (when given) and the self-draft arm (fixed
-    policy), then with ``adaptive`` each of those drafts under the adaptive policy at the largest ``k``."""
+    policy) under each of ``rollbacks``, then with ``adaptive`` each of those drafts under the adaptive
+    policy at the largest ``k`` (the first rollback)."""
     drafts = [(DRAFT, draft)] if draft else []
     if self_draft:
         drafts.append((SELF_DRAFT, target))
     arms = [SpecArm(PLAIN, "", 0)]
-    arms += [SpecArm(name, folder, k) for k in num_draft_tokens for name, folder in drafts]
+    for k in num_draft_tokens:
+        for name, folder in drafts:
+            arms += [
+                SpecArm(name if i == 0 else f"{name}/{rollback}", folder, k, "fixed", rollback)
+                for i, rollback in enumerate(rollbacks)
+            ]
     if adaptive:
         adaptive_names = {DRAFT: ADAPTIVE, SELF_DRAFT: SELF_ADAPTIVE}
         largest = max(num_draft_tokens)
-        arms += [SpecArm(adaptive_names[name], folder, largest, "adaptive") for name, folder in drafts]
+        arms += [
+            SpecArm(adaptive_names[name], folder, largest, "adaptive", rollbacks[0])
+            for name, folder in drafts
+        ]
     return arms
 
 
@@ -115,6 +134,7 @@ def run_spec_bench(
                 "draft_model": arm.draft,
                 "num_draft_tokens": arm.num_draft_tokens,
                 "spec_policy": arm.spec_policy,
+                "kda_rollback": arm.kda_rollback,
             }
             if arm.draft
             else {}
