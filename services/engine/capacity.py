@@ -16,8 +16,8 @@ KV blocks plus its KDA slot::
 With speculative decoding (``fit(..., draft=...)``) the draft's weights and workspace join the
 target's, and each request also holds the speculative part: the target's KDA rollback slots (``k``
 with ``--kda-rollback states``, one checkpoint with ``replay``), the blocks its ``k`` drafted positions
-may need past ``L``, and the draft model's own blocks for ``L + k`` tokens and ``k`` slots (its state
-and a checkpoint after each of the ``k - 1`` drafts it feeds). The handoff then carries the draft's
+may need past ``L``, and the draft model's own blocks for ``L + k`` tokens and ``1 + k`` slots (its
+state and a checkpoint before each of the ``k`` drafts it feeds). The handoff then carries the draft's
 prompt rows too (``services/engine/draft_handoff.py``): its ``ceil(L / B)`` blocks and one slot join
 the transfer.
 
@@ -265,7 +265,7 @@ def fit(
             rollback_slots * ledger.kda_slot_bytes
             + (ledger.kv_blocks(drafted) - blocks) * ledger.kv_block_bytes
             + draft.kv_blocks(drafted) * draft.kv_block_bytes
-            + num_draft_tokens * draft.kda_slot_bytes
+            + (1 + num_draft_tokens) * draft.kda_slot_bytes
         )
     room = memory_bytes - weights - workspace
     if room <= 0:

@@ -189,7 +189,7 @@ class DecodeGraphs:
             and all(step.past + self.query_len <= self.max_seq_len for step in steps)
         )
 
-    def replay_logits(self, steps: list[SequenceStep]) -> torch.Tensor:
+    def replay_logits(self, steps: list[SequenceStep], input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Run a step from its graph (check ``can_replay(steps, len(steps) * query_len)`` first) without
         sampling.
 
@@ -197,9 +197,14 @@ class DecodeGraphs:
             ``[len(steps) * query_len, vocab]``: every row's logits in step order, a view of the graph's
             static logits (no copy): the next replay at the same padded size overwrites it, so the caller
             copies or consumes it first (on the current stream, which replays run on).
+
+        ``input_ids``: ``[len(steps) * query_len]`` device token ids that replace the steps' own (a
+        draft's argmax fed on without a host sync; the steps then carry placeholders).
         """
         graph = self.graphs[self.padded_size(len(steps))]
         self._metadata(list(steps) + [self.pad] * (graph.size - len(steps)), graph.meta.packed)
+        if input_ids is not None:
+            graph.meta.input_ids[: input_ids.shape[0]].copy_(input_ids)
         graph.graph.replay()
         self.replays += 1
         return graph.logits[: len(steps) * self.query_len]

@@ -225,8 +225,8 @@ def test_fit_with_a_draft_counts_its_weights_and_the_speculative_part():
     plain, spec = fit(target, GIB, 4090), fit(target, GIB, 4090, draft=draft, num_draft_tokens=7)
     # 4090 tokens take 256 blocks; 4097 drafted positions take 257 (one more target block). The target
     # keeps a KDA slot per draft (--kda-rollback states; one checkpoint slot with replay), the draft its
-    # own slot and a checkpoint after each of the 6 drafts it feeds.
-    drafted = 3584 + draft.kv_blocks(4097) * draft.kv_block_bytes + 7 * draft.kda_slot_bytes
+    # own slot and a checkpoint before each of the 7 drafts it feeds.
+    drafted = 3584 + draft.kv_blocks(4097) * draft.kv_block_bytes + 8 * draft.kda_slot_bytes
     speculative = 7 * 19200 + drafted
     assert spec.spec_bytes_per_request == speculative and spec.draft_weight_bytes == draft.weight_bytes
     replay = fit(target, GIB, 4090, draft=draft, num_draft_tokens=7, rollback="replay")

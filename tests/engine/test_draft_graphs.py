@@ -7,6 +7,8 @@ drafts and their distributions are a proposer's without graphs, bit for bit. The
 graphs, greedy tokens and acceptance equal to an engine without graphs) is
 ``tests/gpu/test_draft_graphs_gpu.py``."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from services.engine.model.step_metadata import SequenceStep, build_step_metadat
 from services.engine.speculative.draft_model import DraftModelProposer
 from tests.engine.test_draft_model import (
     ENGINE,
+    GREEDY,
     accept,
     draft_overrides,
     make_proposer,
@@ -46,7 +49,9 @@ class EagerReplays(DecodeGraphs):
         self.replays = 0
         self.replayed: list[list[SequenceStep]] = []
 
-    def replay_logits(self, steps: list[SequenceStep]) -> torch.Tensor:
+    def replay_logits(self, steps: list[SequenceStep], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if input_ids is not None:  # the greedy chain's drafts, fed on the device
+            steps = [replace(step, token_ids=(int(t),)) for step, t in zip(steps, input_ids, strict=True)]
         self.replays += 1
         self.replayed.append(list(steps))
         meta = build_step_metadata(
@@ -73,37 +78,53 @@ def assert_same_proposals(got, want, requests):
 
 
 def test_one_token_feeds_replay_and_drafts_equal_a_proposer_without_graphs(checkpoints):
+    """Sampled drafts (the host loop): the k feeds of every round replay, and from the second round on
+    the one-token tail does too, whatever each seat accepted."""
     k = 3
     proposer, graphs = with_stand_in(checkpoints, k)
     eager = make_proposer(checkpoints, "k3", k)
     requests, copies = make_requests(sampled(5)), make_requests(sampled(5))
-    assert_same_proposals(first := proposer.propose(requests), eager.propose(copies), requests)
-    assert graphs.replays == k - 1  # the prompts ran eagerly, drafts 1..k-1 were replayed
+    proposals = proposer.propose(requests)
+    assert_same_proposals(proposals, eager.propose(copies), requests)
+    assert graphs.replays == k  # the prompts ran eagerly, drafts 1..k were fed from the graphs
     for steps in graphs.replayed:
         assert len(steps) == len(requests) and all(len(s.token_ids) == 1 and s.past > 0 for s in steps)
-    # tails of 1, 1, 1 and 2 tokens (all k accepted: [dk, bonus]): that forward runs eagerly, the
-    # draft feeds replay
-    for accepted, (request, copy) in zip((0, 1, k - 1, k), zip(requests, copies, strict=True), strict=True):
-        accept(proposer, request, first[request.request_id].token_ids, accepted)
-        accept(eager, copy, first[request.request_id].token_ids, accepted)
-    assert_same_proposals(second := proposer.propose(requests), eager.propose(copies), requests)
-    assert graphs.replays == 2 * (k - 1)
-    # every seat kept its k - 1 fed drafts: one-token tails, so the tail forward replays too
+    for accepted in ((0, 1, k - 1, k), (k, 0, 1, k - 1)):
+        for request, copy, n in zip(requests, copies, accepted, strict=True):
+            accept(proposer, request, proposals[request.request_id].token_ids, n)
+            accept(eager, copy, proposals[request.request_id].token_ids, n)
+        forwards, before = record_forwards(proposer), graphs.replays
+        proposals = proposer.propose(requests)
+        assert_same_proposals(proposals, eager.propose(copies), requests)
+        assert graphs.replays - before == k + 1 and len(forwards) == k + 1  # every forward replayed
+        assert graphs.replayed[-(k + 1) :] == forwards
+        assert [s.token_ids for s in forwards[0]] == [(r.all_ids[-1],) for r in requests]
+    release_all(proposer, requests)
+    release_all(eager, copies)
+
+
+def test_greedy_drafts_run_on_the_device_and_equal_a_proposer_without_graphs(checkpoints):
+    """Greedy requests: the k feeds go through ``_greedy_chain`` (each draft's argmax fed as the next
+    replay's input ids, no per-draft host read) and give the host loop's drafts and states."""
+    k = 3
+    proposer, graphs = with_stand_in(checkpoints, k)
+    eager = make_proposer(checkpoints, "k3", k)
+    requests, copies = make_requests(lambda i: GREEDY), make_requests(lambda i: GREEDY)
+    chained = []
+    chain = proposer._greedy_chain
+    proposer._greedy_chain = lambda *args: chained.append(args[2]) or chain(*args)
+    proposals = proposer.propose(requests)
+    assert proposals == eager.propose(copies) and chained == [k] and graphs.replays == k
+    for accepted in ((0, 1, k - 1, k), (k, 2, 0, 1)):
+        for request, copy, n in zip(requests, copies, accepted, strict=True):
+            accept(proposer, request, proposals[request.request_id].token_ids, n)
+            accept(eager, copy, proposals[request.request_id].token_ids, n)
+        before = graphs.replays
+        proposals = proposer.propose(requests)
+        assert proposals == eager.propose(copies) and graphs.replays - before == k + 1
     for request, copy in zip(requests, copies, strict=True):
-        accept(proposer, request, second[request.request_id].token_ids, k - 1)
-        accept(eager, copy, second[request.request_id].token_ids, k - 1)
-    assert_same_proposals(third := proposer.propose(requests), eager.propose(copies), requests)
-    assert graphs.replays == 3 * (k - 1) + 1
-    assert [s.token_ids for s in graphs.replayed[-k]] == [(r.all_ids[-1],) for r in requests]
-    # a draft rejected in every seat, at each place: the target's token is each tail, all k replay
-    for accepted, (request, copy) in zip((0, 1, k - 1, 1), zip(requests, copies, strict=True), strict=True):
-        accept(proposer, request, third[request.request_id].token_ids, accepted)
-        accept(eager, copy, third[request.request_id].token_ids, accepted)
-    forwards = record_forwards(proposer)
-    assert_same_proposals(proposer.propose(requests), eager.propose(copies), requests)
-    assert graphs.replays == 3 * (k - 1) + 1 + k and len(forwards) == k  # every forward replayed
-    assert graphs.replayed[-k:] == forwards
-    assert [s.token_ids for s in graphs.replayed[-k]] == [(r.all_ids[-1],) for r in requests]
+        seat, twin = proposer.seats[request.request_id], eager.seats[copy.request_id]
+        assert torch.equal(proposer.slots.storage[seat.slot], eager.slots.storage[twin.slot])
     release_all(proposer, requests)
     release_all(eager, copies)
 

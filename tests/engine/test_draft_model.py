@@ -126,9 +126,9 @@ def test_greedy_drafts_are_the_draft_models_own_continuation(family, checkpoints
 @pytest.mark.parametrize("family", ["k3", "deepseek_v32"])
 def test_commit_keeps_the_accepted_drafts_so_the_next_tail_is_one_token(family, checkpoints, draft_llms):
     """Two rounds of ``k = 4`` drafts, each request accepting 0 .. k drafts across them: after each
-    commit the seat covers the accepted fed drafts (its slot the checkpoint slot of that many), the
-    next proposal's tail forward runs one token per seat (two after all k accepted: ``[dk, bonus]``),
-    and its drafts are the draft model's own continuation of the whole sequence."""
+    commit the seat covers the accepted drafts (every draft was fed; its slot the checkpoint slot of
+    that many unless all were accepted), the next proposal's tail forward runs one token per seat, and
+    its drafts are the draft model's own continuation of the whole sequence."""
     k = 4
     proposer = make_proposer(checkpoints, family, k)
     forwards = record_forwards(proposer)
@@ -137,27 +137,25 @@ def test_commit_keeps_the_accepted_drafts_so_the_next_tail_is_one_token(family, 
     for accepted in ((0, 1, 2, k), (k - 1, k, 0, 1)):  # request i accepts accepted[i] drafts
         for request, num_accepted in zip(requests, accepted, strict=True):
             seat = proposer.seats[request.request_id]
-            assert seat.num_computed == seat.checkpoint + k - 1  # drafts 1..k-1 were fed
+            assert seat.num_computed == seat.checkpoint + k  # drafts 1..k were fed
             accept(proposer, request, proposals[request.request_id].token_ids, num_accepted)
-            kept = min(num_accepted, k - 1)
-            assert seat.num_computed == seat.checkpoint + kept, f"{num_accepted} accepted"
-            assert len(request.all_ids) - seat.num_computed == (2 if num_accepted == k else 1)
-            if kept < k - 1:  # the whole slot is that checkpoint slot's again
-                restored = proposer.slots.storage[seat.checkpoint_slots[kept]]
+            assert seat.num_computed == seat.checkpoint + num_accepted, f"{num_accepted} accepted"
+            assert len(request.all_ids) - seat.num_computed == 1
+            if num_accepted < k:  # the whole slot is that checkpoint slot's again
+                restored = proposer.slots.storage[seat.checkpoint_slots[num_accepted]]
                 assert torch.equal(proposer.slots.storage[seat.slot], restored)
         del forwards[:]
         proposals = proposer.propose(requests)
         tokens_per_seat = [[len(step.token_ids) for step in steps] for steps in forwards]
-        assert tokens_per_seat == [[2 if n == k else 1 for n in accepted]] + [[1] * len(requests)] * (k - 1)
+        assert tokens_per_seat == [[1] * len(requests)] * (k + 1)
         want = greedy_continuations(draft_llms(family), [r.all_ids for r in requests], k)
         assert [proposals[r.request_id].token_ids for r in requests] == want
     release_all(proposer, requests)
 
 
 def test_a_shorter_proposal_commits_by_its_own_k(checkpoints, draft_llms):
-    """``propose(num_tokens=2)`` on a ``k = 4`` proposer (the policy shrank the step): two drafts, one
-    fed, and commit keeps it with 1 or 2 accepted, rolls back with 0; the next full proposal is a fresh
-    run's."""
+    """``propose(num_tokens=2)`` on a ``k = 4`` proposer (the policy shrank the step): two drafts, both
+    fed, and commit keeps as many as were accepted; the next full proposal is a fresh run's."""
     proposer = make_proposer(checkpoints, "k3", k=4)
     requests = make_requests(lambda i: GREEDY)[:3]
     short = proposer.propose(requests, num_tokens=2)
@@ -165,9 +163,9 @@ def test_a_shorter_proposal_commits_by_its_own_k(checkpoints, draft_llms):
     assert [short[r.request_id].token_ids for r in requests] == want
     for request, num_accepted in zip(requests, (0, 1, 2), strict=True):
         seat = proposer.seats[request.request_id]
-        assert seat.num_computed == seat.checkpoint + 1  # one fed draft, not k - 1 = 3
+        assert seat.num_computed == seat.checkpoint + 2  # two fed drafts, not k = 4
         accept(proposer, request, short[request.request_id].token_ids, num_accepted)
-        assert seat.num_computed == seat.checkpoint + (1 if num_accepted >= 1 else 0), f"{num_accepted}"
+        assert seat.num_computed == seat.checkpoint + num_accepted, f"{num_accepted}"
     full = proposer.propose(requests)
     want = greedy_continuations(draft_llms("k3"), [r.all_ids for r in requests], 4)
     assert [full[r.request_id].token_ids for r in requests] == want
@@ -179,14 +177,14 @@ def test_a_shorter_proposal_commits_by_its_own_k(checkpoints, draft_llms):
     release_all(proposer, requests)
 
 
-def test_one_draft_per_proposal_needs_no_checkpoint_slot(checkpoints, draft_llms):
-    """``k = 1``: nothing is fed after the tail, so a seat is its slot alone; commit of 0 or 1 and
-    discard keep it as it is, and the next drafts are a fresh run's."""
+def test_one_draft_per_proposal_holds_one_checkpoint_slot(checkpoints, draft_llms):
+    """``k = 1``: the draft is fed after its checkpoint, so a seat is its slot and one checkpoint slot;
+    commit of 0 (restored) or 1 (kept) and discard give the next drafts of a fresh run."""
     proposer = make_proposer(checkpoints, "k3", k=1)
-    assert proposer.slots.num_slots == ENGINE["max_num_seqs"]
+    assert proposer.slots.num_slots == 2 * ENGINE["max_num_seqs"]
     requests = make_requests(lambda i: GREEDY)[:3]
     first = proposer.propose(requests)
-    assert all(proposer.seats[r.request_id].checkpoint_slots == [] for r in requests)
+    assert all(len(proposer.seats[r.request_id].checkpoint_slots) == 1 for r in requests)
     accept(proposer, requests[0], first["r0"].token_ids, 0)
     accept(proposer, requests[1], first["r1"].token_ids, 1)
     proposer.discard(requests[2])
@@ -305,8 +303,8 @@ def test_release_frees_everything_and_integrity_sees_a_leak(checkpoints):
     requests = make_requests(lambda i: GREEDY)
     proposer.propose(requests)
     proposer.check_integrity()
-    assert proposer.slots.num_slots == 3 * ENGINE["max_num_seqs"]  # a slot and 2 checkpoints per seat
-    assert proposer.slots.num_free == proposer.slots.num_slots - 3 * len(requests)
+    assert proposer.slots.num_slots == 4 * ENGINE["max_num_seqs"]  # a slot and 3 checkpoints per seat
+    assert proposer.slots.num_free == proposer.slots.num_slots - 4 * len(requests)
     proposer.release("never-seen")  # ignored
     lost = proposer.seats.pop("r0")  # a seat forgotten without freeing its blocks and slots
     with pytest.raises(AssertionError, match="draft blocks used"):

@@ -77,14 +77,23 @@ def test_bad_drafts_are_refused_naming_the_field(changes, message):
         build_step_metadata([DECODE, short, LONG], BLOCK, "cpu")
 
 
-def test_cuda_graphs_never_replay_a_step_with_drafts():
-    """Only the replay check, on a graph set of sizes 1..4 (nothing captured: no GPU needed)."""
-    graphs = DecodeGraphs.__new__(DecodeGraphs)
-    graphs.graphs, graphs.max_seq_len = {1: None, 2: None, 4: None}, 64
+def test_decode_graphs_never_replay_a_step_with_drafts_and_verify_graphs_only_theirs():
+    """Only the replay check, on graph sets of sizes 1..4 (nothing captured: no GPU needed): decode
+    graphs take one-token steps; the verify graphs of k = 1 take steps of 1 + 1 tokens whose draft has
+    its slot (``--kda-rollback states``), every row a logits row."""
+    decode, verify = DecodeGraphs.__new__(DecodeGraphs), DecodeGraphs.__new__(DecodeGraphs)
+    for graphs, k in ((decode, 0), (verify, 1)):
+        graphs.graphs, graphs.max_seq_len, graphs.num_draft = {1: None, 2: None, 4: None}, 64, k
     tail_only = SequenceStep((41,), past=9, block_table=(6, 7, 8), slot=1)
     one_draft = SequenceStep((41, 42), past=9, block_table=(6, 7, 8), slot=1, num_draft=1, checkpoint_slot=7)
-    assert graphs.can_replay([DECODE, tail_only], 2)
-    assert not graphs.can_replay([DECODE, one_draft], 2)
+    with_slot = SequenceStep((41, 42), past=9, block_table=(6, 7, 8), slot=1, num_draft=1, draft_slots=(7,))
+    other = SequenceStep((43, 44), past=4, block_table=(2,), slot=2, num_draft=1, draft_slots=(8,))
+    assert decode.can_replay([DECODE, tail_only], 2)
+    assert not decode.can_replay([DECODE, one_draft], 2)
+    assert verify.can_replay([with_slot, other], 4)
+    assert not verify.can_replay([with_slot, other], 2)  # the tail rows too
+    assert not verify.can_replay([one_draft, other], 4)  # a checkpoint slot: replay mode, eager
+    assert not verify.can_replay([DECODE, other], 3)
 
 
 @pytest.fixture

@@ -1,33 +1,33 @@
 """``DraftModelProposer``: a small model of the target's family drafts ``k`` tokens per request.
 
 The draft keeps its own cache (a block pool and a KDA state-slot pool, no prefix cache, no host
-tier) and, per request, a ``DraftSeat``: its blocks, its state slot, ``num_draft_tokens - 1``
-checkpoint slots and how many of the request's tokens it has computed. One ``propose`` of ``k``
-drafts (``num_draft_tokens``, or fewer for the step) for a request::
+tier) and, per request, a ``DraftSeat``: its blocks, its state slot, ``num_draft_tokens`` checkpoint
+slots and how many of the request's tokens it has computed. One ``propose`` of ``k`` drafts
+(``num_draft_tokens``, or fewer for the step) for a request::
 
     all_ids:  | computed by the draft | tail (not yet) |
                                       ^ forward(tail): draft 1 from the last row
                                                      ^ checkpoint (tokens covered)
-    then k - 1 one-token forwards, each after copying the slot to a checkpoint slot:
+    then k one-token forwards, each after copying the slot to a checkpoint slot:
         slot -> checkpoint_slots[0], feed d1 -> d2
         slot -> checkpoint_slots[1], feed d2 -> d3
         ...
-        slot -> checkpoint_slots[k-2], feed d(k-1) -> dk
+        slot -> checkpoint_slots[k-1], feed dk (its row unused: the state then covers every draft)
 
-so after it the slot covers ``checkpoint + k - 1`` tokens (``dk`` is never fed) and
-``checkpoint_slots[j]`` the state after the tail and ``j`` fed drafts. ``commit(n)`` keeps the
-``min(n, k - 1)`` fed drafts the target accepted: the slot stays when that is all of them, else it is
-restored from ``checkpoint_slots[n]`` (a whole-slot copy: every KDA field, CF-BI open rows included);
-computed = checkpoint + ``min(n, k - 1)``. The next tail is what the target added after that: its
-bonus token alone, or ``[dk, bonus]`` when all ``k`` drafts were accepted. The MLA rows past
-``computed`` are simply written again. Blocks are kept until ``release`` (rewritten, never read past
-``computed``).
+so after it the slot covers ``checkpoint + k`` tokens and ``checkpoint_slots[j]`` the state after the
+tail and ``j`` fed drafts. ``commit(n)`` keeps the ``n`` fed drafts the target accepted: the slot
+stays when that is all ``k``, else it is restored from ``checkpoint_slots[n]`` (a whole-slot copy:
+every KDA field, CF-BI open rows included); computed = checkpoint + ``n``. The next tail is what the
+target added after that: its bonus token alone, every round. The MLA rows past ``computed`` are simply
+written again. Blocks are kept until ``release`` (rewritten, never read past ``computed``).
 
 With the engine's CUDA graphs on (``cuda_graphs.use_cuda_graphs``), the draft captures its own decode
 graphs (``DecodeGraphs``, forward only) over its pools: a forward whose every seat feeds one token after
-a non-empty prefix (the ``k - 1`` draft feeds, a one-token tail) replays one, so a round after a
-commit with a rejected draft is all replays; two-token tails (all drafts accepted), prompts and
-``prefill_seat`` run eagerly.
+a non-empty prefix (the ``k`` draft feeds, a one-token tail) replays one, so every round after the
+first is all replays; prompts and ``prefill_seat`` run eagerly. When every request is greedy the ``k``
+feeds run on the device alone (``_greedy_chain``): each draft's argmax goes straight into the next
+replay's input row, the checkpoint copies take index tensors made once, and the host reads the drafts
+once at the end (no sync per draft).
 
 A handoff may carry a seat's prompt rows (``services/engine/draft_handoff.py``): the decode engine
 ``reserve_seat``s blocks for the prompt and a slot, the prefill engine ``prefill_seat``s the prompt into
@@ -103,8 +103,8 @@ class DraftModelProposer(DraftProposer):
             can be captured too (else None: every forward runs eagerly).
 
     Pools: ``max_num_seqs`` seats, each able to hold a whole sequence plus its drafts
-    (``max_model_len + num_draft_tokens`` positions), ``num_draft_tokens`` state slots each (the slot
-    and its checkpoints); with graphs, a scratch block and slot more for the padding rows.
+    (``max_model_len + num_draft_tokens`` positions), ``1 + num_draft_tokens`` state slots each (the
+    slot and its checkpoints); with graphs, a scratch block and slot more for the padding rows.
 
     Raises:
         ValueError: ``num_draft_tokens`` below 1, or a draft whose vocabulary differs from the
@@ -140,7 +140,7 @@ class DraftModelProposer(DraftProposer):
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         self.slots = StateSlotPool(
             slot_layout(self.model.config, dtype, open_rows),
-            self.num_draft_tokens * config.max_num_seqs,
+            (1 + self.num_draft_tokens) * config.max_num_seqs,
             self.device,
             scratch=use_graphs,
         )
@@ -185,18 +185,22 @@ class DraftModelProposer(DraftProposer):
         for seat in seats:
             seat.checkpoint = seat.num_computed
         params = [request.params for request in requests]
-        drafted: list[list[int]] = [[] for _ in requests]
+        drafted = self._greedy_chain(seats, logits, k) if all(p.greedy for p in params) else None
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
-        for step in range(k):
-            if step > 0:  # feed the previous drafts; their rows give the next ones
-                self._checkpoint(seats, step - 1)
-                logits = self._feed(seats, [[tokens[-1]] for tokens in drafted])
-            positions = [request.sample_position + step for request in requests]
-            tokens, rows_probs = draw_drafts(logits, params, positions)
-            for i, (token, row_probs) in enumerate(zip(tokens, rows_probs, strict=True)):
-                drafted[i].append(token)
-                if row_probs is not None:
-                    probs[i].append(row_probs)
+        if drafted is None:
+            drafted = [[] for _ in requests]
+            for step in range(k + 1):
+                if step > 0:  # feed the previous drafts; their rows give the next ones (dk's: none)
+                    self._checkpoint(seats, step - 1)
+                    logits = self._feed(seats, [[tokens[-1]] for tokens in drafted])
+                if step == k:
+                    break
+                positions = [request.sample_position + step for request in requests]
+                tokens, rows_probs = draw_drafts(logits, params, positions)
+                for i, (token, row_probs) in enumerate(zip(tokens, rows_probs, strict=True)):
+                    drafted[i].append(token)
+                    if row_probs is not None:
+                        probs[i].append(row_probs)
         proposals = {}
         for request, seat, tokens, rows_probs in zip(requests, seats, drafted, probs, strict=True):
             seat.drafted = tuple(tokens)
@@ -207,8 +211,7 @@ class DraftModelProposer(DraftProposer):
 
     def commit(self, request: Request, num_accepted: int) -> None:
         """Keep the fed drafts the target accepted: the slot goes back to the state after the tail and
-        ``min(num_accepted, k - 1)`` fed drafts, so the next tail is the target's token after the
-        accepted drafts (with ``dk`` before it when all ``k`` were accepted).
+        ``num_accepted`` fed drafts, so the next tail is the target's token after them.
 
         Raises:
             ValueError: ``num_accepted`` outside ``[0, k]`` (the proposal's ``k``), or ``output_ids``
@@ -228,7 +231,7 @@ class DraftModelProposer(DraftProposer):
                 f"drafts {seat.drafted[:num_accepted]} and one more token after position "
                 f"{seat.checkpoint}, got {tuple(accepted)}"
             )
-        self._roll_back(seat, min(num_accepted, k - 1))
+        self._roll_back(seat, num_accepted)
 
     def discard(self, request: Request) -> None:
         """Roll the seat back to its checkpoint: its fed drafts were never verified."""
@@ -305,7 +308,7 @@ class DraftModelProposer(DraftProposer):
     def _seat(self, request: Request) -> DraftSeat:
         seat = self.seats.get(request.request_id)
         if seat is None:
-            if self.slots.num_free < self.num_draft_tokens:
+            if self.slots.num_free < 1 + self.num_draft_tokens:
                 raise RuntimeError(
                     f"draft model: no free seat for request {request.request_id!r} "
                     f"({len(self.seats)} requests hold all of them; max_num_seqs bounds both)"
@@ -313,10 +316,40 @@ class DraftModelProposer(DraftProposer):
             seat = DraftSeat(
                 block_table=[],
                 slot=self.slots.allocate(),
-                checkpoint_slots=[self.slots.allocate() for _ in range(self.num_draft_tokens - 1)],
+                checkpoint_slots=[self.slots.allocate() for _ in range(self.num_draft_tokens)],
             )
             self.seats[request.request_id] = seat
         return seat
+
+    def _greedy_chain(self, seats: list[DraftSeat], logits: torch.Tensor, k: int) -> list[list[int]] | None:
+        """Greedy drafts 1..k and the k feeds on the device: draft ``j``'s argmax (ties: the lowest id,
+        as ``draw_drafts``) is copied into the next replay's input row, with no host sync until the
+        drafts are read at the end; the same forwards, checkpoints and tokens as the host loop. None
+        (the host loop runs) without graphs or when a feed could not replay one.
+
+        Args:
+            logits: ``[S, V]``, each seat's row after its tail (draft 1's).
+        """
+        if self.graphs is None:
+            return None
+        last = [SequenceStep((0,), s.num_computed + k - 1, tuple(s.block_table), s.slot) for s in seats]
+        if not self.graphs.can_replay(last, len(seats)):
+            return None
+        for seat in seats:
+            self._grow(seat, seat.num_computed + k)
+        indices = [[seat.slot for seat in seats]] + [[s.checkpoint_slots[j] for s in seats] for j in range(k)]
+        sources, *targets = torch.tensor(indices, device=self.device)
+        tokens = torch.empty((k, len(seats)), dtype=torch.int64, device=self.device)
+        tokens[0] = torch.argmax(logits.to(torch.float32), dim=-1)
+        for j in range(1, k + 1):
+            self.slots.storage[targets[j - 1]] = self.slots.storage[sources]
+            steps = [SequenceStep((0,), s.num_computed, tuple(s.block_table), s.slot) for s in seats]
+            for seat in seats:
+                seat.num_computed += 1
+            rows = self.graphs.replay_logits(steps, input_ids=tokens[j - 1])
+            if j < k:
+                tokens[j] = torch.argmax(rows.to(torch.float32), dim=-1)
+        return tokens.T.tolist()
 
     def _checkpoint(self, seats: list[DraftSeat], num_fed: int) -> None:
         """Every seat's slot (the state after its tail and ``num_fed`` fed drafts) copied to its
