@@ -8,6 +8,7 @@ from pathlib import Path
 from router.server import RouterConfig, RouterServer
 
 from .cluster_secret_flag import add_cluster_secret_flag
+from .rate_limit_flags import add_tenant_rate_limit_flags
 from .tls_flags import add_router_tls_flags
 from .token_file import add_auth_token_file_flag
 
@@ -28,6 +29,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP front (0: any)")
     parser.add_argument("--metrics-port", type=int, default=0, help="/metrics port (default 0: any free)")
     add_auth_token_file_flag(parser)
+    add_tenant_rate_limit_flags(parser)
     add_router_tls_flags(parser)
     add_cluster_secret_flag(parser, "sent on every call to the workers")
     workers = parser.add_argument_group("workers: a fixed list, or found through the Kubernetes API")
@@ -156,6 +158,8 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         cluster_secret_file=args.cluster_secret_file,
+        tenant_rate_limit=args.tenant_rate_limit,
+        tenant_burst=args.tenant_burst,
         disaggregation="never" if args.colocated else "always" if args.always_disaggregate else "conditional",
         local_prefill_tokens=args.local_prefill_tokens,
         slo_ttft_s=args.slo_ttft_ms / 1000,

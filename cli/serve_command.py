@@ -18,6 +18,7 @@ from common.cluster_secret import read_cluster_secret, write_cluster_secret
 from deploy.local.launcher import LocalCluster, ManagedCache
 from deploy.local.redis_server import RedisServer
 from router.auth_tokens import parse_token_file
+from router.tenant_rate_limit import from_flags
 from router.tls import ServerTls, server_tls
 from services.config_flags import add_config_flags, engine_config
 from services.engine.engine_config import PARALLEL_DEGREES, EngineConfig
@@ -26,6 +27,7 @@ from services.hicache.server import GIB, CacheConfig
 from services.worker_config import ROLES, WorkerConfig
 
 from .cluster_secret_flag import add_cluster_secret_flag
+from .rate_limit_flags import add_tenant_rate_limit_flags
 from .tls_flags import add_router_tls_flags
 from .token_file import add_auth_token_file_flag
 
@@ -44,6 +46,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--http-port", type=int, default=None, help="OpenAI-compatible HTTP front (default: none; 0: any)"
     )
     add_auth_token_file_flag(parser)
+    add_tenant_rate_limit_flags(parser)
     add_router_tls_flags(parser)
     add_cluster_secret_flag(
         parser,
@@ -167,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     if args.auth_token_file:
         parse_token_file(args.auth_token_file)  # a bad file fails here, before any worker starts
     tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)  # so do bad TLS files
+    from_flags(args.tenant_rate_limit, args.tenant_burst)  # and a bad rate limit
     given_secret = read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else ""
     configs = worker_configs(args, args.redis_url)
     if args.ray:
@@ -249,6 +253,8 @@ def _serve_locally(
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         cluster_secret_file=cluster_secret_file,
+        tenant_rate_limit=args.tenant_rate_limit,
+        tenant_burst=args.tenant_burst,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

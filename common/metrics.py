@@ -357,6 +357,11 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.router_rate_limited = Counter(
+            "baton_router_rate_limited_total",
+            "Generate requests refused because their tenant was over --tenant-rate-limit (HTTP 429)",
+            registry=r,
+        )
         self.auth_reload_failures = Counter(
             "baton_auth_token_file_reload_failures_total",
             "Changed --auth-token-file that failed to load (the previous tokens stay)",

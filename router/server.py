@@ -28,6 +28,7 @@ from .dispatch import Dispatcher
 from .migration import Migrator
 from .openai import OpenAIFront
 from .servicer import GenerationServicer
+from .tenant_rate_limit import TenantRateLimit, from_flags
 from .tls import server_tls
 from .worker_pool import WorkerPool
 
@@ -67,12 +68,22 @@ class RouterConfig:
     tls_key: str = ""  # its PEM private key, unencrypted
     tls_client_ca: str = ""  # mutual TLS: clients need a certificate signed by this CA; "": none asked
     cluster_secret_file: str = ""  # the cluster secret sent to every worker (common/cluster_secret.py)
+    tenant_rate_limit: float = (
+        0.0  # Generate requests a second per tenant (router/tenant_rate_limit.py); 0: none
+    )
+    tenant_burst: int = 0  # requests a tenant may send at once; 0: ceil(tenant_rate_limit)
 
     def __post_init__(self):
         for name in ("slo_ttft_s", "slo_tpot_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        self.rate_limit()  # raises naming the flag
         check_redis_url("redis_url", self.redis_url)
+
+    def rate_limit(self) -> TenantRateLimit | None:
+        """The per-tenant limit these fields ask for, or None (``tenant_rate_limit`` 0); raises naming
+        the flag (``tenant_rate_limit.from_flags``)."""
+        return from_flags(self.tenant_rate_limit, self.tenant_burst)
 
 
 class RouterServer:
@@ -127,6 +138,7 @@ class RouterServer:
             admission,
             config.slo_ttft_s,
             config.slo_tpot_s,
+            rate_limit=config.rate_limit(),
         )
         # Each Generate stream holds a handler thread, queued ones included: size the pool for the
         # admission limits so health checks and unary calls always find one.

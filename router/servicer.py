@@ -14,6 +14,7 @@ from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 
 from .admission import Admission
 from .dispatch import Dispatcher, time_left
+from .tenant_rate_limit import RateLimited, TenantRateLimit
 from .validation import check_generate, check_tokenize
 
 _DEADLINE_SLACK_S = 0.05
@@ -22,8 +23,8 @@ _DEADLINE_SLACK_S = 0.05
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """Args: the served model's id and ``ModelInfo`` (family, vocabulary size), its tokenizer (or None),
     the dispatcher (workers), the longest request, the process's metrics (TTFT, TPOT, ITL, E2E, outcomes,
-    tokens), the admission control (bounded queue) and the SLO targets a request must meet to count as
-    goodput."""
+    tokens), the admission control (bounded queue), the SLO targets a request must meet to count as
+    goodput, and the per-tenant request rate limit (None: none)."""
 
     def __init__(
         self,
@@ -36,8 +37,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         admission: Admission,
         slo_ttft_s: float = 2.0,
         slo_tpot_s: float = 0.1,
+        rate_limit: TenantRateLimit | None = None,
     ):
         self.metrics = metrics
+        self.rate_limit = rate_limit
         self.slo_ttft_s = slo_ttft_s
         self.slo_tpot_s = slo_tpot_s
         self.admission = admission
@@ -55,6 +58,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         try:
             # before the queue: a request that breaks a limit neither waits nor holds a seat
             check_generate(request, self.config.vocab_size, self.max_token_bytes, self.max_model_len)
+            if self.rate_limit is not None:
+                self._within_rate(request.tenant)
             self.admission.enter(time_left(context))
             self.metrics.queue_time.observe(time.monotonic() - started)
             admitted = True
@@ -96,6 +101,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                     and tpot <= self.slo_tpot_s
                 ):
                     self.metrics.slo_met.inc()
+
+    def _within_rate(self, tenant: str) -> None:
+        """Take the request from its tenant's bucket, or refuse it (RateLimited, counted)."""
+        try:
+            self.rate_limit.check(tenant)
+        except RateLimited:
+            self.metrics.router_rate_limited.inc()
+            raise
 
     def _count(self, final) -> None:
         self.metrics.prompt_tokens.inc(final.usage.prompt_tokens)

@@ -87,7 +87,8 @@ class LocalCluster:
     ``tls_cert``, ``tls_key``, ``tls_client_ca``: the router's ``--tls-*`` files ("": plaintext ports);
     the workers' ports stay as they are. ``cluster_secret_file``: the cluster secret every worker and
     the tier then require on their internal calls and the router and workers send ("": none; ``baton
-    serve`` always gives one); it is set on ``host_cache`` too.
+    serve`` always gives one); it is set on ``host_cache`` too. ``tenant_rate_limit``, ``tenant_burst``:
+    the router's per-tenant request rate limit (0: none).
 
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
@@ -120,6 +121,8 @@ class LocalCluster:
         tls_key: str = "",
         tls_client_ca: str = "",
         cluster_secret_file: str = "",
+        tenant_rate_limit: float = 0.0,
+        tenant_burst: int = 0,
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -177,6 +180,8 @@ class LocalCluster:
                     tls_key=tls_key,
                     tls_client_ca=tls_client_ca,
                     cluster_secret_file=cluster_secret_file,
+                    tenant_rate_limit=tenant_rate_limit,
+                    tenant_burst=tenant_burst,
                     # the router refuses what no worker could take (--max-model-len reaches both)
                     max_model_len=min(w.config.engine.max_model_len for w in self.workers),
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),

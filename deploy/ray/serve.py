@@ -42,6 +42,8 @@ def cluster_config(
         tls_cert=args.tls_cert,  # the same for the TLS files
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        tenant_rate_limit=args.tenant_rate_limit,
+        tenant_burst=args.tenant_burst,
     )
     return RayClusterConfig(
         router=router,
