@@ -25,6 +25,7 @@ STRINGS = {
     "redis_url": "redis://cache:6379/0",
     "prefetch_policy": "wait",
     "spec_policy": "fixed",
+    "kda_rollback": "replay",
 }
 # A valid value other than the default for numbers whose range excludes the generic one.
 NUMBERS = {"host_cache_kda_fraction": 0.5}

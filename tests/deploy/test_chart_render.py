@@ -90,6 +90,11 @@ SET_MISTAKES = {
     "volume-unknown-source": (["--set-json", 'model.volume={"hostpath": {}}'], "'hostpath' not allowed"),
     "quantity": (["--set", "prefill.resources.limits.memory=8GB"], "at '/prefill/resources/limits/memory'"),
     "env-shape": (["--set-json", 'decode.extraEnv=[{"name": "A", "val": "1"}]'], "'val' not allowed"),
+    "tenant-rate": (
+        ["--set", "router.admission.tenantRateLimit=0"],
+        "at '/router/admission/tenantRateLimit'",
+    ),
+    "tenant-burst": (["--set", "router.admission.tenantBurst=0"], "at '/router/admission/tenantBurst'"),
 }
 
 
@@ -223,3 +228,17 @@ def test_the_cluster_secret_comes_from_a_value_or_the_schema_refuses_it():
     assert base64.b64decode(secret["data"]["cluster-secret"]).decode() == given
     short = chart.helm(*chart.template_args("default", ("--set", "clusterSecret.value=short")))
     assert short.returncode != 0 and "at '/clusterSecret/value': minLength: got 5, want 32" in short.stderr
+
+
+def test_the_router_gets_the_tenant_rate_limit_only_when_set():
+    def router_args(*flags):
+        objects = chart.render("default", *flags)
+        return chart.one(objects, "Deployment", "baton-router")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+
+    assert not [a for a in router_args() if a.startswith("--tenant-")]
+    limited = router_args(
+        "--set-json", "router.admission.tenantRateLimit=2.5", "--set", "router.admission.tenantBurst=10"
+    )
+    assert "--tenant-rate-limit=2.5" in limited and "--tenant-burst=10" in limited

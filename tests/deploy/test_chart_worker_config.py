@@ -35,6 +35,7 @@ ENGINE_VALUES = {
     "draftModel": ("draft_model", "/models/draft"),
     "numDraftTokens": ("num_draft_tokens", 3),
     "specPolicy": ("spec_policy", "fixed"),
+    "kdaRollback": ("kda_rollback", "replay"),
 }
 
 
