@@ -66,6 +66,12 @@ class Metrics:
         self.transfer_bytes = Counter(
             "baton_transfer_bytes_total", "State handed from prefill to decode", ["backend"], registry=r
         )
+        self.handoff_refused = Counter(
+            "baton_handoff_refused_total",
+            "Handoffs a decode worker did not decode (rows not the prefill's): prefilled here instead",
+            ["reason"],
+            registry=r,
+        )
         self.handoff_draft_bytes = Counter(
             "baton_handoff_draft_bytes_total",
             "Of the state handed from prefill to decode, the draft model's rows (speculative decoding)",

@@ -380,9 +380,12 @@ def _decode_request(request_id: str, first) -> workers_pb2.DecodeRequest:
         first_token_id=first.first_token_id,
         first_top_logprobs=first.first_top_logprobs,
         draft_state=first.draft_transfer_bytes > 0,  # the draft's rows came too: it need not catch up
+        handoff_sender=first.sender_agent,  # decode accepts the handoff from this agent only...
     )
     if first.HasField("first_logprob"):
         decode_request.first_logprob = first.first_logprob
+    if first.HasField("handoff_checksum"):  # ...and only rows that hash to what it sent
+        decode_request.handoff_checksum = first.handoff_checksum
     return decode_request
 
 

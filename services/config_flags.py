@@ -42,6 +42,8 @@ HELP = {
     "metrics_port": "/metrics port (0: any free port)",
     "fail_transfers": "fault injection for tests and chaos drills: this prefill worker's first N "
     "handoffs fail",
+    "stray_handoff_writes": "fault injection for tests and chaos drills: this prefill worker's first N "
+    "handoffs are followed by a stray write into the reservation (the decode worker must refuse them)",
     "reservation_ttl_s": "decode: backstop: free a reservation still waiting for its state after S seconds, "
     "even if its router's lease looks alive",
     "release_grace_s": "decode: a reservation whose router left waits up to S seconds for a handoff that "
@@ -121,7 +123,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-_METAVARS = {"fault_delays": "PHASE=S", "fail_transfers": "N"}
+_METAVARS = {"fault_delays": "PHASE=S", "fail_transfers": "N", "stray_handoff_writes": "N"}
 
 
 def flag_names(field: str) -> tuple[str, ...]:

@@ -57,6 +57,7 @@ class WorkerConfig:
     max_workers: int | None = None  # gRPC handler threads; None: two per sequence slot + 16
     metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
     fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
+    stray_handoff_writes: int = 0  # fault injection (prefill): N handoffs get a stray write after
     reservation_ttl_s: float = 600.0  # decode: backstop for a reservation whose lease outlives its router
     release_grace_s: float = 5.0  # decode: a released reservation waits this long for an in-flight write
     fault_delays: tuple[str, ...] = ()  # fault injection: PHASE=SECONDS pauses (services/fault_delays.py)
@@ -80,8 +81,9 @@ class WorkerConfig:
             raise ValueError(f"fault_delays: {str(error).partition(': ')[2]}") from None
         if not self.reservation_ttl_s > 0:
             raise ValueError(f"reservation_ttl_s: must be > 0, got {self.reservation_ttl_s}")
-        if self.fail_transfers < 0:
-            raise ValueError(f"fail_transfers: must be >= 0, got {self.fail_transfers}")
+        for name in ("fail_transfers", "stray_handoff_writes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
         if not 0 <= self.metrics_port < 65536:

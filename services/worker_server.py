@@ -101,6 +101,7 @@ class WorkerServer:
                     self.stats,
                     self.drain_state,
                     fail_transfers=config.fail_transfers,
+                    stray_handoff_writes=config.stray_handoff_writes,
                     faults=faults,
                     load_feed=self.load_feed,
                 ),

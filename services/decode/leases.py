@@ -9,6 +9,7 @@ happens to the reservation; the others find it already ended and do nothing. Eve
 non-blocking, so a gRPC cancellation callback may call ``end``.
 """
 
+import secrets
 import threading
 from enum import Enum
 
@@ -22,10 +23,14 @@ class LeaseEnd(Enum):
 
 class Lease:
     """One reservation's lease. ``may_have_reached_caller``: the response was (or is being) sent, so a
-    prefill worker may have been told where to write."""
+    prefill worker may have been told where to write. ``capability``: the reservation's one-time random
+    token (``handoff.handoff_tag``, the checksum's key). ``local``: the request as a ``LocalPrefill``
+    message, for prefilling it here when its handoff is refused (set by the servicer)."""
 
     def __init__(self):
         self.may_have_reached_caller = False
+        self.capability = secrets.token_hex(16)
+        self.local = None
         self.end: LeaseEnd | None = None
         self._ended = threading.Event()
 

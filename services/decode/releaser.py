@@ -32,19 +32,22 @@ class ReservationReleaser:
         self.engine = engine
         self.transfer = transfer
         self.grace_s = grace_s
-        self._pending: dict[str, float] = {}  # request id -> when the grace ends (monotonic)
+        self._pending: dict[str, tuple[float, str]] = {}  # request id -> (grace end, notification tag)
         self._changed = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="reservation-releaser", daemon=True)
         self._thread.start()
 
-    def release(self, request_id: str, handoff_may_be_in_flight: bool) -> Future | None:
+    def release(
+        self, request_id: str, handoff_may_be_in_flight: bool, tag: str | None = None
+    ) -> Future | None:
         """Free ``request_id``'s reservation: now (the returned ``Future`` completes once it is freed),
-        or once a handoff that may be writing into it has landed or the grace has passed (None)."""
+        or once a handoff that may be writing into it has landed (its notification ``tag``, default the
+        request id: ``handoff.handoff_tag``) or the grace has passed (None)."""
         if not handoff_may_be_in_flight:
             return self.engine.free_reservation(request_id)
         with self._changed:
-            self._pending[request_id] = time.monotonic() + self.grace_s
+            self._pending[request_id] = (time.monotonic() + self.grace_s, tag or request_id)
             self._changed.notify()
         return None
 
@@ -68,8 +71,8 @@ class ReservationReleaser:
                     return
                 pending = list(self._pending.items())
             now = time.monotonic()
-            for request_id, grace_ends in pending:
-                if now >= grace_ends or self._landed(request_id):
+            for request_id, (grace_ends, tag) in pending:
+                if now >= grace_ends or self._landed(tag):
                     with self._changed:
                         del self._pending[request_id]
                     self.engine.free_reservation(request_id)
@@ -77,9 +80,9 @@ class ReservationReleaser:
                 if self._pending and not self._stop:
                     self._changed.wait(_POLL_S)
 
-    def _landed(self, request_id: str) -> bool:
+    def _landed(self, tag: str) -> bool:
         try:
-            self.transfer.wait(request_id, 0.0)  # takes the notification if it is there
+            self.transfer.wait(tag, 0.0)  # takes the notification if it is there
         except TransferError:
             return False
         return True

@@ -4,10 +4,17 @@ Who frees a request's room (and when): its ``Reserve`` lease until a ``Decode`` 
 (``leases.py``, ``releaser.py``), then that ``Decode`` call: ending it in any way but a finish (cancel,
 deadline, the router gone) aborts the request. Cancellation callbacks only queue work
 (``EngineService.abort`` / ``free_reservation``), never wait on the engine.
+
+The data plane (``docs/authentication.md``, "KV data plane"): each reservation gets a one-time
+capability (``leases.Lease``); ``Decode`` waits for the notification tagged with it, and decodes the
+handoff only when that notification came from the sender the router named and the rows hash to the
+prefill worker's checksum; otherwise the reservation's rows are not trusted: it is freed and the
+request prefilled here from the ``Reserve`` call's fields (``baton_handoff_refused_total{reason}``).
 """
 
 import queue
 import time
+from dataclasses import replace
 
 from common.errors import TransferError
 from common.metrics import Metrics
@@ -16,6 +23,7 @@ from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
+from services.engine.handoff import handoff_tag
 from services.engine.scheduler import SampledToken
 from services.rpc.convert import delta_to_pb, endpoint_to_pb, layout_from_pb, reservation_to_pb
 from services.transfer.inbox import SharedTransfer
@@ -95,13 +103,20 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
             yield workers_pb2.ReserveResponse(reservation=reservation, prefill_locally=True)
             return
         lease = self.leases.open(request_id)
+        lease.local = workers_pb2.LocalPrefill(
+            prompt_ids=request.prompt_ids,
+            sampling=request.sampling,
+            tenant=request.tenant,
+            resumed_tokens=request.resumed_tokens,
+            adapter=request.adapter,
+        )
         when_call_ends(context, lambda: self._end_lease(request_id, LeaseEnd.CALLER_GONE))
         if not context.is_active():  # gone before the answer (a 1 ms deadline): nobody can write here
             self._end_lease(request_id, LeaseEnd.CALLER_GONE)
             return
         lease.may_have_reached_caller = True
         yield workers_pb2.ReserveResponse(
-            reservation=reservation_to_pb(reserved.reservation),
+            reservation=reservation_to_pb(replace(reserved.reservation, capability=lease.capability)),
             endpoint=endpoint_to_pb(self.transfer.endpoint()),
             rank_endpoints=[endpoint_to_pb(endpoint) for endpoint in self.engine.rank_endpoints],
         )
@@ -116,7 +131,8 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         self.metrics.reservations_freed.labels(how.value).inc()
         if handoff_may_be_in_flight is None:
             handoff_may_be_in_flight = lease.may_have_reached_caller
-        return self.releaser.release(request_id, handoff_may_be_in_flight)
+        tag = handoff_tag(request_id, lease.capability)
+        return self.releaser.release(request_id, handoff_may_be_in_flight, tag)
 
     def expired(self, request_ids: list[str]) -> None:
         """The reservation TTL freed these (loop thread): their Reserve streams end."""
@@ -131,17 +147,25 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         # Past the grace period nothing more starts here; an unclaimed reservation stays with its lease
         # (the router, moving the request, ends it and the releaser frees it).
         self.drain.check_expired(request_id)
-        if not request.HasField("local_prefill") and not self.leases.end(request_id, LeaseEnd.CLAIMED):
+        lease = None if request.HasField("local_prefill") else self.leases.end(request_id, LeaseEnd.CLAIMED)
+        if not request.HasField("local_prefill") and lease is None:
             raise KeyError(
                 f"request_id: {request_id!r} has no reservation here (released, expired or never made)"
             )
         # From here this call owns the request: however it ends, the request goes with it.
         when_call_ends(context, lambda: self.engine.abort(request_id))
         if request.HasField("local_prefill"):
-            yield from self._prefill_and_decode(request, context)
+            yield from self._prefill_and_decode(request_id, request.local_prefill, context)
             return
-        if not self._await_state(request_id, context):
+        senders = self._await_state(handoff_tag(request_id, lease.capability), request_id, context)
+        if senders is None:
             return  # the caller left (the callback above freed the reservation)
+        refused = self._refusal(request, lease.capability, senders)
+        if refused is not None:  # the rows are not the prefill's: free them, prefill here instead
+            self.metrics.handoff_refused.labels(refused).inc()
+            self.engine.abort(request_id).result()
+            yield from self._prefill_and_decode(request_id, lease.local, context)
+            return
         first = SampledToken(
             token_id=request.first_token_id,
             logprob=request.first_logprob if request.HasField("first_logprob") else None,
@@ -151,8 +175,9 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         stream = self.engine.accept_handoff(request_id, first, with_draft=request.draft_state)
         yield from self._stream(request_id, stream, context)
 
-    def _await_state(self, request_id: str, context) -> bool:
-        """Wait for the handoff's notification; False if the caller left meanwhile.
+    def _await_state(self, tag: str, request_id: str, context) -> list[str] | None:
+        """Wait for the handoff's notification ``tag``; returns the agents that sent it, or None if the
+        caller left meanwhile.
 
         Raises:
             TransferError: nothing arrived within ``transfer_timeout_s`` (the reservation is freed).
@@ -160,30 +185,41 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         deadline = time.monotonic() + self.transfer_timeout_s
         while True:
             try:
-                self.transfer.wait(request_id, min(_STATE_POLL_S, max(0.0, deadline - time.monotonic())))
-                return True
+                return self.transfer.wait(tag, min(_STATE_POLL_S, max(0.0, deadline - time.monotonic())))
             except TransferError:
                 if not context.is_active():
-                    return False
+                    return None
                 if time.monotonic() >= deadline:
                     self.engine.abort(request_id)
                     raise
 
-    def _prefill_and_decode(self, request, context):
-        """No handoff: this worker prefills the prompt itself, then decodes as usual."""
-        local = request.local_prefill
+    def _refusal(self, request, capability: str, senders: list[str]) -> str | None:
+        """Why the handoff that arrived for ``request`` must not be decoded (a ``handoff_refused``
+        reason), or None: a notification from an agent other than the router's named sender
+        (``sender``), or rows that do not hash to the prefill worker's checksum (``checksum``)."""
+        if request.handoff_sender and any(sender != request.handoff_sender for sender in senders):
+            return "sender"
+        if request.HasField("handoff_checksum"):
+            arrived = self.engine.arrived_checksum(request.request_id, capability, request.draft_state)
+            if arrived != request.handoff_checksum:
+                return "checksum"
+        return None
+
+    def _prefill_and_decode(self, request_id: str, local, context):
+        """No handoff (or a refused one): this worker prefills the prompt itself (``local``, a
+        ``LocalPrefill``), then decodes as usual."""
         params = sampling_from_pb(local.sampling)
         prompt = list(local.prompt_ids)
         with self.drain.admit("Decode with a local prefill"):
             stream = self.engine.generate(
                 prompt,
                 params,
-                request.request_id,
+                request_id,
                 local.tenant,
                 resumed_tokens=local.resumed_tokens,
                 adapter=local.adapter,
             )
-        yield from self._stream(request.request_id, stream, context)
+        yield from self._stream(request_id, stream, context)
 
     def _stream(self, request_id: str, stream, context):
         finished = False

@@ -32,12 +32,14 @@ from .handoff import (
     HandoffLayout,
     HeldPrefill,
     Reservation,
+    arrived_checksum,
     check_decode_hit,
     held_prefill_for,
     layout_of,
     register_pools,
     reservation_of,
     row_for_row,
+    sent_checksum,
 )
 from .parallel.group_handoff import GroupHandoff, check_sender, not_a_target
 from .parallel.rank_handoff import RankSent
@@ -197,6 +199,15 @@ class EngineService:
 
         return self.loop.call(start)
 
+    def arrived_checksum(self, request_id: str, capability: str, with_draft: bool) -> int:
+        """The checksum of the rows a handoff wrote into the reserved ``request_id``
+        (``handoff.arrived_checksum``), on the loop thread.
+
+        Raises:
+            KeyError: no such reservation.
+        """
+        return self.loop.call(lambda engine: arrived_checksum(engine, request_id, capability, with_draft))
+
     def free_reservation(self, request_id: str) -> "Future[bool]":
         """Queue freeing ``request_id`` if it is still a reservation (never a request that is
         decoding); does not wait. The ``Future`` says whether one was freed."""
@@ -311,6 +322,11 @@ class EngineService:
             KeyError: nothing held for ``request_id`` (aborted, or discarded).
         """
         return self.loop.call(lambda engine: held_prefill_for(engine, request_id, reservation))
+
+    def sent_checksum(self, held: HeldPrefill, reservation: Reservation) -> int:
+        """The checksum of the rows ``send_state`` wrote for ``held`` (``handoff.sent_checksum``), on the
+        loop thread (before ``discard``)."""
+        return self.loop.call(lambda engine: sent_checksum(engine, held, reservation))
 
     def discard(self, request_id: str) -> None:
         """Free whatever the engine still keeps for ``request_id``: a held prefill's cache, or the

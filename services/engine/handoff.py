@@ -19,12 +19,19 @@ which refuses a pair it cannot map).
 
 With a draft model on both sides the draft's prompt rows go in the same write (``draft_handoff.py``);
 a draft layout that differs is no error: the draft's rows are then simply not sent.
+
+The decode worker gives each reservation a one-time ``capability`` (random, never reused): the write's
+notification is tagged with it (``handoff_tag``), and the decode worker accepts only that tag, from the
+sender the router named, and only when the bytes that arrived hash to what the prefill worker sent
+(``handoff_checksum.py``, keyed by the capability: ``sent_checksum`` / ``arrived_checksum``).
 """
 
 import dataclasses
 from dataclasses import dataclass
 
-from services.transfer import BLOCKS, STATE, TransferBackend, TransferStats
+import torch
+
+from services.transfer import BLOCKS, DRAFT_BLOCKS, DRAFT_STATE, STATE, TransferBackend, TransferStats
 
 from .cache_manager import CacheManager
 from .draft_handoff import (
@@ -35,11 +42,14 @@ from .draft_handoff import (
     draft_row_pairs,
     prefill_draft,
     register_draft_pools,
+    reserved_draft,
 )
 from .engine_core import EngineCore
+from .handoff_checksum import rows_checksum
 from .parallel.layout import ParallelLayout
 from .request import Request, RequestStatus
 from .scheduler import SampledToken
+from .speculative.draft_model import DraftModelProposer
 from .speculative.proposal import DraftProposer
 
 
@@ -82,6 +92,12 @@ class Reservation:
     layout: HandoffLayout | None = None
     cached_tokens: int = 0
     draft: DraftRows | None = None
+    capability: str = ""  # the decode worker's one-time token for this reservation ("": none given)
+
+
+def handoff_tag(request_id: str, capability: str) -> str:
+    """The notification message of a handoff into a reservation: its request id and capability."""
+    return f"{request_id}/{capability}" if capability else request_id
 
 
 @dataclass(frozen=True)
@@ -234,18 +250,61 @@ def send_state(
         ValueError: the reservation has a different number of blocks.
         TransferError: the backend failed (named by the backend).
     """
+    rows = handoff_row_pairs(held, reservation)
+    return backend.write(peer, rows, message=handoff_tag(held.request_id, reservation.capability))
+
+
+def handoff_row_pairs(held: HeldPrefill, reservation: Reservation) -> dict[str, list[tuple[int, int]]]:
+    """The ``(prefill row, decode row)`` pairs a row-for-row handoff writes, by region: the blocks after
+    the reservation's ``cached_tokens``, the slot, the draft's rows when both sides have them.
+
+    Raises:
+        ValueError: the reservation has a different number of blocks.
+    """
     if len(held.block_ids) != len(reservation.block_ids):
         raise ValueError(
             f"request {held.request_id!r}: {len(held.block_ids)} prefilled blocks, "
             f"{len(reservation.block_ids)} reserved"
         )
     held_by_decode = reservation.cached_tokens and reservation.cached_tokens // reservation.layout.block_size
-    rows = {
+    return {
         BLOCKS: list(zip(held.block_ids, reservation.block_ids, strict=True))[held_by_decode:],
         STATE: [(held.slot, reservation.slot)],
         **draft_row_pairs(held.draft, reservation.draft),
     }
-    return backend.write(peer, rows, message=held.request_id)
+
+
+def pool_storages(cache: CacheManager, proposer: DraftProposer | None) -> dict[str, torch.Tensor]:
+    """Each handoff region's storage in one engine (as ``register_pools`` registers them)."""
+    storages = {BLOCKS: cache.blocks.storage, STATE: cache.slots.storage}
+    if isinstance(proposer, DraftModelProposer):
+        storages.update({DRAFT_BLOCKS: proposer.blocks.storage, DRAFT_STATE: proposer.slots.storage})
+    return storages
+
+
+def sent_checksum(engine: EngineCore, held: HeldPrefill, reservation: Reservation) -> int:
+    """Prefill side: the checksum of the rows ``send_state`` wrote (``handoff_checksum.rows_checksum``
+    under the reservation's capability)."""
+    pairs = handoff_row_pairs(held, reservation)
+    rows = {region: [local for local, _ in pair] for region, pair in pairs.items()}
+    return rows_checksum(pool_storages(engine.cache, engine.proposer), rows, reservation.capability)
+
+
+def arrived_checksum(engine: EngineCore, request_id: str, capability: str, with_draft: bool) -> int:
+    """Decode side: the checksum of the rows a handoff into the reserved ``request_id`` wrote (the blocks
+    after its own prefix hit, its slot, and with ``with_draft`` its draft seat's rows), as
+    ``sent_checksum`` computes it on the prefill side.
+
+    Raises:
+        KeyError: no such reservation.
+    """
+    request = engine.scheduler.reserved[request_id]
+    held_by_decode = request.num_cached_tokens // engine.cache.block_tokens
+    rows = {BLOCKS: request.block_table[held_by_decode:], STATE: [request.slot]}
+    draft = reserved_draft(engine.proposer, request_id) if with_draft else None
+    if draft is not None:
+        rows.update({DRAFT_BLOCKS: list(draft.block_ids), DRAFT_STATE: [draft.slot]})
+    return rows_checksum(pool_storages(engine.cache, engine.proposer), rows, capability)
 
 
 def first_token(request: Request) -> SampledToken:

@@ -13,9 +13,9 @@ from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
-from services.engine.handoff import HeldPrefill, Reservation, row_for_row, send_state
+from services.engine.handoff import HeldPrefill, Reservation, handoff_row_pairs, row_for_row, send_state
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb
-from services.transfer import TransferStats
+from services.transfer import BLOCKS, TransferStats
 from services.transfer.inbox import SharedTransfer
 
 from ..fault_delays import NO_FAULTS, FaultDelays
@@ -46,11 +46,13 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         step_timeout_s: float = 300.0,
         fail_transfers: int = 0,
         faults: FaultDelays = NO_FAULTS,
+        stray_handoff_writes: int = 0,
     ):
         self.name = name
         self.faults = faults
         self.load_feed = load_feed
         self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
+        self.stray_handoff_writes = stray_handoff_writes  # fault injection: N handoffs get a stray write
         self.metrics = metrics
         self.engine = engine
         self.transfer = transfer
@@ -93,9 +95,12 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             try:
                 self._inject_failure()
                 rank_bytes: list[int] = []
+                checksum = None  # a parallel handoff's ranks each write a share: no checksum of it yet
                 if row_for_row(reservation.layout, self.engine.layout):
                     peer = self.transfer.connect(endpoint)
                     stats = send_state(self.transfer, peer, held, reservation)
+                    checksum = self.engine.sent_checksum(held, reservation)
+                    self._inject_stray_write(peer, held, reservation)
                 else:
                     sent = self.engine.send_rank_handoff(held, len(prompt), reservation, rank_endpoints)
                     rank_bytes = [report.nbytes for report in sent]
@@ -118,7 +123,10 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             cached_tokens_host=held.num_cached_tokens_host,
             rank_transfer_bytes=rank_bytes,
             draft_transfer_bytes=held.draft_nbytes,
+            sender_agent=self.transfer.endpoint().agent_name,
         )
+        if checksum is not None:
+            response.handoff_checksum = checksum
         if first.logprob is not None:
             response.first_logprob = first.logprob
         for token_id, logprob in first.top_logprobs or ():
@@ -151,6 +159,21 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                 return
             self.fail_transfers -= 1
         raise TransferError(f"{self.name}: injected transfer failure (--fail-transfers)")
+
+    def _inject_stray_write(self, peer: str, held: HeldPrefill, reservation: Reservation) -> None:
+        """Fault injection (``--stray-handoff-writes``): after the handoff, write another block of this
+        worker's pool over the reservation's first written block, untagged: the bytes of a forged
+        write landing after the real one, which the decode worker must refuse."""
+        with self._faults_lock:
+            if self.stray_handoff_writes <= 0:
+                return
+            self.stray_handoff_writes -= 1
+        written = handoff_row_pairs(held, reservation)[BLOCKS]
+        if not written:  # the decode worker held every block: nothing of ours to overwrite there
+            return
+        source, target = written[0]
+        stray = 0 if source != 0 else 1
+        self.transfer.write(peer, {BLOCKS: [(stray, target)]}, message=f"stray/{held.request_id}")
 
     def Stats(self, request, context):
         return self.stats.latest()

@@ -109,6 +109,7 @@ def reservation_to_pb(reservation: Reservation) -> workers_pb2.CacheReservation:
         block_ids=reservation.block_ids,
         slot=reservation.slot,
         cached_tokens=reservation.cached_tokens,
+        capability=reservation.capability,
     )
     if reservation.layout is not None:
         message.layout.CopyFrom(layout_to_pb(reservation.layout))
@@ -127,7 +128,13 @@ def reservation_from_pb(message: workers_pb2.CacheReservation) -> Reservation:
     if message.HasField("draft_slot"):
         draft = DraftRows(tuple(message.draft_block_ids), message.draft_slot)
     return Reservation(
-        message.request_id, tuple(message.block_ids), message.slot, layout, message.cached_tokens, draft
+        message.request_id,
+        tuple(message.block_ids),
+        message.slot,
+        layout,
+        message.cached_tokens,
+        draft,
+        message.capability,
     )
 
 

@@ -43,7 +43,7 @@ class SharedTransfer:
         self._setup_lock = threading.Lock()  # endpoint, peers, close
         self._writing: dict[str, tuple[threading.Lock, int]] = {}  # request id -> (its lock, users)
         self._writing_lock = threading.Lock()
-        self._arrived: set[str] = set()
+        self._arrived: dict[str, list[str]] = {}  # message -> the agents that sent it
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._poll_interval_s = poll_interval_s
@@ -63,8 +63,11 @@ class SharedTransfer:
         with self._one_writer(message):
             return self.backend.write(peer, rows, message=message, timeout_s=timeout_s)
 
-    def wait(self, message: str, timeout_s: float) -> None:
+    def wait(self, message: str, timeout_s: float) -> list[str]:
         """Block until a notification carrying ``message`` has arrived (then forget it).
+
+        Returns:
+            The agent names that sent ``message``, in arrival order (one for an honest handoff).
 
         Raises:
             TransferError: none arrived within ``timeout_s``.
@@ -76,7 +79,7 @@ class SharedTransfer:
                 if left <= 0:
                     raise TransferError(f"no transfer for request {message!r} within {timeout_s:.1f} s")
                 self._changed.wait(left)
-            self._arrived.discard(message)
+            return self._arrived.pop(message)
 
     def close(self) -> None:
         self._stop.set()
@@ -106,7 +109,8 @@ class SharedTransfer:
             arrived = self.backend.poll_notifications()
             if arrived:
                 with self._changed:
-                    self._arrived.update(n.message for n in arrived)
+                    for notification in arrived:
+                        self._arrived.setdefault(notification.message, []).append(notification.peer)
                     self._changed.notify_all()
             else:
                 time.sleep(self._poll_interval_s)

@@ -9,6 +9,7 @@ from common.cluster_secret import write_cluster_secret
 from common.rpc.cluster_secret_interceptor import MISSING
 from deploy.local.launcher import LocalCluster
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc, workers_pb2, workers_pb2_grpc
+from tests.services.routers import scrape
 
 PROMPT = [(11 * i + 5) % 90 + 3 for i in range(40)]  # over --local-prefill-tokens: handed off
 
@@ -77,3 +78,44 @@ def test_forged_internal_calls_are_refused_and_the_served_output_is_unchanged(se
                 else workers_pb2_grpc.PrefillWorkerStub
             )
             assert stub_class(channel).CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10).ok
+
+
+@pytest.fixture(scope="module")
+def stray(tiny_checkpoint, tmp_path_factory):
+    """The same cluster whose prefill worker follows its first handoff with a stray write into the
+    reservation (``--stray-handoff-writes 1``): bytes that are not the prefill's, as a forged write
+    over the data plane would leave."""
+    secret_file = write_cluster_secret(tmp_path_factory.mktemp("run") / "cluster-secret")
+    cluster = LocalCluster(
+        str(tiny_checkpoint("k3")),
+        port=0,
+        prefill_workers=1,
+        decode_workers=1,
+        worker_args=["--batch-invariant", "--dtype", "float32", "--grace-period", "0"],
+        role_args={"prefill": ["--stray-handoff-writes", "1"]},
+        cluster_secret_file=str(secret_file),
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{cluster.port}")
+    yield cluster, generation_pb2_grpc.GenerationStub(channel)
+    channel.close()
+    cluster.stop()
+
+
+def test_a_stray_write_into_a_reservation_is_refused_and_the_output_is_unchanged(stray):
+    """The decode worker hashes the rows that arrived, finds them unlike the prefill's, frees them and
+    prefills the request itself (batch-invariant: the same tokens as the same prompt served again,
+    then from the decode worker's own prefix cache)."""
+    cluster, stub = stray
+    (decode,) = [worker for worker in cluster.workers if worker.role == "decode"]
+    metrics_port = int(decode.ready["metrics_port"])
+    refused = scrape(metrics_port, "baton_handoff_refused_total", reason="checksum")
+    forged = list(generate(stub))
+    assert scrape(metrics_port, "baton_handoff_refused_total", reason="checksum") == refused + 1
+    clean = list(generate(stub))
+    assert forged[-1].route.transfer_bytes > 0  # it was handed off (and the handoff refused)
+    assert scrape(metrics_port, "baton_handoff_refused_total", reason="checksum") == refused + 1
+    tokens = [[token for message in run for token in message.token_ids] for run in (forged, clean)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 12
+    with decode.channel() as channel:
+        stub_class = workers_pb2_grpc.DecodeWorkerStub(channel)
+        assert stub_class.CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10).ok

@@ -52,6 +52,10 @@ KERNEL_BENCHES = {
     "sampling": KernelBench(
         f"{_HERE}.sampling_kernels:bench_sampling", "device sampling GB/s of logits vs the per-row sampler"
     ),
+    "checksum": KernelBench(
+        f"{_HERE}.checksum_kernels:bench_checksum",
+        "the handoff's keyed checksum GB/s vs copy and its torch reference (cost on a link: 2 x link / this)",
+    ),
     "invariant": KernelBench(
         f"{_HERE}.invariant_kernels:bench_invariant",
         "batch-invariant Triton matmul, RMSNorm, log-softmax, KDA vs the default kernels (goal: >= 0.90)",

@@ -23,7 +23,14 @@ import torch
 from common.errors import TransferError
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache_manager import CacheManager
-from services.engine.handoff import HandoffLayout, HeldPrefill, Reservation, check_layout, row_for_row
+from services.engine.handoff import (
+    HandoffLayout,
+    HeldPrefill,
+    Reservation,
+    check_layout,
+    handoff_tag,
+    row_for_row,
+)
 from services.engine.model.config import ModelConfig
 from services.transfer import TransferBackend, TransferEndpoint
 
@@ -160,7 +167,9 @@ class GroupHandoff:
         backend = self._transfer.backend
         peer = backend.connect(endpoints[0])
         remaining = max(1.0, timeout_s - (time.monotonic() - start))
-        backend.write(peer, {}, message=held.request_id, timeout_s=remaining)
+        backend.write(
+            peer, {}, message=handoff_tag(held.request_id, reservation.capability), timeout_s=remaining
+        )
         return reports
 
 
