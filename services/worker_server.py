@@ -21,6 +21,7 @@ from services.engine.engine_views import EnginePass
 from services.rpc.convert import layout_to_pb
 from services.transfer import make_backend
 from services.transfer.inbox import SharedTransfer
+from services.transfer.ucx_interfaces import confine_ucx
 
 from .decode.servicer import DecodeServicer
 from .fault_delays import FaultDelays
@@ -43,6 +44,7 @@ class WorkerServer:
 
     def __init__(self, config: WorkerConfig, cluster_secret: str | None = None):
         self.config = config
+        confine_ucx(config.host)  # before any NIXL agent: the engine's host-tier rows may open one
         secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
         if secret is None:  # read first: a bad file fails before the engine loads
             secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""

@@ -14,7 +14,7 @@ import torch
 GOLDEN = 0x9E3779B97F4A7C15
 MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
-SLICE_WORDS = 1 << 24  # words hashed per pass (bounds the temporaries: about 24 bytes a word)
+SLICE_WORDS = 1 << 20  # words hashed per pass (bounds the temporaries: about 24 bytes a word)
 _MASK64 = (1 << 64) - 1
 
 
@@ -24,16 +24,15 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 words (torch's ``>>`` is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
 def _weights(start: int, count: int, key: int, device: torch.device) -> torch.Tensor:
-    z = torch.arange(start, start + count, dtype=torch.int64, device=device) * _signed(GOLDEN) + _signed(key)
-    z = (z ^ _shift_right(z, 30)) * _signed(MIX1)
-    z = (z ^ _shift_right(z, 27)) * _signed(MIX2)
-    return z ^ _shift_right(z, 31)
+    """``w_i`` for ``i`` in ``[start, start + count)``, in place on one buffer (int64 wraps)."""
+    z = torch.arange(start, start + count, dtype=torch.int64, device=device)
+    z.mul_(_signed(GOLDEN)).add_(_signed(key))
+    for shift, multiplier in ((30, MIX1), (27, MIX2), (31, None)):
+        z.bitwise_xor_((z >> shift).bitwise_and_((1 << (64 - shift)) - 1))  # a logical shift
+        if multiplier is not None:
+            z.mul_(_signed(multiplier))
+    return z
 
 
 def keyed_rows_checksum(storage: torch.Tensor, rows: torch.Tensor, start: int, key: int) -> int:
@@ -58,7 +57,7 @@ def keyed_rows_checksum(storage: torch.Tensor, rows: torch.Tensor, start: int, k
     rows_per_slice = max(1, SLICE_WORDS // max(1, words_per_row))
     for first in range(0, rows.numel(), rows_per_slice):
         part = storage.index_select(0, rows[first : first + rows_per_slice]).reshape(-1).view(torch.int32)
-        words = part.to(torch.int64) & 0xFFFFFFFF
-        total += int((words * _weights(index, words.numel(), key, words.device)).sum())
-        index += words.numel()
+        weights = _weights(index, part.numel(), key, part.device)
+        total += int(weights.mul_(part.to(torch.int64).bitwise_and_(0xFFFFFFFF)).sum())
+        index += part.numel()
     return total & _MASK64

@@ -22,6 +22,7 @@ from common.rpc.cluster_secret_interceptor import ClusterSecretInterceptor
 from common.rpc.errors import ErrorInterceptor
 from proto.baton.v1 import host_cache_pb2_grpc
 from services.transfer import make_backend
+from services.transfer.ucx_interfaces import confine_ucx
 
 from .redis_l3 import RedisL3
 from .servicer import HostCacheServicer
@@ -112,6 +113,7 @@ class HostCacheServer:
     def __init__(self, config: CacheConfig):
         config.validate()
         self.config = config
+        confine_ucx(config.host)  # before its NIXL agent
         self.metrics = Metrics("cache")
         self.index: ClusterIndex | None = None
         if config.redis_url:

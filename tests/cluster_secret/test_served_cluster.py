@@ -14,21 +14,27 @@ from tests.services.routers import scrape
 PROMPT = [(11 * i + 5) % 90 + 3 for i in range(40)]  # over --local-prefill-tokens: handed off
 
 
-@pytest.fixture(scope="module")
-def served(tiny_checkpoint, tmp_path_factory):
-    secret_file = write_cluster_secret(tmp_path_factory.mktemp("run") / "cluster-secret")
+def _cluster(model: str, run_folder, role_args: dict | None = None):
+    """A one-prefill, one-decode ``LocalCluster`` with a generated cluster secret, and a stub on it."""
+    secret_file = write_cluster_secret(run_folder / "cluster-secret")
     cluster = LocalCluster(
-        str(tiny_checkpoint("k3")),
+        model,
         port=0,
         prefill_workers=1,
         decode_workers=1,
         worker_args=["--batch-invariant", "--dtype", "float32", "--grace-period", "0"],
+        role_args=role_args,
         cluster_secret_file=str(secret_file),
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{cluster.port}")
     yield cluster, generation_pb2_grpc.GenerationStub(channel)
     channel.close()
     cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoint, tmp_path_factory):
+    yield from _cluster(str(tiny_checkpoint("k3")), tmp_path_factory.mktemp("run"))
 
 
 def generate(stub) -> list[generation_pb2.GenerateResponse]:
@@ -85,20 +91,8 @@ def stray(tiny_checkpoint, tmp_path_factory):
     """The same cluster whose prefill worker follows its first handoff with a stray write into the
     reservation (``--stray-handoff-writes 1``): bytes that are not the prefill's, as a forged write
     over the data plane would leave."""
-    secret_file = write_cluster_secret(tmp_path_factory.mktemp("run") / "cluster-secret")
-    cluster = LocalCluster(
-        str(tiny_checkpoint("k3")),
-        port=0,
-        prefill_workers=1,
-        decode_workers=1,
-        worker_args=["--batch-invariant", "--dtype", "float32", "--grace-period", "0"],
-        role_args={"prefill": ["--stray-handoff-writes", "1"]},
-        cluster_secret_file=str(secret_file),
-    )
-    channel = grpc.insecure_channel(f"127.0.0.1:{cluster.port}")
-    yield cluster, generation_pb2_grpc.GenerationStub(channel)
-    channel.close()
-    cluster.stop()
+    run = tmp_path_factory.mktemp("run")
+    yield from _cluster(str(tiny_checkpoint("k3")), run, {"prefill": ["--stray-handoff-writes", "1"]})
 
 
 def test_a_stray_write_into_a_reservation_is_refused_and_the_output_is_unchanged(stray):

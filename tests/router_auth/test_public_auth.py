@@ -10,17 +10,16 @@ import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from cli.main import main
 from loadtest.clients import open_client, parse_target
 from loadtest.records import RequestRecord
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from router.server import RouterConfig, RouterServer
+from proto.baton.v1 import generation_pb2
 from sdk import AsyncClient, Client, PermissionDenied, Unauthenticated
+from tests.router_auth.auth_router import auth_router
 from tests.router_http.client import get, post
 from tests.services.routers import scrape
-from tests.services.workers import running_workers
 
 OPEN, ACME, BETA = "tok-open-0123456789", "tok-acme-0123456789", "tok-beta-0123456789"
 TOKENS = f"# test tokens\n{OPEN}\n\n{ACME} acme\n{BETA}   beta\n"
@@ -32,27 +31,10 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 
 @pytest.fixture(scope="module")
 def router(tiny_checkpoint, tmp_path_factory):
-    model = tiny_checkpoint("kimi_linear")
     token_file = tmp_path_factory.mktemp("auth") / "tokens"
     token_file.write_text(TOKENS)
-    with running_workers(model, ("decode", "--dtype", "float32")) as (decode,):
-        server = RouterServer(
-            RouterConfig(
-                model=str(model),
-                decode=(decode.address,),
-                disaggregation="never",
-                port=0,
-                http_port=0,
-                auth_token_file=str(token_file),
-            )
-        )
-        server.token_file = token_file
-        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-        server.stub = generation_pb2_grpc.GenerationStub(channel)
-        server.health_stub = health_pb2_grpc.HealthStub(channel)
+    with auth_router(tiny_checkpoint("kimi_linear"), token_file) as server:
         yield server
-        channel.close()
-        server.stop()
 
 
 def refused(router, reason: str) -> float:

@@ -7,13 +7,11 @@ import grpc
 import pytest
 
 from cli.main import main
-from proto.baton.v1 import generation_pb2_grpc
-from router.server import RouterConfig, RouterServer
 from router.tenant_rate_limit import RateLimited, TenantRateLimit
+from tests.router_auth.auth_router import auth_router
 from tests.router_auth.test_public_auth import ACME, BETA, TOKENS, bearer, generate
 from tests.router_http.client import post
 from tests.services.routers import scrape
-from tests.services.workers import running_workers
 
 
 class Clock:
@@ -86,27 +84,13 @@ def test_router_flags_exit_2_naming_the_flag(tmp_path, capsys, flags, words):
 
 @pytest.fixture(scope="module")
 def limited_router(tiny_checkpoint, tmp_path_factory):
-    model = tiny_checkpoint("kimi_linear")
     token_file = tmp_path_factory.mktemp("auth") / "tokens"
     token_file.write_text(TOKENS)
-    with running_workers(model, ("decode", "--dtype", "float32")) as (decode,):
-        server = RouterServer(
-            RouterConfig(
-                model=str(model),
-                decode=(decode.address,),
-                disaggregation="never",
-                port=0,
-                http_port=0,
-                auth_token_file=str(token_file),
-                tenant_rate_limit=0.01,  # one request per 100 s after the burst: no refill during the test
-                tenant_burst=2,
-            )
-        )
-        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-        server.stub = generation_pb2_grpc.GenerationStub(channel)
+    # one request per 100 s after the burst: no refill during the test
+    with auth_router(
+        tiny_checkpoint("kimi_linear"), token_file, tenant_rate_limit=0.01, tenant_burst=2
+    ) as server:
         yield server
-        channel.close()
-        server.stop()
 
 
 def test_a_tenant_over_its_limit_is_refused_and_another_still_served(limited_router):
