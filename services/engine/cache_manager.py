@@ -174,6 +174,7 @@ class CacheManager:
             config.pool_blocks,
             config.device,
             scratch=scratch,
+            tenant_reserve=config.tenant_cache_reserve_blocks,
         )
         slots = StateSlotPool(
             stage_layout(slot_layout(model.config, dtype, open_rows, model.parallel.tp), layers),
@@ -220,11 +221,13 @@ class CacheManager:
         return max(0, -(-total // self.block_tokens) - len(request.block_table))
 
     def can_grow(self, request: Request, new_tokens: int) -> bool:
-        return self.blocks.can_allocate(self.blocks_needed(request, new_tokens))
+        return self.blocks.can_allocate(self.blocks_needed(request, new_tokens), tenant=request.tenant)
 
     def grow(self, request: Request, new_tokens: int) -> None:
         """Give the request room for ``new_tokens`` more tokens. ``can_grow`` first."""
-        request.block_table.extend(self.blocks.allocate(self.blocks_needed(request, new_tokens)))
+        request.block_table.extend(
+            self.blocks.allocate(self.blocks_needed(request, new_tokens), tenant=request.tenant)
+        )
 
     def find_prefix(self, request: Request) -> PrefixHit:
         """The longest reusable cached prefix of a waiting request (no side effects).
@@ -332,7 +335,7 @@ class CacheManager:
         needed = -(-(hit.num_blocks * size + new_tokens) // size) - len(hit.block_ids)
         kept_cached = sum(1 for block in hit.block_ids if self.blocks.ref_counts[block] == 0)
         slots_free = self.slots.num_free >= self.slots_per_request
-        return slots_free and self.blocks.can_allocate(needed, reserved=kept_cached)
+        return slots_free and self.blocks.can_allocate(needed, reserved=kept_cached, tenant=request.tenant)
 
     @property
     def slots_per_request(self) -> int:
@@ -374,7 +377,8 @@ class CacheManager:
             if not self.host.complete(leases, hit.host_blocks):
                 self.host.fell_back(leases)
                 return False
-            loaded = self.blocks.allocate(hit.host_blocks)  # may offload device blocks: pages are leased
+            # may offload device blocks: pages are leased
+            loaded = self.blocks.allocate(hit.host_blocks, tenant=request.tenant)
             if not self.host.copy_in(leases, loaded, request.slot):  # the rows did not move: a miss
                 self.blocks.free(loaded)
                 return False
@@ -404,7 +408,7 @@ class CacheManager:
         hashes = self._hashes(request)
         full = request.num_computed // self.block_tokens
         for index in range(request.num_registered, full):
-            self.blocks.register(request.block_table[index], hashes[index])
+            self.blocks.register(request.block_table[index], hashes[index], request.tenant)
         if self.host is not None:
             start = request.num_registered
             self.host.save_blocks(hashes[start:full], request.block_table[start:full])

@@ -64,6 +64,9 @@ class EngineConfig:
         spec_policy: ``adaptive`` (``speculative/spec_policy.py``: each step drafts the ``k`` up to
             ``num_draft_tokens`` that this engine measured to give the most tokens per second, 0 where
             speculation loses) or ``fixed`` (every step drafts ``num_draft_tokens``).
+        tenant_cache_reserve_blocks: prefix-cache blocks each tenant keeps against other tenants' load
+            (``cache/block_pool.py``: another tenant's allocation never evicts a tenant's cached blocks
+            below this many; 0: none).
         kda_rollback: how a verify step can undo rejected drafts in the KDA state: ``states`` keeps the
             state after every draft in a slot of its own (``kernels/kda/token_slots.py``; every verify
             chunk is then ``1 + k`` tokens, which decode CUDA graphs replay), ``replay`` keeps one
@@ -103,6 +106,7 @@ class EngineConfig:
     num_draft_tokens: int = 0
     spec_policy: str = "adaptive"
     kda_rollback: str = "auto"
+    tenant_cache_reserve_blocks: int = 0
 
     def __post_init__(self):
         self.adapter_folders()  # raises naming ``adapters``
@@ -130,6 +134,9 @@ class EngineConfig:
                 f"ep: {self.ep} must divide tp x dcp = {self.tp * self.dcp} (expert parallelism spans ranks "
                 "that hold the same tokens); pick a divisor"
             )
+        reserve = self.tenant_cache_reserve_blocks
+        if not isinstance(reserve, int) or isinstance(reserve, bool) or reserve < 0:
+            raise ValueError(f"tenant_cache_reserve_blocks: must be an integer >= 0, got {reserve!r}")
         for name in ("num_blocks", "num_snapshots"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

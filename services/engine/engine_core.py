@@ -192,6 +192,7 @@ class EngineCore:
             params=params,
             stop_ids=frozenset(self.model.config.eos_token_ids),
             cache_root=chain_root(self.model_fingerprint, salt, tenant),
+            tenant=tenant,
             adapter=adapter,
             num_resumed=resumed_tokens,
         )

@@ -45,6 +45,7 @@ class Request:
     spec_slots: list[int] = field(default_factory=list)
     num_computed: int = 0
     cache_root: bytes = b""  # prefix-cache chain salt: model, adapter, tenant
+    tenant: str = ""  # whose prefix-cache share its blocks count in (``BlockPool.tenant_reserve``)
     adapter: str = ""  # the LoRA adapter's name, "" for the base model
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered: int = 0  # leading blocks registered in the prefix cache

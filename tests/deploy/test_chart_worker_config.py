@@ -36,6 +36,7 @@ ENGINE_VALUES = {
     "numDraftTokens": ("num_draft_tokens", 3),
     "specPolicy": ("spec_policy", "fixed"),
     "kdaRollback": ("kda_rollback", "replay"),
+    "tenantCacheReserveBlocks": ("tenant_cache_reserve_blocks", 8),
 }
 
 

@@ -88,6 +88,9 @@ def test_a_silent_node_expires_and_leaves_the_registry(redis_server, prefix):
     live.start(source, interval_s=0.2)  # publishes what it holds, then keeps refreshing its TTL
     source.events = inserted(KV, blocks[1:])
     assert dead.publish(inserted(KV, blocks))
+    deadline = time.monotonic() + 5  # the live node's first publish runs on its thread: wait for it
+    while "live" not in router.lookup(blocks, has_state=False) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert set(router.lookup(blocks, has_state=False)) == {"live", "dead"}
     deadline = time.monotonic() + 5
     while "dead" in router.lookup(blocks, has_state=False) and time.monotonic() < deadline:

@@ -14,6 +14,13 @@ Cache events, once ``record_events`` has been called: a hash is *inserted* when 
 it and *evicted* when ``allocate`` reuses its cached block; ``take_events`` hands them over in order
 (what a worker's load feed tells the router).
 
+Tenants (``tenant_reserve``, ``--tenant-cache-reserve-blocks``): a registered block belongs to the
+tenant whose request registered it (the prefix cache is salted by tenant, so no block is shared
+between tenants). An allocation for tenant ``t`` never evicts another tenant's cached blocks below
+``tenant_reserve`` of them: it skips those in the LRU scan, and ``can_allocate(..., tenant=t)`` does
+not count them. One tenant's load thus cannot flush another's reserved share of the prefix cache; a
+tenant's own allocations may evict its own blocks.
+
 ``on_evict(blocks, hashes)``, when set, is called once per ``allocate`` that reuses cached blocks, with
 those blocks and the hashes they held, before the allocation returns and so before anything overwrites
 them (the host tier's offload, one batch per allocation: ``services/engine/host_cache_connector.py``).
@@ -45,6 +52,7 @@ class BlockPool:
         device: where the storage lives.
         scratch: keep one more block of storage, ``scratch_id``, never handed out: where the padded
             rows of a captured CUDA-graph step write.
+        tenant_reserve: cached blocks each tenant keeps against other tenants' allocations (0: none).
     """
 
     def __init__(
@@ -54,9 +62,15 @@ class BlockPool:
         num_blocks: int,
         device: str | torch.device,
         scratch: bool = False,
+        tenant_reserve: int = 0,
     ):
         if num_blocks < 1:
             raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
+        if tenant_reserve < 0:
+            raise ValueError(f"tenant_cache_reserve_blocks: must be >= 0, got {tenant_reserve}")
+        self.tenant_reserve = tenant_reserve
+        self.owner_of: dict[int, str] = {}  # registered block -> the tenant that registered it
+        self.cached_by: dict[str, int] = {}  # tenant -> its cached (evictable) blocks
         self.layout = layout
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -75,21 +89,27 @@ class BlockPool:
         """Blocks an allocation can take now (free plus evictable cached blocks)."""
         return len(self.free_ids) + len(self.evictable)
 
-    def can_allocate(self, count: int, reserved: int = 0) -> bool:
-        """True when ``count`` blocks can be taken while ``reserved`` cached blocks are kept."""
-        return count <= self.num_free - reserved
+    def can_allocate(self, count: int, reserved: int = 0, tenant: str = "") -> bool:
+        """True when ``count`` blocks can be taken for ``tenant`` while ``reserved`` cached blocks are
+        kept (other tenants' reserved shares are not counted)."""
+        return count <= self.num_free - reserved - self._protected_from(tenant)
 
-    def allocate(self, count: int) -> list[int]:
-        """Take ``count`` blocks (reference count 1), evicting cached ones if needed."""
-        if not self.can_allocate(count):
+    def allocate(self, count: int, tenant: str = "") -> list[int]:
+        """Take ``count`` blocks (reference count 1) for ``tenant``, evicting cached ones if needed
+        (never another tenant's below its reserve)."""
+        if not self.can_allocate(count, tenant=tenant):
             raise RuntimeError(f"block pool exhausted: {count} requested, {self.num_free} available")
         ids, reused, reused_hashes = [], [], []
+        victims = self._victims(count - len(self.free_ids), tenant)
         for _ in range(count):
             if self.free_ids:
                 block = self.free_ids.popleft()
             else:
-                block, _ = self.evictable.popitem(last=False)
+                block = next(victims)
+                del self.evictable[block]
+                self._uncache(block)
                 evicted = self.hash_of.pop(block)
+                self.owner_of.pop(block, None)
                 del self.block_of[evicted]
                 reused.append(block)
                 reused_hashes.append(evicted)
@@ -110,6 +130,8 @@ class BlockPool:
             if self.ref_counts[block] == 0:
                 if block in self.hash_of:
                     self.evictable[block] = None
+                    owner = self.owner_of.get(block, "")
+                    self.cached_by[owner] = self.cached_by.get(owner, 0) + 1
                 else:
                     self.free_ids.append(block)
 
@@ -122,15 +144,19 @@ class BlockPool:
         for block in block_ids:
             if self.ref_counts[block] == 0:
                 del self.evictable[block]
+                self._uncache(block)
             self.ref_counts[block] += 1
 
-    def register(self, block: int, block_hash: bytes) -> None:
-        """Record that a used block holds the tokens ``block_hash`` names. A hash already registered
-        elsewhere keeps its first block; this block then stays unregistered (a duplicate)."""
+    def register(self, block: int, block_hash: bytes, tenant: str = "") -> None:
+        """Record that a used block holds the tokens ``block_hash`` names, for ``tenant``. A hash
+        already registered elsewhere keeps its first block; this block then stays unregistered (a
+        duplicate)."""
         if block_hash in self.block_of or block in self.hash_of:
             return
         self.block_of[block_hash] = block
         self.hash_of[block] = block_hash
+        if tenant:
+            self.owner_of[block] = tenant
         if self._events is not None:
             self._events.append(CacheEvent(block_hash, True))
 
@@ -156,6 +182,34 @@ class BlockPool:
     def bytes_per_token(self) -> int:
         return self.layout.nbytes // self.block_size
 
+    def _uncache(self, block: int) -> None:
+        """``block`` left the eviction list: one cached block less for its tenant."""
+        owner = self.owner_of.get(block, "")
+        self.cached_by[owner] -= 1
+        if not self.cached_by[owner]:
+            del self.cached_by[owner]
+
+    def _protected_from(self, tenant: str) -> int:
+        """Cached blocks an allocation for ``tenant`` may not evict: the other tenants' reserves."""
+        if not self.tenant_reserve:
+            return 0
+        return sum(min(n, self.tenant_reserve) for owner, n in self.cached_by.items() if owner != tenant)
+
+    def _victims(self, count: int, tenant: str):
+        """The cached blocks an allocation for ``tenant`` evicts, least recently used first: ``count``
+        of them (chosen before any leaves), skipping other tenants' blocks at their reserve."""
+        if count <= 0:
+            return iter(())
+        left, chosen = dict(self.cached_by), []
+        for block in self.evictable:
+            owner = self.owner_of.get(block, "")
+            if owner == tenant or left[owner] > self.tenant_reserve or not self.tenant_reserve:
+                left[owner] -= 1
+                chosen.append(block)
+                if len(chosen) == count:
+                    break
+        return iter(chosen)
+
     def check_integrity(self) -> None:
         """Raise AssertionError unless free + cached + used == total and the registry is consistent."""
         free = set(self.free_ids)
@@ -173,3 +227,8 @@ class BlockPool:
         assert not free & set(self.hash_of), "a free block still has a hash"
         assert all(self.block_of[h] == b for b, h in self.hash_of.items()), "hash registry out of sync"
         assert len(self.block_of) == len(self.hash_of), "hash registry out of sync"
+        assert set(self.owner_of) <= set(self.hash_of), "an owner recorded for an unregistered block"
+        counted: dict[str, int] = {}
+        for block in cached:
+            counted[self.owner_of.get(block, "")] = counted.get(self.owner_of.get(block, ""), 0) + 1
+        assert counted == self.cached_by, f"cached blocks by tenant {self.cached_by} != {counted}"
