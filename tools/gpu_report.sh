@@ -2,7 +2,7 @@
 # One device-machine call: the GPU tests, then the engine and kernel benchmarks, logs under $OUT.
 #
 #   tools/gpu_report.sh [STEP ...]     steps: tests tests-engine engine engine-k3 invariant kernels
-#                                    spec-tests spec eval eval-invariant
+#                                    spec-tests spec checksum eval eval-invariant
 #                                    (default: tests engine engine-k3 invariant kernels)
 #
 # The spec and eval steps run the shipped pair (models/k3-demo and its draft) on held-out text read from
@@ -54,11 +54,12 @@ for step in "${steps[@]}"; do
             --json "$OUT/engine_k3.json" ;;
         invariant) run_step invariant 120 "${baton[@]}" bench kernels --ops invariant --json "$OUT/invariant.json" ;;
         kernels) run_step kernels 200 "${baton[@]}" bench kernels --ops copy,matmul,kda,moe,sampling --json "$OUT/kernels.json" ;;
-        spec-tests) run_step spec-tests 150 python3 -m pytest -q -rfE --tb=short -p no:benchmark -n 8 --timeout 140 \
-            tests/gpu/test_kda_varlen_gpu.py tests/gpu/test_draft_graphs_gpu.py ;;
-        spec) run_step spec 300 "${baton[@]}" bench spec "${pair[@]}" --draft-model models/k3-demo-draft \
-            --num-draft-tokens 1,3,7 --batches 1,8,32 --decode-tokens 128 --repeats 1 --no-self-draft \
+        spec-tests) run_step spec-tests 300 python3 -m pytest -q -rfE --tb=short -p no:benchmark -n 8 --timeout 280 \
+            tests/gpu/test_kda_varlen_gpu.py tests/gpu/test_draft_graphs_gpu.py tests/gpu/test_verify_graphs_gpu.py ;;
+        spec) run_step spec 330 "${baton[@]}" bench spec "${pair[@]}" --draft-model models/k3-demo-draft \
+            --num-draft-tokens 1,3,7 --batches 1,8 --decode-tokens 128 --repeats 1 \
             --text "$heldout" --json "$OUT/spec.json" ;;
+        checksum) run_step checksum 120 "${baton[@]}" bench kernels --ops checksum --json "$OUT/checksum.json" ;;
         eval) run_step eval 200 "${baton[@]}" eval "${pair[@]}" --draft models/k3-demo-draft --text "$heldout" \
             --seq-len 512 --max-windows 32 --json "$OUT/eval.json" ;;
         eval-invariant) run_step eval-invariant 200 "${baton[@]}" eval "${pair[@]}" --draft models/k3-demo-draft \
