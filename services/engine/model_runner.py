@@ -26,8 +26,6 @@ class ModelRunner:
         model: the loaded model (its kernel backends already chosen).
         cache: the pools the scheduler allocated from.
         graphs: captured decode graphs, or None to run every step eagerly.
-        verify_graphs: captured verify graphs by draft count ``k`` (``--kda-rollback states``; empty:
-            verify steps run eagerly).
         ranks: a parallel engine's rank group (rank 0 here): each step is broadcast to its followers
             before the forward; None on one rank.
     """
@@ -39,7 +37,6 @@ class ModelRunner:
         graphs: DecodeGraphs | None = None,
         adapters: AdapterRegistry | None = None,
         ranks: RankGroup | None = None,
-        verify_graphs: dict[int, DecodeGraphs] | None = None,
     ):
         self.model = model
         self.ranks = ranks
@@ -48,7 +45,9 @@ class ModelRunner:
         self.device = cache.blocks.storage.device
         self.paged = PagedModelCache(cache.blocks, cache.slots, model.config, model.dtype)
         self.graphs = graphs
-        self.verify_graphs = verify_graphs or {}
+        # captured verify graphs by draft count k (--kda-rollback states; set by the engine after
+        # capture): empty, every verify step runs eagerly
+        self.verify_graphs: dict[int, DecodeGraphs] = {}
         layout = model.parallel.layout
         # under PCP or PP every rank runs its part of each step
         self.split = SplitStep(model, cache.block_tokens) if layout.pcp * layout.pp > 1 else None
