@@ -19,9 +19,10 @@ from cli.serve_command import announce
 from loadtest.clients import open_client, parse_target
 from loadtest.records import RequestRecord
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
-from router.server import RouterConfig, RouterServer
+from router.server import RouterServer
 from sdk import AsyncClient, Client, InvalidRequest, Unauthenticated, Unavailable
 from sdk.tls import ClientTls
+from tests.router_auth.auth_router import colocated_config
 from tests.router_auth.certificates import make_pki
 from tests.services.workers import running_workers
 
@@ -45,13 +46,10 @@ def routers(tiny_checkpoint, tmp_path_factory, pki):
         try:
             for name, client_ca in (("tls", ""), ("mtls", str(pki.ca))):
                 started[name] = RouterServer(
-                    RouterConfig(
-                        model=str(model),
-                        decode=(decode.address,),
-                        disaggregation="never",
-                        port=0,
-                        http_port=0,
-                        auth_token_file=str(tokens),
+                    colocated_config(
+                        model,
+                        decode.address,
+                        tokens,
                         tls_cert=str(pki.server_cert),
                         tls_key=str(pki.server_key),
                         tls_client_ca=client_ca,
