@@ -87,6 +87,12 @@ class PrefixHit:
         return len(self.block_ids) + self.host_blocks
 
 
+def spec_slots_per_request(rollback_mode: str, num_draft_tokens: int) -> int:
+    """State slots a request holds beside its own for speculative decoding: none without
+    (``rollback_mode`` ""), a checkpoint with ``replay``, one per draft with ``states``."""
+    return {"": 0, "replay": 1, "states": num_draft_tokens}[rollback_mode]
+
+
 class CacheManager:
     """Grows, reuses and releases requests' blocks and slots.
 
@@ -118,7 +124,7 @@ class CacheManager:
     ):
         self.blocks = blocks
         self.rollback_mode = rollback_mode
-        self.num_spec_slots = {"": 0, "replay": 1, "states": num_draft_tokens}[rollback_mode]
+        self.num_spec_slots = spec_slots_per_request(rollback_mode, num_draft_tokens)
         self.block_tokens = dcp * blocks.block_size
         self.slots = slots
         self.snapshots = snapshots
@@ -165,7 +171,7 @@ class CacheManager:
         ``cluster_secret``: sent on every call to the ``baton cache`` at ``host_cache_address``."""
         dtype = model.dtype
         mode = config.rollback if num_draft_tokens else ""
-        spec_slots = {"": 0, "replay": 1, "states": num_draft_tokens}[mode]
+        spec_slots = spec_slots_per_request(mode, num_draft_tokens)
         open_rows = FIXED_CHUNK if config.batch_invariant else 0
         layers = stage_position(model.parallel, model.config.num_hidden_layers)[0]  # all at --pp 1
         blocks = BlockPool(

@@ -63,15 +63,15 @@ class DraftSeat:
     Attributes:
         block_table: the draft blocks of the request's positions, in order.
         slot: the KDA state slot the draft's forwards continue.
-        checkpoint_slots: ``num_draft_tokens - 1`` slots; after a ``propose``, ``checkpoint_slots[j]``
-            holds the state after the tail and ``j`` fed drafts (``checkpoint + j`` tokens), for each
-            ``j`` below the proposal's fed drafts (the state after all of them is ``slot`` itself).
+        checkpoint_slots: ``num_draft_tokens`` slots; after a ``propose`` of ``k``, ``checkpoint_slots[j]``
+            holds the state after the tail and ``j`` fed drafts (``checkpoint + j`` tokens), for
+            ``j < k`` (the state after all ``k`` is ``slot`` itself).
         num_computed: leading tokens whose rows and state the draft holds (after a ``propose``, that
             count includes the fed drafts, which are not in ``all_ids`` until ``commit``).
         checkpoint: tokens the state after the last tail covers (``checkpoint_slots[0]``'s, once a
             draft is fed).
         drafted: the last proposal's tokens until it is committed (its length is that proposal's
-            ``k``: commit keeps up to ``k - 1`` fed drafts); None when nothing is pending.
+            ``k``: commit keeps as many fed drafts as were accepted); None when nothing is pending.
     """
 
     block_table: list[int]
