@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checksum.naive import GOLDEN, MIX1, MIX2
+from kernels.checksum.naive import GOLDEN, MIX1, MIX2, as_int64
 from kernels.triton_env import require_triton_device
 
 _BLOCK = 1024  # words per program
@@ -44,12 +44,6 @@ def _keyed_rows_kernel(
     tl.store(partials + program, tl.sum(tl.where(mask, x * z, 0), axis=0))
 
 
-def _as_int64(value: int) -> int:
-    """A 64-bit value (any Python int, taken mod ``2^64``) as the int64 with its bits (a kernel scalar)."""
-    value &= (1 << 64) - 1
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 def keyed_rows_checksum(storage: torch.Tensor, rows: torch.Tensor, start: int, key: int) -> int:
     """``kernels.checksum.naive.keyed_rows_checksum`` in one launch (same arguments and value).
 
@@ -70,7 +64,7 @@ def keyed_rows_checksum(storage: torch.Tensor, rows: torch.Tensor, start: int, k
         rows,
         partials,
         start,
-        _as_int64(key),
+        as_int64(key),
         words_per_row,
         words.stride(0),
         blocks_per_row,

@@ -18,7 +18,7 @@ SLICE_WORDS = 1 << 20  # words hashed per pass (bounds the temporaries: about 24
 _MASK64 = (1 << 64) - 1
 
 
-def _signed(value: int) -> int:
+def as_int64(value: int) -> int:
     """An unsigned 64-bit value as the int64 with its bits (torch's int64 arithmetic wraps)."""
     value &= _MASK64
     return value - (1 << 64) if value >= 1 << 63 else value
@@ -27,11 +27,11 @@ def _signed(value: int) -> int:
 def _weights(start: int, count: int, key: int, device: torch.device) -> torch.Tensor:
     """``w_i`` for ``i`` in ``[start, start + count)``, in place on one buffer (int64 wraps)."""
     z = torch.arange(start, start + count, dtype=torch.int64, device=device)
-    z.mul_(_signed(GOLDEN)).add_(_signed(key))
+    z.mul_(as_int64(GOLDEN)).add_(as_int64(key))
     for shift, multiplier in ((30, MIX1), (27, MIX2), (31, None)):
         z.bitwise_xor_((z >> shift).bitwise_and_((1 << (64 - shift)) - 1))  # a logical shift
         if multiplier is not None:
-            z.mul_(_signed(multiplier))
+            z.mul_(as_int64(multiplier))
     return z
 
 

@@ -17,6 +17,8 @@ engines speculate, so draft rows are always copied whole, row for row.
 
 from dataclasses import dataclass
 
+import torch
+
 from services.transfer import DRAFT_BLOCKS, DRAFT_STATE, TransferBackend
 
 from .request import Request
@@ -97,11 +99,17 @@ def draft_nbytes(proposer: DraftProposer, rows: DraftRows) -> int:
     return len(rows.block_ids) * proposer.blocks.layout.nbytes + proposer.slots.layout.nbytes
 
 
+def draft_pool_storages(proposer: DraftProposer | None) -> dict[str, torch.Tensor]:
+    """A draft model's handoff regions and their storages (none without a draft model)."""
+    if not isinstance(proposer, DraftModelProposer):
+        return {}
+    return {DRAFT_BLOCKS: proposer.blocks.storage, DRAFT_STATE: proposer.slots.storage}
+
+
 def register_draft_pools(backend: TransferBackend, proposer: DraftProposer | None) -> None:
     """Register a draft model's block and slot pools beside the target's (nothing without one)."""
-    if isinstance(proposer, DraftModelProposer):
-        backend.register(DRAFT_BLOCKS, proposer.blocks.storage)
-        backend.register(DRAFT_STATE, proposer.slots.storage)
+    for region, storage in draft_pool_storages(proposer).items():
+        backend.register(region, storage)
 
 
 def draft_row_pairs(held: DraftRows | None, reserved: DraftRows | None) -> dict[str, list[tuple[int, int]]]:

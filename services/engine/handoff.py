@@ -39,9 +39,9 @@ from .draft_handoff import (
     DraftRows,
     draft_layout_of,
     draft_nbytes,
+    draft_pool_storages,
     draft_row_pairs,
     prefill_draft,
-    register_draft_pools,
     reserved_draft,
 )
 from .engine_core import EngineCore
@@ -49,7 +49,6 @@ from .handoff_checksum import rows_checksum
 from .parallel.layout import ParallelLayout
 from .request import Request, RequestStatus
 from .scheduler import SampledToken
-from .speculative.draft_model import DraftModelProposer
 from .speculative.proposal import DraftProposer
 
 
@@ -233,9 +232,8 @@ def register_pools(
 ) -> None:
     """Register an engine's block and slot memory with a transfer backend (either side), and its draft
     model's beside them when ``proposer`` has one."""
-    backend.register(BLOCKS, cache.blocks.storage)
-    backend.register(STATE, cache.slots.storage)
-    register_draft_pools(backend, proposer)
+    for region, storage in pool_storages(cache, proposer).items():
+        backend.register(region, storage)
 
 
 def send_state(
@@ -276,10 +274,7 @@ def handoff_row_pairs(held: HeldPrefill, reservation: Reservation) -> dict[str, 
 
 def pool_storages(cache: CacheManager, proposer: DraftProposer | None) -> dict[str, torch.Tensor]:
     """Each handoff region's storage in one engine (as ``register_pools`` registers them)."""
-    storages = {BLOCKS: cache.blocks.storage, STATE: cache.slots.storage}
-    if isinstance(proposer, DraftModelProposer):
-        storages.update({DRAFT_BLOCKS: proposer.blocks.storage, DRAFT_STATE: proposer.slots.storage})
-    return storages
+    return {BLOCKS: cache.blocks.storage, STATE: cache.slots.storage, **draft_pool_storages(proposer)}
 
 
 def sent_checksum(engine: EngineCore, held: HeldPrefill, reservation: Reservation) -> int:
