@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from common.byte_sizes import parse_sizes, size_name
 from deploy.benchmark import PDWorkload, measure_pd
 from deploy.benchmark.fuzz_bench import check_target, fuzz_cluster, run_fuzz
 from deploy.benchmark.fuzz_client import FuzzClient
@@ -38,8 +39,7 @@ from .arguments import DTYPES, positive_int_list
 from .bench_faults_command import register_faults
 from .bench_hicache_command import register_hicache
 from .bench_spec_command import register_spec
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+from .bench_trust_command import register_trust
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -135,6 +135,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _register_fuzz(kinds)
     register_hicache(kinds)
     register_spec(kinds)
+    register_trust(kinds)
 
 
 def _register_pd(kinds: argparse._SubParsersAction) -> None:
@@ -309,27 +310,8 @@ def run_kv_format(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size_list(text: str, flag: str) -> list[int]:
-    """``"64K,1M"`` -> ``[65536, 1048576]`` (binary units)."""
-    sizes = []
-    for part in text.split(","):
-        part = part.strip().upper().removesuffix("B").removesuffix("I")
-        digits, unit = (part[:-1], part[-1]) if part[-1:] in ("K", "M", "G") else (part, "")
-        if not digits.isdigit() or int(digits) < 1:
-            raise ValueError(f"{flag}: expected comma-separated sizes like 64K,1M,16M, got {text!r}")
-        sizes.append(int(digits) * _SIZE_UNITS[unit])
-    return sizes
-
-
-def _size_name(size: int) -> str:
-    for unit in ("G", "M", "K"):
-        if size % _SIZE_UNITS[unit] == 0:
-            return f"{size // _SIZE_UNITS[unit]} {unit}iB"
-    return f"{size} B"
-
-
 def run_transfer(args: argparse.Namespace) -> int:
-    sizes = _size_list(args.sizes, "--sizes")
+    sizes = parse_sizes(args.sizes, "--sizes")
     backends = [name.strip() for name in args.backends.split(",")]
     unknown = [name for name in backends if name not in known_backends()]
     if unknown or len(set(backends)) != len(backends):
@@ -368,7 +350,7 @@ def run_transfer(args: argparse.Namespace) -> int:
         values = [row[f"{name}_gbps"] for name in backends] + [row["copy_gbps"]]
         values += [row[f"{name}_vs_copy"] for name in backends]
         values += [row[f"{backends[0]}_vs_{backends[1]}"]] if len(backends) == 2 else []
-        print(f"{_size_name(row['size_bytes']):>8} " + " ".join(f"{value:>17.3f}" for value in values))
+        print(f"{size_name(row['size_bytes']):>8} " + " ".join(f"{value:>17.3f}" for value in values))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

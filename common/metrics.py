@@ -72,6 +72,16 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.handoff_checks = Counter(
+            "baton_handoff_checks_total",
+            "Handoffs whose rows a decode worker hashed against the prefill worker's checksum",
+            registry=r,
+        )
+        self.handoff_check_seconds = Counter(
+            "baton_handoff_check_seconds_total",
+            "Time a decode worker spent hashing handoffs before decoding them",
+            registry=r,
+        )
         self.handoff_draft_bytes = Counter(
             "baton_handoff_draft_bytes_total",
             "Of the state handed from prefill to decode, the draft model's rows (speculative decoding)",

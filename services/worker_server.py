@@ -104,6 +104,7 @@ class WorkerServer:
                     self.drain_state,
                     fail_transfers=config.fail_transfers,
                     stray_handoff_writes=config.stray_handoff_writes,
+                    handoff_checksum=config.handoff_checksum,
                     faults=faults,
                     load_feed=self.load_feed,
                 ),

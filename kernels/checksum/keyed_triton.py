@@ -1,28 +1,28 @@
-"""The keyed row checksum in one Triton launch: each program hashes one block of one row's words,
-computing its weights in registers (no weight tensor, no gather copy: each byte is read once), and
-writes its partial sum; the partials are summed mod ``2^64`` on the device. Same contract and bits as
-``kernels.checksum.naive.keyed_rows_checksum`` (integer arithmetic: the order of the sums does not
-matter).
+"""The keyed row checksum in one Triton launch: each program hashes one block of one row's pairs of
+words (one splitmix64 output weighs both words of a pair), computing the weights in registers (no weight
+tensor, no gather copy: each byte is read once), and writes its partial sum; the partials are summed mod
+``2^64`` on the device. Same contract and bits as ``kernels.checksum.naive.keyed_rows_checksum``
+(integer arithmetic: the order of the sums does not matter).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.checksum.naive import GOLDEN, MIX1, MIX2, as_int64
+from kernels.checksum.naive import GOLDEN, MIX1, MIX2, as_int64, check_alignment
 from kernels.triton_env import require_triton_device
 
-_BLOCK = 1024  # words per program
+_BLOCK = 1024  # pairs of words per program
 
 
 @triton.jit
 def _keyed_rows_kernel(
-    words,
+    pairs,
     rows,
     partials,
-    start,
+    start_pair,
     key,
-    words_per_row,
+    pairs_per_row,
     stride_row,
     blocks_per_row,
     GOLDEN_C: tl.constexpr,
@@ -33,40 +33,41 @@ def _keyed_rows_kernel(
     program = tl.program_id(0)
     position = program // blocks_per_row
     offsets = (program % blocks_per_row) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < words_per_row
+    mask = offsets < pairs_per_row
     row = tl.load(rows + position).to(tl.int64)
-    x = tl.load(words + row * stride_row + offsets, mask=mask, other=0).to(tl.uint32).to(tl.uint64)
-    index = (start + position.to(tl.int64) * words_per_row + offsets).to(tl.uint64)
+    pair = tl.load(pairs + row * stride_row + offsets, mask=mask, other=0).to(tl.uint64)
+    index = (start_pair + position.to(tl.int64) * pairs_per_row + offsets).to(tl.uint64)
     z = index * GOLDEN_C + key.to(tl.uint64)
     z = (z ^ (z >> 30)) * MIX1_C
     z = (z ^ (z >> 27)) * MIX2_C
     z = z ^ (z >> 31)
-    tl.store(partials + program, tl.sum(tl.where(mask, x * z, 0), axis=0))
+    low = 0xFFFFFFFF
+    hashed = (pair & low) * (z & low) + (pair >> 32) * (z >> 32)
+    tl.store(partials + program, tl.sum(tl.where(mask, hashed, 0), axis=0))
 
 
 def keyed_rows_checksum(storage: torch.Tensor, rows: torch.Tensor, start: int, key: int) -> int:
     """``kernels.checksum.naive.keyed_rows_checksum`` in one launch (same arguments and value).
 
     Raises:
-        ValueError: rows whose byte length is not a multiple of 4.
+        ValueError: rows whose byte length is not a multiple of 8, or an odd ``start``.
     """
     require_triton_device("keyed_rows_checksum", storage, rows)
-    if storage.shape[1] % 4:
-        raise ValueError(f"storage: rows of {storage.shape[1]} bytes are not whole 32-bit words")
+    check_alignment(storage, start)
     if rows.numel() == 0:
         return 0
-    words = storage.view(torch.int32)
-    words_per_row = words.shape[1]
-    blocks_per_row = triton.cdiv(words_per_row, _BLOCK)
+    pairs = storage.view(torch.int64)
+    pairs_per_row = pairs.shape[1]
+    blocks_per_row = triton.cdiv(pairs_per_row, _BLOCK)
     partials = torch.empty(rows.numel() * blocks_per_row, dtype=torch.uint64, device=storage.device)
     _keyed_rows_kernel[(partials.numel(),)](
-        words,
+        pairs,
         rows,
         partials,
-        start,
+        start // 2,
         as_int64(key),
-        words_per_row,
-        words.stride(0),
+        pairs_per_row,
+        pairs.stride(0),
         blocks_per_row,
         GOLDEN_C=GOLDEN,
         MIX1_C=MIX1,

@@ -200,7 +200,10 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         if request.handoff_sender and any(sender != request.handoff_sender for sender in senders):
             return "sender"
         if request.HasField("handoff_checksum"):
+            start = time.perf_counter()
             arrived = self.engine.arrived_checksum(request.request_id, capability, request.draft_state)
+            self.metrics.handoff_checks.inc()
+            self.metrics.handoff_check_seconds.inc(time.perf_counter() - start)
             if arrived != request.handoff_checksum:
                 return "checksum"
         return None

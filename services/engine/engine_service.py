@@ -323,10 +323,11 @@ class EngineService:
         """
         return self.loop.call(lambda engine: held_prefill_for(engine, request_id, reservation))
 
-    def sent_checksum(self, held: HeldPrefill, reservation: Reservation) -> int:
-        """The checksum of the rows ``send_state`` wrote for ``held`` (``handoff.sent_checksum``), on the
-        loop thread (before ``discard``)."""
-        return self.loop.call(lambda engine: sent_checksum(engine, held, reservation))
+    def sent_checksum(self, held: HeldPrefill, reservation: Reservation) -> Future:
+        """The checksum of the rows ``send_state`` writes for ``held`` (``handoff.sent_checksum``), queued
+        for the loop thread at once (a ``Future`` of the int), so the caller can write meanwhile; wait for
+        it before ``discard``."""
+        return self.loop.submit(lambda engine: sent_checksum(engine, held, reservation))
 
     def discard(self, request_id: str) -> None:
         """Free whatever the engine still keeps for ``request_id``: a held prefill's cache, or the

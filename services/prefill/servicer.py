@@ -47,12 +47,14 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         fail_transfers: int = 0,
         faults: FaultDelays = NO_FAULTS,
         stray_handoff_writes: int = 0,
+        handoff_checksum: bool = True,
     ):
         self.name = name
         self.faults = faults
         self.load_feed = load_feed
         self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
         self.stray_handoff_writes = stray_handoff_writes  # fault injection: N handoffs get a stray write
+        self.handoff_checksum = handoff_checksum  # hash each row-for-row handoff for the decode worker
         self.metrics = metrics
         self.engine = engine
         self.transfer = transfer
@@ -98,8 +100,10 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                 checksum = None  # a parallel handoff's ranks each write a share: no checksum of it yet
                 if row_for_row(reservation.layout, self.engine.layout):
                     peer = self.transfer.connect(endpoint)
+                    # Hashed on the engine's loop thread while the write runs (both only read the rows).
+                    hashing = self.engine.sent_checksum(held, reservation) if self.handoff_checksum else None
                     stats = send_state(self.transfer, peer, held, reservation)
-                    checksum = self.engine.sent_checksum(held, reservation)
+                    checksum = hashing.result(timeout=self.step_timeout_s) if hashing else None
                     self._inject_stray_write(peer, held, reservation)
                 else:
                     sent = self.engine.send_rank_handoff(held, len(prompt), reservation, rank_endpoints)

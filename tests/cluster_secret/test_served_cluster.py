@@ -113,3 +113,15 @@ def test_a_stray_write_into_a_reservation_is_refused_and_the_output_is_unchanged
     with decode.channel() as channel:
         stub_class = workers_pb2_grpc.DecodeWorkerStub(channel)
         assert stub_class.CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10).ok
+
+
+def test_without_the_handoff_checksum_a_stray_write_goes_unnoticed(tiny_checkpoint, tmp_path):
+    """``--no-handoff-checksum`` on the prefill worker turns the check off: the same stray write is
+    decoded, no refusal counted (what the flag trades away; docs/authentication.md)."""
+    args = {"prefill": ["--stray-handoff-writes", "1", "--no-handoff-checksum"]}
+    for cluster, stub in _cluster(str(tiny_checkpoint("k3")), tmp_path, args):
+        (decode,) = [worker for worker in cluster.workers if worker.role == "decode"]
+        metrics_port = int(decode.ready["metrics_port"])
+        messages = list(generate(stub))
+        assert messages[-1].route.transfer_bytes > 0  # handed off, stray write and all
+        assert scrape(metrics_port, "baton_handoff_refused_total", reason="checksum") == 0

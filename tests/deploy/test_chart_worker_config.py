@@ -121,3 +121,12 @@ def test_parallel_values_reach_the_worker_config(tmp_path):
     for role, ranks in (("decode", 4), ("prefill", 4)):
         limits = chart.container(chart.one(objects, "Deployment", f"baton-{role}"))["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == ranks
+
+
+def test_the_handoff_checksum_value_reaches_both_roles(tmp_path):
+    """``transfer.handoffChecksum`` (on by default) lands in every worker's config as ``handoff_checksum``."""
+    for sets, want in (((), True), (("--set", "transfer.handoffChecksum=false"), False)):
+        objects = chart.render("default", *sets)
+        for role in ROLES:
+            assert _load(tmp_path, chart.worker_config_text(objects, role)).handoff_checksum is want
+    assert "handoffChecksum" in chart.render_error("default", "--set", "transfer.handoffChecksum=maybe")

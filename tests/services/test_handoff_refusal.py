@@ -1,9 +1,11 @@
 """The decode worker's rule for a handoff that arrived (``DecodeServicer._refusal``): decoded only when
 every notification came from the sender the router named and the rows hash to the prefill worker's
-checksum; a request from a router that sent neither is decoded as before."""
+checksum; a request from a router that sent neither is decoded as before. Each check is counted and
+timed (``baton_handoff_checks_total``, ``baton_handoff_check_seconds_total``)."""
 
 import pytest
 
+from common.metrics import Metrics
 from proto.baton.v1 import workers_pb2
 from services.decode.servicer import DecodeServicer
 
@@ -34,7 +36,10 @@ class HashedRows:
 def test_a_handoff_is_decoded_only_from_its_sender_with_its_checksum(fields, senders, reason):
     servicer = DecodeServicer.__new__(DecodeServicer)
     servicer.engine = HashedRows()
+    servicer.metrics = Metrics("decode")
     request = workers_pb2.DecodeRequest(request_id="r1", draft_state=True, **fields)
     assert servicer._refusal(request, "cap", senders) == reason
     checked = "handoff_checksum" in fields and reason != "sender"
     assert servicer.engine.asked == ([("r1", "cap", True)] if checked else [])
+    assert servicer.metrics.handoff_checks._value.get() == int(checked)  # counted, timed
+    assert (servicer.metrics.handoff_check_seconds._value.get() > 0) == checked

@@ -200,6 +200,7 @@ top, EngineConfig fields under engine:, the role's parallel degrees among them. 
 {{- end }}
 {{- $config := dict "role" .component "host" "0.0.0.0" "port" $w.port "metrics_port" $w.metricsPort -}}
 {{- $_ := set $config "transfer_backend" .root.Values.transfer.backend -}}
+{{- $_ := set $config "handoff_checksum" (ne .root.Values.transfer.handoffChecksum false) -}}
 {{- $_ := set $config "grace_period_s" $w.drainSeconds -}}
 {{- with include "baton.redisUrl" .root }}
 {{- $_ := set $config "redis_url" . -}}

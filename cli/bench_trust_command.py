@@ -1,0 +1,60 @@
+"""``baton bench trust``: what the bearer token, the cluster secret and the handoff checksum cost, side
+by side in one run: time to first token of an open and a trusted cluster, and the checksum's time beside
+the handoff's write (``deploy/benchmark/trust_cost.py``)."""
+
+import argparse
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from common.byte_sizes import parse_sizes
+from deploy.benchmark.trust_cost import measure_trust_cost
+from services.engine.checkpoint.init_folder import init_checkpoint
+
+from .arguments import DTYPES
+
+
+def register_trust(kinds: argparse._SubParsersAction) -> None:
+    """Add ``trust`` to the ``bench`` subcommands."""
+    bench = kinds.add_parser(
+        "trust", help="cost of auth + the handoff checksum: TTFT open vs trusted, checksum vs transfer"
+    )
+    bench.add_argument(
+        "--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)"
+    )
+    bench.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
+    bench.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    bench.add_argument("--device", default="cpu", help="the workers' device: cpu or cuda[:N] (default cpu)")
+    bench.add_argument("--dtype", choices=DTYPES, help="the workers' model dtype (default: the worker's)")
+    bench.add_argument("--requests", type=int, default=40, help="timed requests per arm (default 40)")
+    bench.add_argument("--warmup", type=int, default=4, help="untimed requests per arm first (default 4)")
+    bench.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (default 256)")
+    bench.add_argument(
+        "--sizes", default="1M,16M,64M", help="handoff sizes for the data-plane rows (default 1M,16M,64M)"
+    )
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    bench.set_defaults(run=run_trust)
+
+
+def run_trust(args: argparse.Namespace) -> int:
+    sizes = parse_sizes(args.sizes, "--sizes")
+    worker_args = ("--dtype", args.dtype) if args.dtype else ()
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = Path(scratch) / f"{args.family}-{args.preset}"
+            init_checkpoint(model_dir, args.family, args.preset, seed=0)
+        report = measure_trust_cost(
+            str(model_dir),
+            requests=args.requests,
+            warmup=args.warmup,
+            prompt_tokens=args.prompt_tokens,
+            sizes_bytes=tuple(sizes),
+            device=args.device,
+            worker_args=worker_args,
+        )
+    if args.model is None:
+        report = replace(report, model=f"random {args.family} ({args.preset})")
+    print(json.dumps(report.as_dict()) if args.json else report.format_table())
+    return 0

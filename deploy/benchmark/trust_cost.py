@@ -1,0 +1,292 @@
+"""What trust costs, side by side in one run: the public API's bearer token, the cluster secret and the
+handoff checksum on time to first token, and the checksum beside the handoff's transfer time.
+
+Clusters: two disaggregated clusters (one prefill, one decode worker each) on the same model, started
+together, serving in turns (each arm goes first as often, one request in flight):
+
+- ``open``: no token, no cluster secret, ``--no-handoff-checksum`` on the prefill worker;
+- ``trusted``: the router's ``--auth-token-file`` (every request carries ``authorization: Bearer``),
+  a cluster secret on every internal call, and the handoff checksum (hashed by the prefill worker while
+  its write runs, checked by the decode worker before it decodes).
+
+Each request is a fresh random prompt of ``prompt_tokens`` (no prefix hit: every one is handed off),
+``max_tokens=2``; its time to first token is the client's, from sending to the first token, which the
+decode worker streams after the handoff arrived and passed its check. The arms are checked to differ as
+they claim to: the trusted router refuses a request without the token, and each decode worker's
+``baton_handoff_checks_total`` / ``baton_handoff_check_seconds_total`` say how many handoffs it hashed
+and how long that took (the trusted arm: every one; the open arm: none).
+
+Data plane: for each handoff size, the median NIXL write time between two processes on the bench's
+devices (``services.transfer.bandwidth``) and the median checksum time of that many bytes on the
+receiver's device (``handoff_checksum.rows_checksum``, 64 KiB rows: the Triton kernel on CUDA, torch on
+the CPU). The decode side's check adds ``checksum / transfer`` to a handoff; the prefill side's runs
+during the write. The goal for both is at most ``GOAL`` (2 %).
+"""
+
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import torch
+
+from common.byte_sizes import size_name
+from common.cluster_secret import write_cluster_secret
+from deploy.local.launcher import LocalCluster
+from loadtest.scrape import scrape
+from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from services.engine.handoff_checksum import rows_checksum
+from services.engine.model.config_loader import load_model_config
+from services.transfer import BLOCKS
+from services.transfer.bandwidth import measure_bandwidth
+
+GOAL = 0.02
+ARMS = ("open", "trusted")
+ROW_BYTES = 64 << 10  # checksum rows of the data-plane rows (a pool row is tens of KiB)
+TOKEN = "bench-trust-token"
+
+
+@dataclass(frozen=True)
+class DataPlaneRow:
+    """One handoff size: the median write and checksum times, in ms."""
+
+    size_bytes: int
+    transfer_ms: float
+    checksum_ms: float
+
+    @property
+    def cost(self) -> float:
+        """What the decode side's check adds to the handoff, as a fraction of the write."""
+        return self.checksum_ms / self.transfer_ms
+
+
+@dataclass(frozen=True)
+class TrustCostReport:
+    """Each arm's time to first token (ms, in the order sent), the bytes its handoffs moved, the checks
+    its decode worker made and their total ms (warm-up included), and the data-plane rows."""
+
+    model: str
+    device: str
+    prompt_tokens: int
+    ttft_ms: dict[str, tuple[float, ...]]
+    data_plane: tuple[DataPlaneRow, ...]
+    refused_without_token: bool
+    handoff_bytes: dict[str, int]
+    checks: dict[str, int]
+    check_ms: dict[str, float]
+
+    def mean_check_ms(self, arm: str) -> float:
+        return self.check_ms[arm] / self.checks[arm] if self.checks[arm] else 0.0
+
+    def percentile(self, arm: str, q: float) -> float:
+        values = sorted(self.ttft_ms[arm])
+        return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+    def ttft_ratio(self, q: float = 50) -> float:
+        """Trusted over open time to first token at percentile ``q``."""
+        return self.percentile("trusted", q) / self.percentile("open", q)
+
+    def as_dict(self) -> dict:
+        row = {
+            "model": self.model,
+            "device": self.device,
+            "prompt_tokens": self.prompt_tokens,
+            "requests": len(self.ttft_ms["open"]),
+            "refused_without_token": self.refused_without_token,
+            "goal": GOAL,
+        }
+        for arm in ARMS:
+            for q in (50, 90):
+                row[f"{arm}_ttft_p{q}_ms"] = round(self.percentile(arm, q), 3)
+            row[f"{arm}_ttft_mean_ms"] = round(statistics.fmean(self.ttft_ms[arm]), 3)
+            row[f"{arm}_handoff_bytes"] = self.handoff_bytes[arm]
+            row[f"{arm}_checks"] = self.checks[arm]
+            row[f"{arm}_mean_check_ms"] = round(self.mean_check_ms(arm), 4)
+        row["ttft_ratio_p50"] = round(self.ttft_ratio(), 4)
+        row["data_plane"] = [
+            {
+                "size_bytes": r.size_bytes,
+                "transfer_ms": round(r.transfer_ms, 4),
+                "checksum_ms": round(r.checksum_ms, 4),
+                "cost": round(r.cost, 4),
+            }
+            for r in self.data_plane
+        ]
+        return row
+
+    def format_table(self) -> str:
+        lines = [
+            f"trust cost: {self.model} on {self.device}, {len(self.ttft_ms['open'])} requests per arm, "
+            f"{self.prompt_tokens}-token prompts handed off, one in flight, arms in turns",
+            f"{'arm':<10}{'TTFT p50 ms':>14}{'p90 ms':>10}{'mean ms':>10}{'vs open':>10}"
+            f"{'handoff KiB':>13}{'checks':>8}{'check ms':>10}",
+        ]
+        for arm in ARMS:
+            mean = statistics.fmean(self.ttft_ms[arm])
+            lines.append(
+                f"{arm:<10}{self.percentile(arm, 50):>14.2f}{self.percentile(arm, 90):>10.2f}{mean:>10.2f}"
+                f"{self.percentile(arm, 50) / self.percentile('open', 50):>9.3f}x"
+                f"{self.handoff_bytes[arm] / len(self.ttft_ms[arm]) / 1024:>13.1f}{self.checks[arm]:>8}"
+                f"{self.mean_check_ms(arm):>10.3f}"
+            )
+        refused = "yes" if self.refused_without_token else "NO"
+        lines.append(f"trusted router refused a request without the token: {refused}")
+        lines.append(f"{'handoff':>10}{'transfer ms':>14}{'checksum ms':>14}{'cost':>9}")
+        for r in self.data_plane:
+            size = size_name(r.size_bytes)
+            lines.append(f"{size:>10}{r.transfer_ms:>14.3f}{r.checksum_ms:>14.3f}{100 * r.cost:>8.2f}%")
+        ttft_cost = self.ttft_ratio() - 1
+        worst = max((r.cost for r in self.data_plane), default=0.0)
+        verdict = "met" if ttft_cost <= GOAL and worst <= GOAL else "NOT met"
+        lines.append(
+            f"goal: at most {100 * GOAL:.0f}% on TTFT and on the handoff: {verdict} "
+            f"(TTFT {100 * ttft_cost:+.2f}% at p50, handoff up to {100 * worst:.2f}%)"
+        )
+        return "\n".join(lines)
+
+
+def measure_trust_cost(
+    model: str,
+    requests: int = 40,
+    warmup: int = 4,
+    prompt_tokens: int = 256,
+    sizes_bytes: tuple[int, ...] = (1 << 20, 16 << 20, 64 << 20),
+    device: str = "cpu",
+    worker_args: tuple[str, ...] = (),
+    seed: int = 0,
+    timeout_s: float = 120.0,
+) -> TrustCostReport:
+    """Start both clusters, time ``requests`` requests on each after ``warmup``, then the data plane.
+
+    Raises:
+        ValueError: a bad argument (named as its ``baton bench trust`` flag).
+        grpc.RpcError: a request failed (the clusters are stopped either way).
+    """
+    for flag, value in (("--requests", requests), ("--prompt-tokens", prompt_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag}: must be >= 1, got {value}")
+    if warmup < 0:
+        raise ValueError(f"--warmup: must be >= 0, got {warmup}")
+    if not sizes_bytes or any(size < ROW_BYTES or size % ROW_BYTES for size in sizes_bytes):
+        raise ValueError(f"--sizes: need multiples of {ROW_BYTES >> 10}K, got {list(sizes_bytes)}")
+    vocab = load_model_config(model).vocab_size
+    rng = random.Random(seed)
+    prompts = [
+        [rng.randrange(1, vocab) for _ in range(prompt_tokens)] for _ in range(2 * (warmup + requests))
+    ]
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    handoff_bytes = dict.fromkeys(ARMS, 0)
+    worker_args = ("--device", device, *worker_args)
+    with tempfile.TemporaryDirectory() as scratch:
+        clusters = _start_clusters(model, Path(scratch), list(worker_args))
+        try:
+            channels = {arm: grpc.insecure_channel(f"127.0.0.1:{c.port}") for arm, c in clusters.items()}
+            stubs = {arm: generation_pb2_grpc.GenerationStub(channel) for arm, channel in channels.items()}
+            metadata = {"open": (), "trusted": (("authorization", f"Bearer {TOKEN}"),)}
+            refused = _refused_without_token(stubs["trusted"], prompts[0], timeout_s)
+            for index in range(warmup + requests):
+                order = ARMS if index % 2 == 0 else ARMS[::-1]  # each arm goes first as often
+                for arm in order:
+                    prompt = prompts.pop()
+                    elapsed, moved = _time_to_first_token(stubs[arm], prompt, metadata[arm], timeout_s)
+                    if index >= warmup:
+                        times[arm].append(elapsed)
+                        handoff_bytes[arm] += moved
+            for channel in channels.values():
+                channel.close()
+            checks = {arm: _decode_counters(cluster) for arm, cluster in clusters.items()}
+        finally:
+            for cluster in clusters.values():
+                cluster.stop()
+    rows = tuple(_data_plane_row(size, device) for size in sizes_bytes)
+    return TrustCostReport(
+        model,
+        device,
+        prompt_tokens,
+        {arm: tuple(t) for arm, t in times.items()},
+        rows,
+        refused,
+        handoff_bytes,
+        {arm: int(count) for arm, (count, _) in checks.items()},
+        {arm: 1e3 * seconds for arm, (_, seconds) in checks.items()},
+    )
+
+
+def _start_clusters(model: str, scratch: Path, worker_args: list[str]) -> dict[str, LocalCluster]:
+    """Both arms' clusters, started one after the other (a failed start stops the one before)."""
+    token_file = scratch / "tokens"
+    token_file.write_text(f"{TOKEN} bench\n")
+    secret_file = write_cluster_secret(scratch / "cluster-secret")
+    arms = {
+        "open": dict(role_args={"prefill": ["--no-handoff-checksum"]}),
+        "trusted": dict(auth_token_file=str(token_file), cluster_secret_file=str(secret_file)),
+    }
+    clusters: dict[str, LocalCluster] = {}
+    try:
+        for arm, options in arms.items():
+            clusters[arm] = LocalCluster(
+                model,
+                port=0,
+                prefill_workers=1,
+                decode_workers=1,
+                worker_args=worker_args,
+                disaggregation="always",
+                **options,
+            )
+    except BaseException:
+        for cluster in clusters.values():
+            cluster.stop()
+        raise
+    return clusters
+
+
+def _request(prompt: list[int]) -> generation_pb2.GenerateRequest:
+    sampling = generation_pb2.SamplingParameters(max_tokens=2, ignore_eos=True)
+    return generation_pb2.GenerateRequest(token_ids=generation_pb2.TokenIds(ids=prompt), sampling=sampling)
+
+
+def _time_to_first_token(stub, prompt: list[int], metadata, timeout_s: float) -> tuple[float, int]:
+    """The request's time to first token (ms) and the bytes its handoff moved (its route's)."""
+    start = time.perf_counter()
+    first = None
+    for message in stub.Generate(_request(prompt), metadata=metadata, timeout=timeout_s):
+        if first is None and message.token_ids:
+            first = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError("a request finished without a token")
+    return 1000 * first, message.route.transfer_bytes
+
+
+def _decode_counters(cluster: LocalCluster) -> tuple[float, float]:
+    """The decode worker's handoff checks and the seconds they took (its ``/metrics``)."""
+    (decode,) = [worker for worker in cluster.workers if worker.role == "decode"]
+    counters = scrape(f"http://127.0.0.1:{decode.ready['metrics_port']}/metrics")
+    return tuple(
+        counters.get(name, {}).get((), 0.0)
+        for name in ("baton_handoff_checks_total", "baton_handoff_check_seconds_total")
+    )
+
+
+def _refused_without_token(stub, prompt: list[int], timeout_s: float) -> bool:
+    try:
+        list(stub.Generate(_request(prompt), timeout=timeout_s))
+    except grpc.RpcError as error:
+        return error.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
+
+
+def _data_plane_row(size: int, device: str) -> DataPlaneRow:
+    (measured,) = measure_bandwidth([size], "nixl", device=device)
+    transfer_ms = size / (measured["transfer_gbps"] * 1e9) * 1e3
+    storage = torch.randint(0, 256, (size // ROW_BYTES, ROW_BYTES), dtype=torch.uint8, device=device)
+    rows = {BLOCKS: list(range(storage.shape[0]))}
+    capability = "9f1c0b7e5a3d2c1b" * 2
+    samples = []
+    for _ in range(7):
+        start = time.perf_counter()
+        rows_checksum({BLOCKS: storage}, rows, capability)  # returns a Python int: synchronised
+        samples.append(time.perf_counter() - start)
+    return DataPlaneRow(size, transfer_ms, 1e3 * statistics.median(samples[1:]))
