@@ -33,12 +33,24 @@ def register_trust(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--sizes", default="1M,16M,64M", help="handoff sizes for the data-plane rows (default 1M,16M,64M)"
     )
+    bench.add_argument(
+        "--links-gbps",
+        default="50,450",
+        help="links (GB/s) to put the checksum beside, besides this host's write (default 50,450: a 400 Gb/s "
+        "NIC, NVLink one way)",
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     bench.set_defaults(run=run_trust)
 
 
 def run_trust(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes, "--sizes")
+    try:
+        links = tuple(float(part) for part in args.links_gbps.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--links-gbps: expected comma-separated GB/s like 50,450, got {args.links_gbps!r}"
+        ) from None
     worker_args = ("--dtype", args.dtype) if args.dtype else ()
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model
@@ -53,6 +65,7 @@ def run_trust(args: argparse.Namespace) -> int:
             sizes_bytes=tuple(sizes),
             device=args.device,
             worker_args=worker_args,
+            links_gbps=links,
         )
     if args.model is None:
         report = replace(report, model=f"random {args.family} ({args.preset})")

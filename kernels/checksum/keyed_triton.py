@@ -52,26 +52,35 @@ def keyed_rows_checksum(storage: torch.Tensor, rows: torch.Tensor, start: int, k
     Raises:
         ValueError: rows whose byte length is not a multiple of 8, or an odd ``start``.
     """
+    return int(keyed_rows_partials(storage, rows, start, key).sum()) & ((1 << 64) - 1)
+
+
+def keyed_rows_partials(storage: torch.Tensor, rows: torch.Tensor, start: int, key: int) -> torch.Tensor:
+    """The launch alone: int64 partial sums on the device whose sum mod ``2^64`` is the checksum (no
+    host sync, so a caller hashing several storages syncs once).
+
+    Raises:
+        ValueError: rows whose byte length is not a multiple of 8, or an odd ``start``.
+    """
     require_triton_device("keyed_rows_checksum", storage, rows)
     check_alignment(storage, start)
-    if rows.numel() == 0:
-        return 0
     pairs = storage.view(torch.int64)
     pairs_per_row = pairs.shape[1]
     blocks_per_row = triton.cdiv(pairs_per_row, _BLOCK)
-    partials = torch.empty(rows.numel() * blocks_per_row, dtype=torch.uint64, device=storage.device)
-    _keyed_rows_kernel[(partials.numel(),)](
-        pairs,
-        rows,
-        partials,
-        start // 2,
-        as_int64(key),
-        pairs_per_row,
-        pairs.stride(0),
-        blocks_per_row,
-        GOLDEN_C=GOLDEN,
-        MIX1_C=MIX1,
-        MIX2_C=MIX2,
-        BLOCK=_BLOCK,
-    )
-    return int(partials.view(torch.int64).sum()) & ((1 << 64) - 1)
+    partials = torch.zeros(max(1, rows.numel() * blocks_per_row), dtype=torch.uint64, device=storage.device)
+    if rows.numel():
+        _keyed_rows_kernel[(rows.numel() * blocks_per_row,)](
+            pairs,
+            rows,
+            partials,
+            start // 2,
+            as_int64(key),
+            pairs_per_row,
+            pairs.stride(0),
+            blocks_per_row,
+            GOLDEN_C=GOLDEN,
+            MIX1_C=MIX1,
+            MIX2_C=MIX2,
+            BLOCK=_BLOCK,
+        )
+    return partials.view(torch.int64)

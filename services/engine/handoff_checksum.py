@@ -2,13 +2,13 @@
 the rows it sends and by the decode worker over the rows they landed in, before it decodes.
 
 Each region's rows (``REGIONS`` order, rows in the handoff's order) are read as 32-bit words numbered
-on across regions and hashed by ``kernels/checksum`` (``sum_i x_i * w_i mod 2^64``, the weights a
-splitmix64 stream of the word index and the key), the key taken from the reservation's one-time
+on across regions and hashed by ``kernels/checksum`` (``sum_i x_i * w_i mod 2^64``, 32-bit weights
+from a splitmix64 stream of the word index and the key), the key taken from the reservation's one-time
 capability (``CacheReservation.capability``). For a writer that does not know the capability, any
-change to the rows passes with probability about ``2^-32`` (the weights are unknown; a difference of
-2-adic valuation ``v < 32`` in one word must cancel mod ``2^(64 - v)``), and each reservation has its
-own key. Integer arithmetic only, so the prefill worker's GPU and the decode worker's CPU (or GPU)
-agree; on CUDA one Triton launch per region reads each byte once, on the CPU the torch reference runs.
+change to the rows passes with probability at most ``2^-32`` (``kernels/checksum/naive.py`` says why),
+and each reservation has its own key. Integer arithmetic only, so the prefill worker's GPU and the decode
+worker's CPU (or GPU) agree; on CUDA one Triton launch per region reads each byte once and the handoff
+syncs once, on the CPU the torch reference runs.
 """
 
 import torch
@@ -27,25 +27,29 @@ def checksum_key(capability: str) -> int:
 def rows_checksum(storages: dict[str, torch.Tensor], rows: dict[str, list[int]], capability: str) -> int:
     """The checksum of a handoff's rows: ``rows[region]`` of ``storages[region]`` (a pool's
     ``[num_rows, row_bytes]`` uint8 storage), regions in ``REGIONS`` order, under the capability's key.
+    On CUDA: one copy of the row ids to the device, a launch per region, one sync.
 
     Raises:
         KeyError: rows of a region without storage.
     """
-    total, start, key = 0, 0, checksum_key(capability)
-    for region in REGIONS:
-        ids = rows.get(region)
-        if not ids:
-            continue
-        storage = storages[region]
-        index = torch.tensor(ids, dtype=torch.int64, device=storage.device)
-        total += _kernel(storage)(storage, index, start, key)
-        start += len(ids) * (storage.shape[1] // 4)
+    key = checksum_key(capability)
+    regions = [region for region in REGIONS if rows.get(region)]
+    if not regions:
+        return 0
+    device = storages[regions[0]].device
+    ids = torch.tensor([i for region in regions for i in rows[region]], dtype=torch.int64)
+    ids = ids.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else ids
+    parts, start, first = [], 0, 0
+    for region in regions:
+        storage, count = storages[region], len(rows[region])
+        index = ids[first : first + count]
+        if device.type == "cuda":
+            from kernels.checksum import keyed_triton  # Triton only where there is a GPU
+
+            parts.append(keyed_triton.keyed_rows_partials(storage, index, start, key))
+        else:
+            parts.append(naive.keyed_rows_checksum(storage, index, start, key))
+        start += count * (storage.shape[1] // 4)
+        first += count
+    total = int(torch.cat(parts).sum()) if device.type == "cuda" else sum(parts)
     return total % (1 << 64)
-
-
-def _kernel(storage: torch.Tensor):
-    if storage.device.type == "cuda":
-        from kernels.checksum import keyed_triton
-
-        return keyed_triton.keyed_rows_checksum
-    return naive.keyed_rows_checksum
