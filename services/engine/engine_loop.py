@@ -73,17 +73,21 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
-    def call(self, fn: Callable[[EngineCore], Any], timeout_s: float | None = 600.0) -> Any:
-        """Run ``fn(engine)`` on the loop thread and return its result (or raise its exception)."""
-        return self.submit(fn).result(timeout=timeout_s)
+    def call(
+        self, fn: Callable[[EngineCore], Any], timeout_s: float | None = 600.0, read_only: bool = False
+    ) -> Any:
+        """Run ``fn(engine)`` on the loop thread and return its result (or raise its exception).
+        ``read_only``: ``fn`` changes nothing ``after_step`` reports, so it is not called after it."""
+        return self.submit(fn, read_only).result(timeout=timeout_s)
 
-    def submit(self, fn: Callable[[EngineCore], Any]) -> Future:
-        """Queue ``fn(engine)`` for the loop thread and return at once (its ``Future`` holds the result).
+    def submit(self, fn: Callable[[EngineCore], Any], read_only: bool = False) -> Future:
+        """Queue ``fn(engine)`` for the loop thread and return at once (its ``Future`` holds the result;
+        ``read_only`` as in ``call``).
 
         For callers that must not wait for a running step: gRPC cancellation callbacks run on the
         server's event thread, where a wait would stall every other call of the process."""
         future: Future = Future()
-        self._commands.put((fn, future))
+        self._commands.put((fn, future, read_only))
         return future
 
     def watch(self, request: Request) -> "queue.Queue[RequestDelta]":
@@ -140,11 +144,11 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _run_command(self, fn: Callable[[EngineCore], Any], future: Future) -> None:
+    def _run_command(self, fn: Callable[[EngineCore], Any], future: Future, read_only: bool) -> None:
         if future.set_running_or_notify_cancel():
             try:
                 result = fn(self.engine)
-                if self.after_step is not None:  # observers see the command's effect at once
+                if self.after_step is not None and not read_only:  # observers see its effect at once
                     self.after_step(self.engine)
                 future.set_result(result)
             except Exception as error:  # handed to the caller, who maps it to a status

@@ -206,7 +206,9 @@ class EngineService:
         Raises:
             KeyError: no such reservation.
         """
-        return self.loop.call(lambda engine: arrived_checksum(engine, request_id, capability, with_draft))
+        return self.loop.call(
+            lambda engine: arrived_checksum(engine, request_id, capability, with_draft), read_only=True
+        )
 
     def free_reservation(self, request_id: str) -> "Future[bool]":
         """Queue freeing ``request_id`` if it is still a reservation (never a request that is
@@ -327,7 +329,7 @@ class EngineService:
         """The checksum of the rows ``send_state`` writes for ``held`` (``handoff.sent_checksum``), queued
         for the loop thread at once (a ``Future`` of the int), so the caller can write meanwhile; wait for
         it before ``discard``."""
-        return self.loop.submit(lambda engine: sent_checksum(engine, held, reservation))
+        return self.loop.submit(lambda engine: sent_checksum(engine, held, reservation), read_only=True)
 
     def discard(self, request_id: str) -> None:
         """Free whatever the engine still keeps for ``request_id``: a held prefill's cache, or the

@@ -1,6 +1,7 @@
 """The engine loop thread: commands from many threads, streamed deltas, errors handed back."""
 
 import threading
+from concurrent.futures import Future
 
 import pytest
 
@@ -69,3 +70,14 @@ def test_abort_finishes_the_stream(loop):
     loop.call(lambda e: e.abort("long"))
     assert collect(stream)[-1].finish_reason == "abort"
     loop.call(lambda e: e.check_integrity())
+
+
+@pytest.mark.parametrize(("read_only", "observed"), [(False, [False]), (True, [])])
+def test_a_command_is_observed_before_its_caller_resumes_unless_read_only(read_only, observed):
+    """``after_step`` runs between a command and its result (observers see its effect at once); a
+    read-only command (a handoff's checksum) returns without waiting for them."""
+    loop = EngineLoop.__new__(EngineLoop)  # the command runner alone, no thread
+    future, seen = Future(), []
+    loop.engine, loop.after_step = "engine", lambda _engine: seen.append(future.done())
+    loop._run_command(lambda engine: engine.upper(), future, read_only)
+    assert future.result(timeout=0) == "ENGINE" and seen == observed
