@@ -191,7 +191,9 @@ class CacheManager:
         snapshots = None
         if config.enable_prefix_caching:
             kept = config.num_snapshots or config.max_num_seqs
-            snapshots = SnapshotStore(slots.layout, kept, config.device)
+            # The snapshots a tenant's reserved blocks need: one per snapshot stride.
+            reserve = -(-config.tenant_cache_reserve_blocks // max(1, config.snapshot_stride))
+            snapshots = SnapshotStore(slots.layout, kept, config.device, tenant_reserve=reserve)
         host = None
         if config.host_cache_address:  # one rank only: EngineConfig refuses a tier on a parallel engine
             host = HostCacheConnector.remote(
@@ -422,7 +424,7 @@ class CacheManager:
         reason = self.policy.reason(request, request.num_computed) if self.has_state else None
         if reason is not None:
             state = self.slots.storage[request.slot]
-            snapshot = self.snapshots.save(hashes[full - 1], state)
+            snapshot = self.snapshots.save(hashes[full - 1], state, request.tenant)
             self._copied(SAVE, request.slot, snapshot)
             if self.host is not None and reason != DECODE:
                 self.host.save_state(hashes[full - 1], state, reason)
@@ -435,7 +437,7 @@ class CacheManager:
             full = request.num_computed // size
             last_hash = self._hashes(request)[full - 1] if full else None
             if request.num_computed % size == 0:
-                snapshot = self.snapshots.save(last_hash, self.slots.storage[request.slot])
+                snapshot = self.snapshots.save(last_hash, self.slots.storage[request.slot], request.tenant)
                 self._copied(SAVE, request.slot, snapshot)
             last = self.snapshots.lookup(last_hash) if full else None
             if self.host is not None and last is not None:
