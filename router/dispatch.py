@@ -381,6 +381,7 @@ def _decode_request(request_id: str, first) -> workers_pb2.DecodeRequest:
         first_top_logprobs=first.first_top_logprobs,
         draft_state=first.draft_transfer_bytes > 0,  # the draft's rows came too: it need not catch up
         handoff_sender=first.sender_agent,  # decode accepts the handoff from this agent only...
+        handoff_parts=first.handoff_parts,  # ...once every part of it has landed...
     )
     if first.HasField("first_logprob"):
         decode_request.first_logprob = first.first_logprob

@@ -75,6 +75,7 @@ class ReservationReleaser:
                 if now >= grace_ends or self._landed(tag):
                     with self._changed:
                         del self._pending[request_id]
+                    self.transfer.discard(f"{tag}#")  # earlier parts' notifications (handoff.part_tag)
                     self.engine.free_reservation(request_id)
             with self._changed:
                 if self._pending and not self._stop:

@@ -14,6 +14,7 @@ request prefilled here from the ``Reserve`` call's fields (``baton_handoff_refus
 
 import queue
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 
 from common.errors import TransferError
@@ -23,7 +24,7 @@ from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
-from services.engine.handoff import handoff_tag
+from services.engine.handoff import handoff_tag, part_tag
 from services.engine.scheduler import SampledToken
 from services.rpc.convert import delta_to_pb, endpoint_to_pb, layout_from_pb, reservation_to_pb
 from services.transfer.inbox import SharedTransfer
@@ -157,10 +158,10 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         if request.HasField("local_prefill"):
             yield from self._prefill_and_decode(request_id, request.local_prefill, context)
             return
-        senders = self._await_state(handoff_tag(request_id, lease.capability), request_id, context)
-        if senders is None:
+        arrived = self._await_parts(request, lease.capability, context)
+        if arrived is None:
             return  # the caller left (the callback above freed the reservation)
-        refused = self._refusal(request, lease.capability, senders)
+        refused = self._refusal(request, *arrived)
         if refused is not None:  # the rows are not the prefill's: free them, prefill here instead
             self.metrics.handoff_refused.labels(refused).inc()
             self.engine.abort(request_id).result()
@@ -193,18 +194,42 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
                     self.engine.abort(request_id)
                     raise
 
-    def _refusal(self, request, capability: str, senders: list[str]) -> str | None:
+    def _await_parts(self, request, capability: str, context) -> tuple[list[str], list[Future]] | None:
+        """Wait for every part of the handoff (``request.handoff_parts``; 0 or 1: one notification),
+        starting each part's hash as it lands (with ``handoff_checksum`` set) while the next arrives.
+        Returns the agents that sent the parts and the parts' hashes (``Future``s), or None if the
+        caller left meanwhile.
+
+        Raises:
+            TransferError: a part did not arrive within ``transfer_timeout_s`` (the reservation is freed).
+        """
+        request_id, parts = request.request_id, max(1, request.handoff_parts)
+        senders: list[str] = []
+        hashes: list[Future] = []
+        for part in range(parts):
+            sent_by = self._await_state(part_tag(request_id, capability, part, parts), request_id, context)
+            if sent_by is None:
+                return None
+            senders.extend(sent_by)
+            if request.HasField("handoff_checksum"):
+                hashes.append(
+                    self.engine.arrived_checksum(request_id, capability, request.draft_state, part, parts)
+                )
+        return senders, hashes
+
+    def _refusal(self, request, senders: list[str], hashes: list[Future]) -> str | None:
         """Why the handoff that arrived for ``request`` must not be decoded (a ``handoff_refused``
         reason), or None: a notification from an agent other than the router's named sender
-        (``sender``), or rows that do not hash to the prefill worker's checksum (``checksum``)."""
+        (``sender``), or rows that do not hash to the prefill worker's checksum (``checksum``: the
+        parts' ``hashes`` do not add up to it, or the rows here do not split into its parts)."""
         if request.handoff_sender and any(sender != request.handoff_sender for sender in senders):
             return "sender"
         if request.HasField("handoff_checksum"):
-            start = time.perf_counter()
-            arrived = self.engine.arrived_checksum(request.request_id, capability, request.draft_state)
+            start = time.perf_counter()  # from the last part's arrival: the check's share of TTFT
+            values = [future.result(timeout=self.transfer_timeout_s) for future in hashes]
             self.metrics.handoff_checks.inc()
             self.metrics.handoff_check_seconds.inc(time.perf_counter() - start)
-            if arrived != request.handoff_checksum:
+            if None in values or sum(values) % (1 << 64) != request.handoff_checksum:
                 return "checksum"
         return None
 

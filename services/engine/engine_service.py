@@ -34,6 +34,7 @@ from .handoff import (
     Reservation,
     arrived_checksum,
     check_decode_hit,
+    handoff_row_bytes,
     held_prefill_for,
     layout_of,
     register_pools,
@@ -80,6 +81,8 @@ class EngineService:
         self.info: EngineInfo = info_of(engine)
         self._cache = engine.cache  # for register_pools only: the pools' storages never move
         self._proposer = engine.proposer  # for register_pools only: its draft's pools, if any
+        # What a row-for-row handoff's parts are split by (send_state); the pools never change shape.
+        self.handoff_row_bytes = handoff_row_bytes(engine.cache, engine.proposer)
         self.world_size = engine.config.world_size
         self._group: GroupHandoff | None = None  # every rank's transfer agent (register_pools)
         self.rank_endpoints: tuple[TransferEndpoint, ...] = ()  # a parallel engine's, in rank order
@@ -199,15 +202,16 @@ class EngineService:
 
         return self.loop.call(start)
 
-    def arrived_checksum(self, request_id: str, capability: str, with_draft: bool) -> int:
-        """The checksum of the rows a handoff wrote into the reserved ``request_id``
-        (``handoff.arrived_checksum``), on the loop thread.
-
-        Raises:
-            KeyError: no such reservation.
-        """
-        return self.loop.call(
-            lambda engine: arrived_checksum(engine, request_id, capability, with_draft), read_only=True
+    def arrived_checksum(
+        self, request_id: str, capability: str, with_draft: bool, part: int, parts: int
+    ) -> Future:
+        """The checksum of part ``part`` of ``parts`` of the rows a handoff wrote into the reserved
+        ``request_id`` (``handoff.arrived_checksum``: an int, or None when the rows do not split so),
+        queued for the loop thread at once (a ``Future``: the caller waits for the next part meanwhile;
+        it raises ``KeyError`` for no such reservation)."""
+        return self.loop.submit(
+            lambda engine: arrived_checksum(engine, request_id, capability, with_draft, part, parts),
+            read_only=True,
         )
 
     def free_reservation(self, request_id: str) -> "Future[bool]":

@@ -24,9 +24,16 @@ The decode worker gives each reservation a one-time ``capability`` (random, neve
 notification is tagged with it (``handoff_tag``), and the decode worker accepts only that tag, from the
 sender the router named, and only when the bytes that arrived hash to what the prefill worker sent
 (``handoff_checksum.py``, keyed by the capability: ``sent_checksum`` / ``arrived_checksum``).
+
+A row-for-row handoff is written in parts of about ``PART_BYTES`` (``handoff_parts``: contiguous slices
+of its rows, the same on both sides), each write with its own notification (``part_tag``; the last
+part's is the handoff's tag), so the decode worker hashes part ``k`` while part ``k + 1`` lands and only
+the last part's hash stays between the write and the first decode step. The parts' checksums add up to
+the whole handoff's (their words keep the whole handoff's numbering).
 """
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +52,7 @@ from .draft_handoff import (
     reserved_draft,
 )
 from .engine_core import EngineCore
-from .handoff_checksum import rows_checksum
+from .handoff_checksum import REGIONS, rows_checksum
 from .parallel.layout import ParallelLayout
 from .request import Request, RequestStatus
 from .scheduler import SampledToken
@@ -97,6 +104,53 @@ class Reservation:
 def handoff_tag(request_id: str, capability: str) -> str:
     """The notification message of a handoff into a reservation: its request id and capability."""
     return f"{request_id}/{capability}" if capability else request_id
+
+
+PART_BYTES = 16 << 20  # a row-for-row handoff is written in parts of about this many bytes
+
+
+@dataclass(frozen=True)
+class HandoffPart:
+    """A contiguous slice of a handoff's rows (regions in ``handoff_checksum.REGIONS`` order), and the
+    index of its first 32-bit word in the whole handoff's checksum numbering."""
+
+    rows: dict[str, list]
+    start_word: int
+
+
+def handoff_parts(
+    rows: Mapping[str, Sequence], row_bytes: Mapping[str, int], part_bytes: int
+) -> list[HandoffPart]:
+    """Split a handoff's rows (by region: row ids, or ``(prefill row, decode row)`` pairs) into parts of
+    at most ``part_bytes`` (a row larger than that is a part of its own); ``row_bytes``: each region's
+    row size. Both sides split their own rows of a row-for-row handoff alike (same regions, counts and
+    row sizes)."""
+    parts: list[HandoffPart] = []
+    current: dict[str, list] = {}
+    size = word = start = 0
+    for region in REGIONS:
+        for row in rows.get(region, ()):
+            if size and size + row_bytes[region] > part_bytes:
+                parts.append(HandoffPart(current, start))
+                current, size, start = {}, 0, word
+            current.setdefault(region, []).append(row)
+            size += row_bytes[region]
+            word += row_bytes[region] // 4
+    parts.append(HandoffPart(current, start))
+    return parts
+
+
+def part_tag(request_id: str, capability: str, part: int, parts: int) -> str:
+    """The notification of part ``part`` of ``parts``: the last one's is the handoff's tag."""
+    tag = handoff_tag(request_id, capability)
+    return tag if part == parts - 1 else f"{tag}#{part}"
+
+
+@dataclass(frozen=True)
+class SentState(TransferStats):
+    """What ``send_state`` wrote: the bytes and seconds of all its parts, and how many parts."""
+
+    parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -237,19 +291,31 @@ def register_pools(
 
 
 def send_state(
-    backend: TransferBackend, peer: str, held: HeldPrefill, reservation: Reservation
-) -> TransferStats:
+    backend: TransferBackend,
+    peer: str,
+    held: HeldPrefill,
+    reservation: Reservation,
+    row_bytes: Mapping[str, int],
+) -> SentState:
     """Write a held prefill's prompt blocks and KDA slot into ``reservation`` on ``peer``: the blocks
     after the reservation's ``cached_tokens`` (the decode engine holds the ones before), the slot whole;
-    with ``held.draft`` and ``reservation.draft``, the draft's prompt blocks and slot in the same write.
-    ``backend`` is a ``TransferBackend`` or anything with its ``write`` (``SharedTransfer``).
+    with ``held.draft`` and ``reservation.draft``, the draft's prompt blocks and slot in the same
+    handoff. One write per part (``handoff_parts`` of ``PART_BYTES`` by ``row_bytes``, this engine's
+    ``handoff_row_bytes``),
+    each notified with its ``part_tag``. ``backend`` is a ``TransferBackend`` or anything with its
+    ``write`` (``SharedTransfer``).
 
     Raises:
         ValueError: the reservation has a different number of blocks.
         TransferError: the backend failed (named by the backend).
     """
-    rows = handoff_row_pairs(held, reservation)
-    return backend.write(peer, rows, message=handoff_tag(held.request_id, reservation.capability))
+    parts = handoff_parts(handoff_row_pairs(held, reservation), row_bytes, PART_BYTES)
+    nbytes, seconds = 0, 0.0
+    for index, part in enumerate(parts):
+        tag = part_tag(held.request_id, reservation.capability, index, len(parts))
+        stats = backend.write(peer, part.rows, message=tag)
+        nbytes, seconds = nbytes + stats.nbytes, seconds + stats.seconds
+    return SentState(nbytes, seconds, len(parts))
 
 
 def handoff_row_pairs(held: HeldPrefill, reservation: Reservation) -> dict[str, list[tuple[int, int]]]:
@@ -277,6 +343,11 @@ def pool_storages(cache: CacheManager, proposer: DraftProposer | None) -> dict[s
     return {BLOCKS: cache.blocks.storage, STATE: cache.slots.storage, **draft_pool_storages(proposer)}
 
 
+def handoff_row_bytes(cache: CacheManager, proposer: DraftProposer | None) -> dict[str, int]:
+    """Each handoff region's row size in one engine (what ``handoff_parts`` splits by)."""
+    return {region: storage.shape[1] for region, storage in pool_storages(cache, proposer).items()}
+
+
 def sent_checksum(engine: EngineCore, held: HeldPrefill, reservation: Reservation) -> int:
     """Prefill side: the checksum of the rows ``send_state`` wrote (``handoff_checksum.rows_checksum``
     under the reservation's capability)."""
@@ -285,10 +356,13 @@ def sent_checksum(engine: EngineCore, held: HeldPrefill, reservation: Reservatio
     return rows_checksum(pool_storages(engine.cache, engine.proposer), rows, reservation.capability)
 
 
-def arrived_checksum(engine: EngineCore, request_id: str, capability: str, with_draft: bool) -> int:
-    """Decode side: the checksum of the rows a handoff into the reserved ``request_id`` wrote (the blocks
-    after its own prefix hit, its slot, and with ``with_draft`` its draft seat's rows), as
-    ``sent_checksum`` computes it on the prefill side.
+def arrived_checksum(
+    engine: EngineCore, request_id: str, capability: str, with_draft: bool, part: int, parts: int
+) -> int | None:
+    """Decode side: the checksum of part ``part`` of ``parts`` of the rows a handoff into the reserved
+    ``request_id`` wrote (the blocks after its own prefix hit, its slot, and with ``with_draft`` its
+    draft seat's rows, split by ``handoff_parts``); the parts' sum is ``sent_checksum``'s. None when
+    these rows do not split into ``parts`` parts (the sender's rows were not these).
 
     Raises:
         KeyError: no such reservation.
@@ -299,7 +373,13 @@ def arrived_checksum(engine: EngineCore, request_id: str, capability: str, with_
     draft = reserved_draft(engine.proposer, request_id) if with_draft else None
     if draft is not None:
         rows.update({DRAFT_BLOCKS: list(draft.block_ids), DRAFT_STATE: [draft.slot]})
-    return rows_checksum(pool_storages(engine.cache, engine.proposer), rows, capability)
+    storages = pool_storages(engine.cache, engine.proposer)
+    split = handoff_parts(
+        rows, {region: storage.shape[1] for region, storage in storages.items()}, PART_BYTES
+    )
+    if len(split) != parts:
+        return None
+    return rows_checksum(storages, split[part].rows, capability, split[part].start_word)
 
 
 def first_token(request: Request) -> SampledToken:

@@ -24,9 +24,12 @@ def checksum_key(capability: str) -> int:
     return int(capability[:16] or "0", 16)
 
 
-def rows_checksum(storages: dict[str, torch.Tensor], rows: dict[str, list[int]], capability: str) -> int:
+def rows_checksum(
+    storages: dict[str, torch.Tensor], rows: dict[str, list[int]], capability: str, start_word: int = 0
+) -> int:
     """The checksum of a handoff's rows: ``rows[region]`` of ``storages[region]`` (a pool's
-    ``[num_rows, row_bytes]`` uint8 storage), regions in ``REGIONS`` order, under the capability's key.
+    ``[num_rows, row_bytes]`` uint8 storage), regions in ``REGIONS`` order, under the capability's key,
+    the words numbered from ``start_word`` (a part of a handoff: where its words start in the whole).
     On CUDA: one copy of the row ids to the device, a launch per region, one sync.
 
     Raises:
@@ -39,7 +42,7 @@ def rows_checksum(storages: dict[str, torch.Tensor], rows: dict[str, list[int]],
     device = storages[regions[0]].device
     ids = torch.tensor([i for region in regions for i in rows[region]], dtype=torch.int64)
     ids = ids.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else ids
-    parts, start, first = [], 0, 0
+    parts, start, first = [], start_word, 0
     for region in regions:
         storage, count = storages[region], len(rows[region])
         index = ids[first : first + count]

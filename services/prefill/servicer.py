@@ -98,11 +98,13 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                 self._inject_failure()
                 rank_bytes: list[int] = []
                 checksum = None  # a parallel handoff's ranks each write a share: no checksum of it yet
+                parts = 0  # a parallel handoff: one notification
                 if row_for_row(reservation.layout, self.engine.layout):
                     peer = self.transfer.connect(endpoint)
                     # Hashed on the engine's loop thread while the write runs (both only read the rows).
                     hashing = self.engine.sent_checksum(held, reservation) if self.handoff_checksum else None
-                    stats = send_state(self.transfer, peer, held, reservation)
+                    stats = send_state(self.transfer, peer, held, reservation, self.engine.handoff_row_bytes)
+                    parts = stats.parts
                     checksum = hashing.result(timeout=self.step_timeout_s) if hashing else None
                     self._inject_stray_write(peer, held, reservation)
                 else:
@@ -131,6 +133,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         )
         if checksum is not None:
             response.handoff_checksum = checksum
+        response.handoff_parts = parts
         if first.logprob is not None:
             response.first_logprob = first.logprob
         for token_id, logprob in first.top_logprobs or ():

@@ -81,6 +81,13 @@ class SharedTransfer:
                 self._changed.wait(left)
             return self._arrived.pop(message)
 
+    def discard(self, prefix: str) -> None:
+        """Forget notifications whose message starts with ``prefix`` (those of a handoff nobody will
+        wait for any more)."""
+        with self._changed:
+            for message in [message for message in self._arrived if message.startswith(prefix)]:
+                del self._arrived[message]
+
     def close(self) -> None:
         self._stop.set()
         self._poller.join(timeout=5)

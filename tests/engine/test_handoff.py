@@ -11,6 +11,7 @@ from services.engine.engine_core import EngineCore
 from services.engine.handoff import (
     check_layout,
     first_token,
+    handoff_row_bytes,
     held_prefill,
     layout_of,
     register_pools,
@@ -55,7 +56,9 @@ def handoff(pair, prompt, params, request_id):
     held = prefill.add_prefill_only(prompt, params, request_id)
     while held.status is not RequestStatus.HELD:
         prefill.step()
-    stats = send_state(sender, peer, held_prefill(held), reservation_of(reserved))
+    stats = send_state(
+        sender, peer, held_prefill(held), reservation_of(reserved), handoff_row_bytes(prefill.cache, None)
+    )
     assert receiver.wait_notification(request_id, timeout_s=10).message == request_id
     decode.scheduler.complete_reserved(request_id, first_token(held))
     prefill.scheduler.release_held(request_id)

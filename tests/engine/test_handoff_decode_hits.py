@@ -11,6 +11,7 @@ from services.engine.handoff import (
     Reservation,
     check_decode_hit,
     first_token,
+    handoff_row_bytes,
     held_prefill,
     layout_of,
     register_pools,
@@ -51,7 +52,7 @@ def handoff(pair, prompt, request_id):
     held = prefill.add_prefill_only(prompt, GREEDY, request_id)
     while held.status is not RequestStatus.HELD:
         prefill.step()
-    stats = send_state(sender, peer, held_prefill(held), reservation)
+    stats = send_state(sender, peer, held_prefill(held), reservation, handoff_row_bytes(prefill.cache, None))
     assert receiver.wait_notification(request_id, timeout_s=10).message == request_id
     decode.scheduler.complete_reserved(request_id, first_token(held))
     prefill.scheduler.release_held(request_id)

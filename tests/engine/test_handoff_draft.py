@@ -13,6 +13,7 @@ from services.engine.engine_core import EngineCore
 from services.engine.handoff import (
     check_layout,
     first_token,
+    handoff_row_bytes,
     held_prefill_for,
     layout_of,
     register_pools,
@@ -90,7 +91,9 @@ def hand_off(prefill: EngineCore, decode: EngineCore, prompt: list[int], request
         while request.status is not RequestStatus.HELD:
             prefill.step()
         held = held_prefill_for(prefill, request_id, reservation)
-        stats = send_state(sender, peer, held, reservation)
+        stats = send_state(
+            sender, peer, held, reservation, handoff_row_bytes(prefill.cache, prefill.proposer)
+        )
         assert receiver.wait_notification(request_id, timeout_s=10).message == request_id
         decode.complete_reserved(request_id, first_token(request), with_draft=held.draft is not None)
         computed_at_handoff = decode.proposer.seats[request_id].num_computed

@@ -20,7 +20,14 @@ import torch
 from services.engine import LLM, SamplingParams
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
-from services.engine.handoff import first_token, held_prefill, register_pools, reservation_of, send_state
+from services.engine.handoff import (
+    first_token,
+    handoff_row_bytes,
+    held_prefill,
+    register_pools,
+    reservation_of,
+    send_state,
+)
 from services.engine.request import RequestStatus
 from services.engine.speculative.proposal import DraftTokens
 from services.transfer import make_backend
@@ -268,7 +275,9 @@ def test_a_handed_off_request_speculates_from_its_next_step(plain, tiny_checkpoi
         held = prefill.add_prefill_only(PROMPTS[0], GREEDY, "handed")
         while held.status is not RequestStatus.HELD:
             prefill.step()
-        send_state(sender, peer, held_prefill(held), reservation_of(reserved))
+        send_state(
+            sender, peer, held_prefill(held), reservation_of(reserved), handoff_row_bytes(prefill.cache, None)
+        )
         assert receiver.wait_notification("handed", timeout_s=10).message == "handed"
         decode.scheduler.complete_reserved("handed", first_token(held))
         prefill.scheduler.release_held("handed")

@@ -1,7 +1,11 @@
-"""The decode worker's rule for a handoff that arrived (``DecodeServicer._refusal``): decoded only when
-every notification came from the sender the router named and the rows hash to the prefill worker's
-checksum; a request from a router that sent neither is decoded as before. Each check is counted and
-timed (``baton_handoff_checks_total``, ``baton_handoff_check_seconds_total``)."""
+"""The decode worker's rule for a handoff that arrived (``DecodeServicer._await_parts`` then
+``_refusal``): it waits for every part's notification (the last one with the handoff's tag), hashing
+each part as it lands, and decodes only when every notification came from the sender the router named
+and the parts' hashes add up to the prefill worker's checksum; a request from a router that sent
+neither is decoded as before. Each check is counted and timed (``baton_handoff_checks_total``,
+``baton_handoff_check_seconds_total``)."""
+
+from concurrent.futures import Future
 
 import pytest
 
@@ -10,36 +14,69 @@ from proto.baton.v1 import workers_pb2
 from services.decode.servicer import DecodeServicer
 
 
-class HashedRows:
-    """The engine's side: the checksum of the rows that arrived (7), and what it was asked."""
+class HashedParts:
+    """The engine's side: each part's checksum (``values``; None: the rows do not split so), and what
+    it was asked."""
 
-    def __init__(self):
-        self.asked = []
+    def __init__(self, values):
+        self.values, self.asked = values, []
 
-    def arrived_checksum(self, request_id, capability, with_draft):
-        self.asked.append((request_id, capability, with_draft))
-        return 7
+    def arrived_checksum(self, request_id, capability, with_draft, part, parts):
+        self.asked.append((request_id, capability, with_draft, part, parts))
+        future = Future()
+        future.set_result(self.values[part])
+        return future
+
+
+class Inbox:
+    """The transfer's side: which agents sent each notification, and the order they were awaited."""
+
+    def __init__(self, senders):
+        self.senders, self.awaited = senders, []
+
+    def wait(self, tag, timeout_s):
+        self.awaited.append(tag)
+        return self.senders[tag]
+
+
+class Live:
+    def is_active(self):
+        return True
 
 
 @pytest.mark.parametrize(
-    ("fields", "senders", "reason"),
+    ("fields", "parts", "senders", "reason"),
     [
-        (dict(handoff_sender="prefill-a", handoff_checksum=7), ["prefill-a"], None),
-        (dict(handoff_sender="prefill-a", handoff_checksum=7), ["intruder"], "sender"),
-        (dict(handoff_sender="prefill-a", handoff_checksum=7), ["prefill-a", "intruder"], "sender"),
-        (dict(handoff_sender="prefill-a", handoff_checksum=8), ["prefill-a"], "checksum"),
-        (dict(handoff_checksum=0), ["anyone"], "checksum"),  # 0 is a checksum too (field presence)
-        (dict(), ["anyone"], None),  # a router that names neither: nothing to check
+        (dict(handoff_sender="prefill-a", handoff_checksum=7), [7], ["prefill-a"], None),
+        (dict(handoff_sender="prefill-a", handoff_checksum=7, handoff_parts=2), [3, 4], ["prefill-a"], None),
+        (dict(handoff_sender="prefill-a", handoff_checksum=7), [7], ["intruder"], "sender"),
+        (dict(handoff_sender="prefill-a", handoff_checksum=7), [7], ["prefill-a", "intruder"], "sender"),
+        (
+            dict(handoff_sender="prefill-a", handoff_checksum=8, handoff_parts=2),
+            [3, 4],
+            ["prefill-a"],
+            "checksum",
+        ),
+        (dict(handoff_checksum=0), [0, 0], ["anyone"], None),  # 0 is a checksum too (field presence)
+        (dict(handoff_checksum=7, handoff_parts=2), [3, None], ["anyone"], "checksum"),  # not split so
+        (dict(), [7], ["anyone"], None),  # a router that names neither: nothing to check
     ],
-    ids=["honest", "other-sender", "second-sender", "checksum", "zero-checksum", "unchecked"],
+    ids=["honest", "two-parts", "other-sender", "second-sender", "checksum", "zero", "unsplit", "unchecked"],
 )
-def test_a_handoff_is_decoded_only_from_its_sender_with_its_checksum(fields, senders, reason):
+def test_a_handoff_is_decoded_only_from_its_sender_with_its_checksum(fields, parts, senders, reason):
+    count = max(1, fields.get("handoff_parts", 0))
+    tags = [f"r1/cap#{part}" for part in range(count - 1)] + ["r1/cap"]
     servicer = DecodeServicer.__new__(DecodeServicer)
-    servicer.engine = HashedRows()
-    servicer.metrics = Metrics("decode")
+    servicer.engine, servicer.transfer = HashedParts(parts), Inbox(dict.fromkeys(tags, senders))
+    servicer.metrics, servicer.transfer_timeout_s = Metrics("decode"), 5.0
     request = workers_pb2.DecodeRequest(request_id="r1", draft_state=True, **fields)
-    assert servicer._refusal(request, "cap", senders) == reason
-    checked = "handoff_checksum" in fields and reason != "sender"
-    assert servicer.engine.asked == ([("r1", "cap", True)] if checked else [])
+    arrived = servicer._await_parts(request, "cap", Live())
+    assert servicer.transfer.awaited == tags  # every part, the handoff's own tag last
+    assert servicer._refusal(request, *arrived) == reason
+    hashed = "handoff_checksum" in fields
+    assert servicer.engine.asked == (
+        [("r1", "cap", True, part, count) for part in range(count)] if hashed else []
+    )
+    checked = hashed and reason != "sender"
     assert servicer.metrics.handoff_checks._value.get() == int(checked)  # counted, timed
     assert (servicer.metrics.handoff_check_seconds._value.get() > 0) == checked
