@@ -383,6 +383,11 @@ class Metrics:
             "Changed --auth-token-file that failed to load (the previous tokens stay)",
             registry=r,
         )
+        self.tls_reload_failures = Counter(
+            "baton_tls_reload_failures_total",
+            "Changed --tls-cert / --tls-key / --tls-client-ca files that failed to load (the previous stay)",
+            registry=r,
+        )
 
     def _init_spec_metrics(self) -> None:
         """Speculative decoding on a worker whose engine drafts (its ``SpecCounts``)."""

@@ -30,6 +30,7 @@ from .openai import OpenAIFront
 from .servicer import GenerationServicer
 from .tenant_rate_limit import TenantRateLimit, from_flags
 from .tls import server_tls
+from .tls_reload import ReloadingTls
 from .worker_pool import WorkerPool
 
 
@@ -99,7 +100,10 @@ class RouterServer:
     ):
         self.metrics = Metrics("router")
         self.authenticator = _authenticator(config.auth_token_file, self.metrics)  # a bad file fails first
-        self.tls = server_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
+        tls = server_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
+        self.tls = (
+            None if tls is None else ReloadingTls(tls, on_reload_error=self.metrics.tls_reload_failures.inc)
+        )
         secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
         if secret is None:
             secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""
