@@ -38,6 +38,7 @@ from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidt
 from .arguments import DTYPES, positive_int_list
 from .bench_faults_command import register_faults
 from .bench_hicache_command import register_hicache
+from .bench_model import add_model_flags, bench_model
 from .bench_spec_command import register_spec
 from .bench_trust_command import register_trust
 
@@ -142,9 +143,7 @@ def _register_pd(kinds: argparse._SubParsersAction) -> None:
     pd = kinds.add_parser(
         "pd", help="decode TPOT/ITL under long prefills: colocated vs disaggregated cluster, same workers"
     )
-    pd.add_argument("--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)")
-    pd.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
-    pd.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    add_model_flags(pd)
     # The workers' engine flags this benchmark varies; None leaves the worker's default.
     add_config_flags(
         pd, EngineConfig, only=("dtype", "max_num_batched_tokens"), defaults={"max_num_batched_tokens": None}
@@ -175,11 +174,7 @@ def _register_router_latency(kinds: argparse._SubParsersAction) -> None:
     bench = kinds.add_parser(
         "router-latency", help="latency the router adds: Generate through it vs Decode straight to the worker"
     )
-    bench.add_argument(
-        "--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)"
-    )
-    bench.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
-    bench.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    add_model_flags(bench)
     add_config_flags(bench, EngineConfig, only=("dtype",))  # the worker's model dtype
     bench.add_argument("--requests", type=int, default=200, help="timed requests per path (default 200)")
     bench.add_argument("--warmup", type=int, default=20, help="untimed requests per path first (default 20)")
@@ -371,13 +366,9 @@ def run_pd(args: argparse.Namespace) -> int:
         if args.max_num_batched_tokens < 1:
             raise ValueError(f"--max-num-batched-tokens: must be >= 1, got {args.max_num_batched_tokens}")
         worker_args += ("--max-num-batched-tokens", str(args.max_num_batched_tokens))
-    with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model
-        if model_dir is None:
-            model_dir = Path(scratch) / f"{args.family}-{args.preset}"
-            init_checkpoint(model_dir, args.family, args.preset, seed=0)
+    with bench_model(args) as (model, name):
         report = measure_pd(
-            str(model_dir),
+            model,
             workload,
             args.prefill_workers,
             args.decode_workers,
@@ -385,24 +376,16 @@ def run_pd(args: argparse.Namespace) -> int:
             args.transfer_backend,
             worker_args,
         )
-    if args.model is None:
-        report = replace(report, model=f"random {args.family} ({args.preset})")
+    report = replace(report, model=name)
     print(json.dumps(report.as_dict()) if args.json else report.format_table())
     return 0
 
 
 def run_router_latency(args: argparse.Namespace) -> int:
     worker_args = ("--dtype", args.dtype) if args.dtype else ()
-    with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model
-        if model_dir is None:
-            model_dir = Path(scratch) / f"{args.family}-{args.preset}"
-            init_checkpoint(model_dir, args.family, args.preset, seed=0)
-        report = measure_router_latency(
-            str(model_dir), args.requests, args.prompt_tokens, args.warmup, worker_args
-        )
-    if args.model is None:
-        report = replace(report, model=f"random {args.family} ({args.preset})")
+    with bench_model(args) as (model, name):
+        report = measure_router_latency(model, args.requests, args.prompt_tokens, args.warmup, worker_args)
+    report = replace(report, model=name)
     print(json.dumps(report.as_dict()) if args.json else report.format_table())
     return 0
 

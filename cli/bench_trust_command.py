@@ -4,15 +4,13 @@ the handoff's write (``deploy/benchmark/trust_cost.py``)."""
 
 import argparse
 import json
-import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 from common.byte_sizes import parse_sizes
 from deploy.benchmark.trust_cost import measure_trust_cost
-from services.engine.checkpoint.init_folder import init_checkpoint
 
 from .arguments import DTYPES
+from .bench_model import add_model_flags, bench_model
 
 
 def register_trust(kinds: argparse._SubParsersAction) -> None:
@@ -20,11 +18,7 @@ def register_trust(kinds: argparse._SubParsersAction) -> None:
     bench = kinds.add_parser(
         "trust", help="cost of auth + the handoff checksum: TTFT open vs trusted, checksum vs transfer"
     )
-    bench.add_argument(
-        "--model", type=Path, help="checkpoint folder (default: a random --family/--preset one)"
-    )
-    bench.add_argument("--family", default="k3", choices=("k3", "kimi_linear", "deepseek_v32"))
-    bench.add_argument("--preset", default="tiny", help="random checkpoint size when --model is not given")
+    add_model_flags(bench)
     bench.add_argument("--device", default="cpu", help="the workers' device: cpu or cuda[:N] (default cpu)")
     bench.add_argument("--dtype", choices=DTYPES, help="the workers' model dtype (default: the worker's)")
     bench.add_argument("--requests", type=int, default=40, help="timed requests per arm (default 40)")
@@ -52,13 +46,9 @@ def run_trust(args: argparse.Namespace) -> int:
             f"--links-gbps: expected comma-separated GB/s like 50,450, got {args.links_gbps!r}"
         ) from None
     worker_args = ("--dtype", args.dtype) if args.dtype else ()
-    with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model
-        if model_dir is None:
-            model_dir = Path(scratch) / f"{args.family}-{args.preset}"
-            init_checkpoint(model_dir, args.family, args.preset, seed=0)
+    with bench_model(args) as (model, name):
         report = measure_trust_cost(
-            str(model_dir),
+            model,
             requests=args.requests,
             warmup=args.warmup,
             prompt_tokens=args.prompt_tokens,
@@ -67,7 +57,6 @@ def run_trust(args: argparse.Namespace) -> int:
             worker_args=worker_args,
             links_gbps=links,
         )
-    if args.model is None:
-        report = replace(report, model=f"random {args.family} ({args.preset})")
+    report = replace(report, model=name)
     print(json.dumps(report.as_dict()) if args.json else report.format_table())
     return 0

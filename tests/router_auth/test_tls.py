@@ -256,7 +256,9 @@ def test_bad_client_tls_flags_name_the_flag(pki, capsys, flags, says):
 def test_serve_prints_example_commands_that_work_with_tls(routers, pki, tmp_path, capsys):
     router = routers["mtls"]
     http = f"127.0.0.1:{router.http_port}"
-    announce(f"127.0.0.1:{router.port}", "127.0.0.1:1", [("decode-0", "127.0.0.1:2")], http, router.tls)
+    announce(
+        f"127.0.0.1:{router.port}", "127.0.0.1:1", [("decode-0", "127.0.0.1:2")], http, router.tls.current
+    )
     lines = capsys.readouterr().out.splitlines()
     example = next(line for line in lines if line.startswith("send a request: "))
     curl = next(line for line in lines if line.startswith("or over HTTP: "))
