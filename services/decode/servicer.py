@@ -204,6 +204,8 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
             TransferError: a part did not arrive within ``transfer_timeout_s`` (the reservation is freed).
         """
         request_id, parts = request.request_id, max(1, request.handoff_parts)
+        hashed = request.HasField("handoff_checksum")
+        landing = self.engine.arrived_parts(request_id, request.draft_state) if hashed else []
         senders: list[str] = []
         hashes: list[Future] = []
         for part in range(parts):
@@ -211,10 +213,8 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
             if sent_by is None:
                 return None
             senders.extend(sent_by)
-            if request.HasField("handoff_checksum"):
-                hashes.append(
-                    self.engine.arrived_checksum(request_id, capability, request.draft_state, part, parts)
-                )
+            if hashed and len(landing) == parts:  # else the rows here are not the sender's: refused
+                hashes.append(self.engine.arrived_checksum(landing[part], capability))
         return senders, hashes
 
     def _refusal(self, request, senders: list[str], hashes: list[Future]) -> str | None:
@@ -229,7 +229,10 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
             values = [future.result(timeout=self.transfer_timeout_s) for future in hashes]
             self.metrics.handoff_checks.inc()
             self.metrics.handoff_check_seconds.inc(time.perf_counter() - start)
-            if None in values or sum(values) % (1 << 64) != request.handoff_checksum:
+            if (
+                len(values) != max(1, request.handoff_parts)
+                or sum(values) % (1 << 64) != request.handoff_checksum
+            ):
                 return "checksum"
         return None
 

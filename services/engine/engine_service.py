@@ -30,9 +30,11 @@ from .engine_loop import EngineLoop, RequestDelta
 from .engine_views import EngineInfo, EnginePass, PoolState, info_of, load_of, pool_state_of, spec_counts_of
 from .handoff import (
     HandoffLayout,
+    HandoffPart,
     HeldPrefill,
     Reservation,
     arrived_checksum,
+    arrived_parts,
     check_decode_hit,
     handoff_row_bytes,
     held_prefill_for,
@@ -202,17 +204,19 @@ class EngineService:
 
         return self.loop.call(start)
 
-    def arrived_checksum(
-        self, request_id: str, capability: str, with_draft: bool, part: int, parts: int
-    ) -> Future:
-        """The checksum of part ``part`` of ``parts`` of the rows a handoff wrote into the reserved
-        ``request_id`` (``handoff.arrived_checksum``: an int, or None when the rows do not split so),
-        queued for the loop thread at once (a ``Future``: the caller waits for the next part meanwhile;
-        it raises ``KeyError`` for no such reservation)."""
-        return self.loop.submit(
-            lambda engine: arrived_checksum(engine, request_id, capability, with_draft, part, parts),
-            read_only=True,
-        )
+    def arrived_parts(self, request_id: str, with_draft: bool) -> list[HandoffPart]:
+        """The parts a handoff into the reserved ``request_id`` lands in (``handoff.arrived_parts``), on
+        the loop thread.
+
+        Raises:
+            KeyError: no such reservation.
+        """
+        return self.loop.call(lambda engine: arrived_parts(engine, request_id, with_draft), read_only=True)
+
+    def arrived_checksum(self, part: HandoffPart, capability: str) -> Future:
+        """The checksum of a part that landed (``handoff.arrived_checksum``), queued for the loop thread at
+        once (a ``Future`` of the int: the caller waits for the next part meanwhile)."""
+        return self.loop.submit(lambda engine: arrived_checksum(engine, part, capability), read_only=True)
 
     def free_reservation(self, request_id: str) -> "Future[bool]":
         """Queue freeing ``request_id`` if it is still a reservation (never a request that is

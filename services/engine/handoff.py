@@ -356,13 +356,10 @@ def sent_checksum(engine: EngineCore, held: HeldPrefill, reservation: Reservatio
     return rows_checksum(pool_storages(engine.cache, engine.proposer), rows, reservation.capability)
 
 
-def arrived_checksum(
-    engine: EngineCore, request_id: str, capability: str, with_draft: bool, part: int, parts: int
-) -> int | None:
-    """Decode side: the checksum of part ``part`` of ``parts`` of the rows a handoff into the reserved
-    ``request_id`` wrote (the blocks after its own prefix hit, its slot, and with ``with_draft`` its
-    draft seat's rows, split by ``handoff_parts``); the parts' sum is ``sent_checksum``'s. None when
-    these rows do not split into ``parts`` parts (the sender's rows were not these).
+def arrived_parts(engine: EngineCore, request_id: str, with_draft: bool) -> list[HandoffPart]:
+    """Decode side: the parts of the rows a handoff into the reserved ``request_id`` writes (the blocks
+    after its own prefix hit, its slot, and with ``with_draft`` its draft seat's rows), split as the
+    prefill side splits its own (``handoff_parts``).
 
     Raises:
         KeyError: no such reservation.
@@ -373,13 +370,13 @@ def arrived_checksum(
     draft = reserved_draft(engine.proposer, request_id) if with_draft else None
     if draft is not None:
         rows.update({DRAFT_BLOCKS: list(draft.block_ids), DRAFT_STATE: [draft.slot]})
-    storages = pool_storages(engine.cache, engine.proposer)
-    split = handoff_parts(
-        rows, {region: storage.shape[1] for region, storage in storages.items()}, PART_BYTES
-    )
-    if len(split) != parts:
-        return None
-    return rows_checksum(storages, split[part].rows, capability, split[part].start_word)
+    return handoff_parts(rows, handoff_row_bytes(engine.cache, engine.proposer), PART_BYTES)
+
+
+def arrived_checksum(engine: EngineCore, part: HandoffPart, capability: str) -> int:
+    """Decode side: the checksum of one of ``arrived_parts``, once it has landed; the parts' sum is
+    ``sent_checksum``'s."""
+    return rows_checksum(pool_storages(engine.cache, engine.proposer), part.rows, capability, part.start_word)
 
 
 def first_token(request: Request) -> SampledToken:

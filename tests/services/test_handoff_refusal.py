@@ -15,14 +15,17 @@ from services.decode.servicer import DecodeServicer
 
 
 class HashedParts:
-    """The engine's side: each part's checksum (``values``; None: the rows do not split so), and what
-    it was asked."""
+    """The engine's side: the reservation's parts (their checksums, ``values``), and what it was asked."""
 
     def __init__(self, values):
         self.values, self.asked = values, []
 
-    def arrived_checksum(self, request_id, capability, with_draft, part, parts):
-        self.asked.append((request_id, capability, with_draft, part, parts))
+    def arrived_parts(self, request_id, with_draft):
+        self.asked.append((request_id, with_draft))
+        return list(range(len(self.values)))
+
+    def arrived_checksum(self, part, capability):
+        self.asked.append((part, capability))
         future = Future()
         future.set_result(self.values[part])
         return future
@@ -57,8 +60,8 @@ class Live:
             ["prefill-a"],
             "checksum",
         ),
-        (dict(handoff_checksum=0), [0, 0], ["anyone"], None),  # 0 is a checksum too (field presence)
-        (dict(handoff_checksum=7, handoff_parts=2), [3, None], ["anyone"], "checksum"),  # not split so
+        (dict(handoff_checksum=0), [0], ["anyone"], None),  # 0 is a checksum too (field presence)
+        (dict(handoff_checksum=7, handoff_parts=2), [7], ["anyone"], "checksum"),  # here: one part
         (dict(), [7], ["anyone"], None),  # a router that names neither: nothing to check
     ],
     ids=["honest", "two-parts", "other-sender", "second-sender", "checksum", "zero", "unsplit", "unchecked"],
@@ -74,9 +77,9 @@ def test_a_handoff_is_decoded_only_from_its_sender_with_its_checksum(fields, par
     assert servicer.transfer.awaited == tags  # every part, the handoff's own tag last
     assert servicer._refusal(request, *arrived) == reason
     hashed = "handoff_checksum" in fields
-    assert servicer.engine.asked == (
-        [("r1", "cap", True, part, count) for part in range(count)] if hashed else []
-    )
+    split = len(parts) == count  # the rows here split as the sender's: each part hashed as it landed
+    hashes = [(part, "cap") for part in range(count)] if split else []
+    assert servicer.engine.asked == ([("r1", True), *hashes] if hashed else [])
     checked = hashed and reason != "sender"
     assert servicer.metrics.handoff_checks._value.get() == int(checked)  # counted, timed
     assert (servicer.metrics.handoff_check_seconds._value.get() > 0) == checked
