@@ -55,9 +55,15 @@ class RequestRecord:
 
 
 def timed_generate(
-    stub: generation_pb2_grpc.GenerationStub, kind: str, prompt: list[int], max_tokens: int, timeout_s: float
+    stub: generation_pb2_grpc.GenerationStub,
+    kind: str,
+    prompt: list[int],
+    max_tokens: int,
+    timeout_s: float,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> RequestRecord:
-    """Send one greedy ``ignore_eos`` request of ``prompt`` token ids and time its stream.
+    """Send one greedy ``ignore_eos`` request of ``prompt`` token ids (with gRPC ``metadata``, e.g. a
+    bearer token) and time its stream.
 
     Raises:
         grpc.RpcError: the call failed.
@@ -69,7 +75,7 @@ def timed_generate(
     )
     arrivals, tokens, final = [], 0, None
     sent = time.perf_counter()
-    for message in stub.Generate(request, timeout=timeout_s):
+    for message in stub.Generate(request, metadata=metadata, timeout=timeout_s):
         now = time.perf_counter()
         if message.token_ids:
             arrivals.append(now)

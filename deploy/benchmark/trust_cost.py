@@ -40,11 +40,13 @@ from common.byte_sizes import size_name
 from common.cluster_secret import write_cluster_secret
 from deploy.local.launcher import LocalCluster
 from loadtest.scrape import scrape
-from proto.baton.v1 import generation_pb2, generation_pb2_grpc
+from proto.baton.v1 import generation_pb2_grpc
 from services.engine.handoff_checksum import rows_checksum
 from services.engine.model.config_loader import load_model_config
 from services.transfer import BLOCKS
 from services.transfer.bandwidth import measure_bandwidth
+
+from .request_timing import timed_generate
 
 GOAL = 0.02
 ARMS = ("open", "trusted")
@@ -225,10 +227,10 @@ def measure_trust_cost(
                 order = ARMS if index % 2 == 0 else ARMS[::-1]  # each arm goes first as often
                 for arm in order:
                     prompt = prompts.pop()
-                    elapsed, moved = _time_to_first_token(stubs[arm], prompt, metadata[arm], timeout_s)
+                    record = timed_generate(stubs[arm], arm, prompt, 2, timeout_s, metadata[arm])
                     if index >= warmup:
-                        times[arm].append(elapsed)
-                        handoff_bytes[arm] += moved
+                        times[arm].append(1000 * record.ttft)
+                        handoff_bytes[arm] += record.transfer_bytes
             for channel in channels.values():
                 channel.close()
             after = {arm: _decode_counters(cluster) for arm, cluster in clusters.items()}
@@ -278,21 +280,12 @@ def _start_clusters(model: str, scratch: Path, worker_args: list[str]) -> dict[s
     return clusters
 
 
-def _request(prompt: list[int]) -> generation_pb2.GenerateRequest:
-    sampling = generation_pb2.SamplingParameters(max_tokens=2, ignore_eos=True)
-    return generation_pb2.GenerateRequest(token_ids=generation_pb2.TokenIds(ids=prompt), sampling=sampling)
-
-
-def _time_to_first_token(stub, prompt: list[int], metadata, timeout_s: float) -> tuple[float, int]:
-    """The request's time to first token (ms) and the bytes its handoff moved (its route's)."""
-    start = time.perf_counter()
-    first = None
-    for message in stub.Generate(_request(prompt), metadata=metadata, timeout=timeout_s):
-        if first is None and message.token_ids:
-            first = time.perf_counter() - start
-    if first is None:
-        raise RuntimeError("a request finished without a token")
-    return 1000 * first, message.route.transfer_bytes
+def _refused_without_token(stub, prompt: list[int], timeout_s: float) -> bool:
+    try:
+        timed_generate(stub, "trusted", prompt, 2, timeout_s)
+    except grpc.RpcError as error:
+        return error.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
 
 
 def _decode_counters(cluster: LocalCluster) -> tuple[float, float]:
@@ -303,14 +296,6 @@ def _decode_counters(cluster: LocalCluster) -> tuple[float, float]:
         counters.get(name, {}).get((), 0.0)
         for name in ("baton_handoff_checks_total", "baton_handoff_check_seconds_total")
     )
-
-
-def _refused_without_token(stub, prompt: list[int], timeout_s: float) -> bool:
-    try:
-        list(stub.Generate(_request(prompt), timeout=timeout_s))
-    except grpc.RpcError as error:
-        return error.code() == grpc.StatusCode.UNAUTHENTICATED
-    return False
 
 
 def _data_plane_row(size: int, device: str) -> DataPlaneRow:
