@@ -301,9 +301,8 @@ def send_state(
     after the reservation's ``cached_tokens`` (the decode engine holds the ones before), the slot whole;
     with ``held.draft`` and ``reservation.draft``, the draft's prompt blocks and slot in the same
     handoff. One write per part (``handoff_parts`` of ``PART_BYTES`` by ``row_bytes``, this engine's
-    ``handoff_row_bytes``),
-    each notified with its ``part_tag``. ``backend`` is a ``TransferBackend`` or anything with its
-    ``write`` (``SharedTransfer``).
+    ``handoff_row_bytes``), each notified with its ``part_tag``. ``backend`` is a ``TransferBackend`` or
+    anything with its ``write`` (``SharedTransfer``).
 
     Raises:
         ValueError: the reservation has a different number of blocks.
