@@ -67,7 +67,8 @@ class WorkerServer:
         )
         backend = make_backend(config.transfer_backend)
         self.engine.register_pools(backend, sends=config.role == "prefill")
-        self.transfer = SharedTransfer(backend)
+        # A notification no one waited for within two reservation lifetimes: its request is gone.
+        self.transfer = SharedTransfer(backend, stale_after_s=2 * config.reservation_ttl_s)
         self.drain_state = Drain(self.name)
         # A decode stream, a reservation's lease or a prefill call holds a handler thread while its
         # request runs or waits (a lease and a decode stream share one seat, in turn): room for every

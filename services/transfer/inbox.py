@@ -35,15 +35,21 @@ class SharedTransfer:
     Args:
         backend: the backend (its pools already registered).
         poll_interval_s: how often the poller looks for notifications.
+        stale_after_s: a notification nobody has waited for this long is dropped (its reservation is
+            gone: a caller that left, a stray write), so a long-running worker does not keep them all.
     """
 
-    def __init__(self, backend: TransferBackend, poll_interval_s: float = 0.001):
+    def __init__(
+        self, backend: TransferBackend, poll_interval_s: float = 0.001, stale_after_s: float = 1200.0
+    ):
         self.backend = backend
         self.name = backend.name
         self._setup_lock = threading.Lock()  # endpoint, peers, close
         self._writing: dict[str, tuple[threading.Lock, int]] = {}  # request id -> (its lock, users)
         self._writing_lock = threading.Lock()
         self._arrived: dict[str, list[str]] = {}  # message -> the agents that sent it
+        self._arrived_at: dict[str, float] = {}  # message -> when it first arrived (monotonic)
+        self._stale_after_s = stale_after_s
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._poll_interval_s = poll_interval_s
@@ -79,6 +85,7 @@ class SharedTransfer:
                 if left <= 0:
                     raise TransferError(f"no transfer for request {message!r} within {timeout_s:.1f} s")
                 self._changed.wait(left)
+            self._arrived_at.pop(message, None)
             return self._arrived.pop(message)
 
     def discard(self, prefix: str) -> None:
@@ -86,7 +93,7 @@ class SharedTransfer:
         wait for any more)."""
         with self._changed:
             for message in [message for message in self._arrived if message.startswith(prefix)]:
-                del self._arrived[message]
+                del self._arrived[message], self._arrived_at[message]
 
     def close(self) -> None:
         self._stop.set()
@@ -112,12 +119,24 @@ class SharedTransfer:
                     self._writing[message] = (lock, users - 1)
 
     def _poll(self) -> None:
+        purged_at = time.monotonic()
         while not self._stop.is_set():
             arrived = self.backend.poll_notifications()
+            now = time.monotonic()
             if arrived:
                 with self._changed:
                     for notification in arrived:
                         self._arrived.setdefault(notification.message, []).append(notification.peer)
+                        self._arrived_at.setdefault(notification.message, now)
                     self._changed.notify_all()
             else:
                 time.sleep(self._poll_interval_s)
+            if now - purged_at >= min(60.0, self._stale_after_s):
+                purged_at = now
+                self._drop_stale(now)
+
+    def _drop_stale(self, now: float) -> None:
+        with self._changed:
+            stale = [message for message, at in self._arrived_at.items() if now - at >= self._stale_after_s]
+            for message in stale:
+                del self._arrived[message], self._arrived_at[message]

@@ -12,7 +12,9 @@ import time
 import pytest
 import torch
 
+from common.errors import TransferError
 from services.transfer import BLOCKS, make_backend
+from services.transfer.backend import Notification
 from services.transfer.inbox import SharedTransfer
 from tests.transfer.receiver_peer import sentinel
 
@@ -112,3 +114,37 @@ def test_two_writes_of_one_request_run_one_after_the_other(link):
     inbox.wait("again", timeout_s=10)
     for local, remote in rows:
         assert torch.equal(target[remote], source[local])
+
+
+class Notifying:
+    """A backend stand-in whose peers' notifications arrive once, on the first poll."""
+
+    name = "fake"
+
+    def __init__(self, messages: list[str]):
+        self.pending = [Notification("prefill-a", message) for message in messages]
+
+    def poll_notifications(self) -> list[Notification]:
+        arrived, self.pending = self.pending, []
+        return arrived
+
+    def close(self) -> None:
+        pass
+
+
+def test_notifications_nobody_waits_for_are_dropped():
+    """A notification no one waited for within ``stale_after_s`` goes (its request is gone), a fresh one
+    stays for its waiter; ``discard`` forgets a handoff's earlier parts at once."""
+    inbox = SharedTransfer(Notifying(["r1/cap#0", "r1/cap#1", "r2/cap", "left/cap"]), stale_after_s=1000)
+    try:
+        assert inbox.wait("r2/cap", 5) == ["prefill-a"]  # every notification has arrived by now
+        inbox.discard("r1/cap#")
+        assert sorted(inbox._arrived) == ["left/cap"]
+        inbox._drop_stale(time.monotonic())  # fresh: kept
+        assert sorted(inbox._arrived) == ["left/cap"]
+        inbox._drop_stale(time.monotonic() + 1000)  # as the poller would after stale_after_s
+        assert inbox._arrived == {} and inbox._arrived_at == {}
+        with pytest.raises(TransferError):
+            inbox.wait("left/cap", 0.05)
+    finally:
+        inbox.close()
