@@ -42,17 +42,17 @@ def rows_checksum(
     device = storages[regions[0]].device
     ids = torch.tensor([i for region in regions for i in rows[region]], dtype=torch.int64)
     ids = ids.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else ids
-    parts, start, first = [], start_word, 0
+    sums, start, first = [], start_word, 0
     for region in regions:
         storage, count = storages[region], len(rows[region])
         index = ids[first : first + count]
         if device.type == "cuda":
             from kernels.checksum import keyed_triton  # Triton only where there is a GPU
 
-            parts.append(keyed_triton.keyed_rows_partials(storage, index, start, key))
+            sums.append(keyed_triton.keyed_rows_partials(storage, index, start, key))
         else:
-            parts.append(naive.keyed_rows_checksum(storage, index, start, key))
+            sums.append(naive.keyed_rows_checksum(storage, index, start, key))
         start += count * (storage.shape[1] // 4)
         first += count
-    total = int(torch.cat(parts).sum()) if device.type == "cuda" else sum(parts)
+    total = int(torch.cat(sums).sum()) if device.type == "cuda" else sum(sums)
     return total % (1 << 64)
