@@ -9,8 +9,9 @@ from proto.baton.v1 import workers_pb2
 from services.engine.engine_views import PoolState
 
 
-def integrity_to_pb(name: str, state: PoolState) -> workers_pb2.PoolIntegrity:
-    """The ``PoolIntegrity`` message of worker ``name``'s pools."""
+def integrity_to_pb(name: str, state: PoolState, leases: int = 0) -> workers_pb2.PoolIntegrity:
+    """The ``PoolIntegrity`` message of worker ``name``'s pools; ``leases``: a decode worker's
+    reservations not yet claimed by a ``Decode`` call."""
     return workers_pb2.PoolIntegrity(
         worker=name,
         ok=state.ok,
@@ -25,4 +26,5 @@ def integrity_to_pb(name: str, state: PoolState) -> workers_pb2.PoolIntegrity:
         reserved=state.reserved,
         held=state.held,
         request_ids=state.request_ids,
+        leases=leases,
     )

@@ -291,7 +291,7 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         return self.load_feed.updates(context)
 
     def CheckIntegrity(self, request, context):
-        return integrity_to_pb(self.name, self.engine.integrity())
+        return integrity_to_pb(self.name, self.engine.integrity(), leases=len(self.leases))
 
     def close(self) -> None:
         self.releaser.close()

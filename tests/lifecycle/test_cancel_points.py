@@ -51,12 +51,15 @@ def _reach(point, decode, prefill, stream):
     if point == "before_reserve_returns":
         time.sleep(PHASE_S / 3)
     elif point == "between_reserve_and_prefill":
-        wait_until(lambda: integrity(decode).reserved == 1 and integrity(prefill).held == 0, 30, point)
+        reserved = lambda state: state.reserved == 1 and state.leases == 1  # noqa: E731  (still the lease's)
+        wait_until(lambda: reserved(integrity(decode)) and integrity(prefill).held == 0, 30, point)
     elif point == "during_the_handoff_write":
         wait_until(lambda: integrity(prefill).held == 1, 30, point)
     elif point == "between_handoff_and_first_decode_step":
         wait_until(lambda: integrity(prefill).held == 1, 30, "prefill done")
-        wait_until(lambda: integrity(prefill).held == 0 and integrity(decode).reserved == 1, 30, point)
+        # The Decode call has claimed the reservation (no lease left) and pauses before starting.
+        claimed = lambda state: state.reserved == 1 and state.leases == 0  # noqa: E731
+        wait_until(lambda: integrity(prefill).held == 0 and claimed(integrity(decode)), 30, point)
     else:
         wait_until(lambda: stream.messages, 30, point)
     assert stream.error is None and not any(m.finish_reason for m in stream.messages)

@@ -113,6 +113,9 @@ def test_prefix_routing_follows_the_workers_real_cache_and_its_evictions(workers
     assert pool.prefix_tokens(other, prompt) == 0
     for seed in range(3):  # every prompt sharing the prefix goes where it is cached
         longer = shared + prompt_of(8, 50 + seed)
+        # Once the holder's feed has reported its last request done (until then the router counts that
+        # prompt as queued on it and, by design, may send the next one to the idle worker instead).
+        wait_until(lambda: holder.load.queued_prompt_tokens == 0, 5, "the holder's feed after its prefill")
         assert generate(stub, longer).route.prefill_worker == holder.address
     # Fresh prompts (ties: rotated over both workers) fill the holder's tiny pool until it reuses the
     # shared prefix's blocks; the router hears of the eviction.
