@@ -3,16 +3,22 @@ words (one splitmix64 output weighs both words of a pair), computing the weights
 tensor, no gather copy: each byte is read once), and writes its partial sum; the partials are summed mod
 ``2^64`` on the device. Same contract and bits as ``kernels.checksum.naive.keyed_rows_checksum``
 (integer arithmetic: the order of the sums does not matter).
+
+``keyed_spans_partials`` is ``naive.keyed_spans_checksum``'s launch: byte spans cut on the host into
+chunks of ``_SPAN_BLOCK`` bytes (one table copy to the device), each program hashing one chunk's bytes
+by their addresses.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.checksum import naive
 from kernels.checksum.naive import GOLDEN, MIX1, MIX2, as_int64, check_alignment
 from kernels.triton_env import require_triton_device
 
 _BLOCK = 1024  # pairs of words per program
+_SPAN_BLOCK = 2048  # bytes per program of a span checksum
 
 
 @triton.jit
@@ -82,5 +88,57 @@ def keyed_rows_partials(storage: torch.Tensor, rows: torch.Tensor, start: int, k
             MIX1_C=MIX1,
             MIX2_C=MIX2,
             BLOCK=_BLOCK,
+        )
+    return partials.view(torch.int64)
+
+
+@triton.jit
+def _keyed_spans_kernel(
+    source,
+    chunks,
+    partials,
+    key,
+    GOLDEN_C: tl.constexpr,
+    MIX1_C: tl.constexpr,
+    MIX2_C: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    program = tl.program_id(0).to(tl.int64)
+    offset = tl.load(chunks + program * 3)
+    address = tl.load(chunks + program * 3 + 1)
+    length = tl.load(chunks + program * 3 + 2)
+    at = tl.arange(0, BLOCK)
+    mask = at < length
+    byte = tl.load(source + offset + at, mask=mask, other=0).to(tl.uint64)
+    where = (address + at).to(tl.uint64)
+    word = where >> 2
+    z = (word >> 1) * GOLDEN_C + key.to(tl.uint64)
+    z = (z ^ (z >> 30)) * MIX1_C
+    z = (z ^ (z >> 27)) * MIX2_C
+    z = z ^ (z >> 31)
+    weight = tl.where((word & 1) == 1, z >> 32, z & 0xFFFFFFFF)
+    hashed = (byte << ((where & 3) * 8)) * weight
+    tl.store(partials + program, tl.sum(tl.where(mask, hashed, 0), axis=0))
+
+
+def keyed_spans_partials(
+    source: torch.Tensor, offsets: torch.Tensor, addresses: torch.Tensor, nbytes: torch.Tensor, key: int
+) -> torch.Tensor:
+    """``naive.keyed_spans_checksum`` in one launch, without the host sync: int64 partial sums on the
+    device whose sum mod ``2^64`` is the checksum (same arguments; the span table on the CPU)."""
+    require_triton_device("keyed_spans_checksum", source)
+    table = torch.stack(naive.cut_spans(offsets, addresses, nbytes, _SPAN_BLOCK), 1)
+    partials = torch.zeros(max(1, len(table)), dtype=torch.uint64, device=source.device)
+    if len(table):
+        chunks = table.contiguous().pin_memory() if source.is_cuda else table.contiguous()
+        _keyed_spans_kernel[(len(table),)](
+            source,
+            chunks.to(source.device, non_blocking=True),
+            partials,
+            as_int64(key),
+            GOLDEN_C=GOLDEN,
+            MIX1_C=MIX1,
+            MIX2_C=MIX2,
+            BLOCK=_SPAN_BLOCK,
         )
     return partials.view(torch.int64)

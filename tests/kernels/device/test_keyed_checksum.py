@@ -58,3 +58,59 @@ def test_the_reference_sees_every_kind_of_change(monkeypatch):
     assert naive.keyed_rows_checksum(storage, rows, 0, KEYS[0]) == base
     with pytest.raises(ValueError, match="64-bit words"):
         naive.keyed_rows_checksum(storage[:, :12], rows, 0, KEYS[0])
+
+
+def _spans(total: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """``(offsets, addresses, nbytes)``: ``total`` bytes cut at random points (some empty spans), each
+    span at its own address (sources in order, addresses shuffled by region)."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.sort(torch.randint(0, total + 1, (40,), generator=g)).values
+    cuts = torch.cat([torch.tensor([0]), cuts, torch.tensor([total])])
+    return cuts[:-1], cuts[:-1] + (5 << 42), torch.diff(cuts)
+
+
+@pytest.mark.parametrize("key", KEYS, ids=["key", "high-bit-key", "small-key"])
+def test_span_checksum_triton_equals_the_reference(key, device):
+    source = _storage(1, 3 * 2048 + 37, device).view(-1)
+    offsets, addresses, nbytes = _spans(source.numel(), seed=2)
+    addresses = addresses + torch.randint(
+        0, 1 << 30, addresses.shape, generator=torch.Generator().manual_seed(3)
+    )
+    want = naive.keyed_spans_checksum(source.cpu(), offsets, addresses, nbytes, key)
+    got = int(keyed_triton.keyed_spans_partials(source, offsets, addresses, nbytes, key).sum()) & (
+        (1 << 64) - 1
+    )
+    assert got == want
+    empty = keyed_triton.keyed_spans_partials(source, offsets[:0], addresses[:0], nbytes[:0], key)
+    assert int(empty.sum()) == 0
+
+
+def test_span_checksum_is_the_row_checksum_of_the_bytes_it_places(monkeypatch):
+    """Whole rows placed at word ``4 start`` hash as the row checksum numbered from ``start``, however the
+    bytes are split into spans (two senders writing halves of one word) and in whatever order."""
+    storage = _storage(6, 256, "cpu", seed=4)
+    flat = storage.view(-1)
+    rows = torch.arange(6)
+    want = naive.keyed_rows_checksum(storage, rows, 18, KEYS[0])
+    offsets, _, nbytes = _spans(flat.numel(), seed=5)
+    assert naive.keyed_spans_checksum(flat, offsets, offsets + 18 * 4, nbytes, KEYS[0]) == want
+    order = torch.randperm(len(offsets), generator=torch.Generator().manual_seed(6))
+    assert (
+        naive.keyed_spans_checksum(flat, offsets[order], offsets[order] + 72, nbytes[order], KEYS[0]) == want
+    )
+    monkeypatch.setattr(naive, "SLICE_WORDS", 7)  # slices cut through spans
+    assert naive.keyed_spans_checksum(flat, offsets, offsets + 72, nbytes, KEYS[0]) == want
+
+
+def test_span_checksum_sees_a_changed_byte_a_moved_span_and_another_key():
+    flat = _storage(1, 4096, "cpu", seed=7).view(-1)
+    offsets, addresses, nbytes = _spans(flat.numel(), seed=8)
+    base = naive.keyed_spans_checksum(flat, offsets, addresses, nbytes, KEYS[0])
+    for position in (0, 1, 2, 3, 2049, 4095):  # every byte of a word counts
+        changed = flat.clone()
+        changed[position] ^= 0x80
+        assert naive.keyed_spans_checksum(changed, offsets, addresses, nbytes, KEYS[0]) != base
+    moved = addresses.clone()
+    moved[int(nbytes.argmax())] += 4  # the same bytes, landed one word further
+    assert naive.keyed_spans_checksum(flat, offsets, moved, nbytes, KEYS[0]) != base
+    assert naive.keyed_spans_checksum(flat, offsets, addresses, nbytes, KEYS[1]) != base
