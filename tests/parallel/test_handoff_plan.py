@@ -27,6 +27,7 @@ from services.engine.parallel.handoff_plan import (
     HandoffRequestRows,
     HandoffSide,
     check_mappable,
+    landing_spans,
     plan_handoff,
 )
 from services.engine.parallel.handoff_send import apply_plan_reference
@@ -216,11 +217,53 @@ def run_case(case: Case):
         ):
             assert torch.equal(got[~free], want[~free]), f"decode rank {rank}, {region}"
     assert_written_once(plan)
+    assert_hashed_bytes_are_the_landing_spans(case, plan, rows, decode)
     for rank, send in plan.items():  # each byte staged once: never more than the rank holds
         block_bytes, slot_bytes = (pool.shape[1] for pool in prefill_pools[rank])
         held = -(-rows.num_tokens // prefill.tokens_per_block) * block_bytes + slot_bytes
         assert send.staging_nbytes <= held, (rank, send.staging_nbytes, held)
     return plan
+
+
+def _byte_set(offsets, nbytes) -> set[int]:
+    return {
+        byte
+        for offset, size in zip(offsets.tolist(), nbytes.tolist(), strict=True)
+        for byte in range(offset, offset + size)
+    }
+
+
+def assert_hashed_bytes_are_the_landing_spans(case, plan, rows, decode) -> None:
+    """The bytes the senders hash (their writes without padding) are, per decode rank and region, the
+    bytes that rank computes alone (``landing_spans``), each hashed once, and inside the writes."""
+    hashed: dict[tuple[int, str], list[int]] = {}
+    written: dict[tuple[int, str], set[int]] = {}
+    for send in plan.values():
+        for write in send.writes:
+            written.setdefault((write.decode_rank, write.region), set()).update(
+                _byte_set(write.remote_offsets, write.nbytes)
+            )
+        for run in send.hashed:
+            assert torch.equal(run.staging_offsets.sort().values, run.staging_offsets)
+            hashed.setdefault((run.decode_rank, run.region), []).extend(
+                _byte_set(run.remote_offsets, run.nbytes)
+            )
+    for rank in range(decode.parallel.world_size):
+        landing = landing_spans(
+            case.config,
+            decode,
+            rank,
+            rows.num_tokens,
+            rows.decode_block_ids,
+            rows.decode_slot,
+            rows.decode_held_tokens,
+        )
+        for region in (BLOCKS, STATE):
+            bytes_hashed = hashed.get((rank, region), [])
+            assert len(bytes_hashed) == len(set(bytes_hashed)), f"decode rank {rank}, {region}: hashed twice"
+            want = _byte_set(*landing[region]) if region in landing else set()
+            assert set(bytes_hashed) == want, f"decode rank {rank}, {region}"
+            assert want <= written.get((rank, region), set())
 
 
 def assert_written_once(plan) -> None:

@@ -202,6 +202,41 @@ def plan_handoff(
     return {rank: copies.rank_send(rank) for rank in sorted(copies.senders)}
 
 
+def landing_spans(
+    config: ModelConfig,
+    decode: HandoffSide,
+    decode_rank: int,
+    num_tokens: int,
+    block_ids: tuple[int, ...],
+    slot: int,
+    held_tokens: int = 0,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The bytes of decode rank ``decode_rank`` that a handoff of ``num_tokens`` cached tokens into
+    ``block_ids`` / ``slot`` fills with state, seen from the decode side alone: per region, ``(offsets,
+    nbytes)`` int64 runs. Over every prefill group, these are exactly the ``hashed`` bytes of
+    ``plan_handoff``'s sends into that rank (every field's rows of the rank's tokens after
+    ``held_tokens``, and every slot field whole, without padding), so the decode side checks a parallel
+    handoff's checksum without knowing the prefill group."""
+    blocks, slots = decode.rank_layouts(config, decode_rank)
+    spans = {}
+    tokens = torch.arange(
+        held_tokens + decode.parallel.coordinates(decode_rank).dcp, num_tokens, decode.parallel.dcp
+    )
+    if blocks.fields and len(tokens):
+        table = torch.tensor(block_ids, dtype=torch.int64)[tokens // decode.tokens_per_block]
+        row_of = (tokens % decode.tokens_per_block) // decode.parallel.dcp
+        offsets, nbytes = [], []
+        for field in blocks.fields:
+            row = field.nbytes // field.shape[0]
+            offsets.append(table * blocks.nbytes + field.offset + row_of * row)
+            nbytes.append(torch.full_like(tokens, row))
+        spans[BLOCKS] = (torch.cat(offsets), torch.cat(nbytes))
+    if slots.fields:
+        offsets = torch.tensor([slot * slots.nbytes + field.offset for field in slots.fields])
+        spans[STATE] = (offsets, torch.tensor([field.nbytes for field in slots.fields]))
+    return spans
+
+
 def _plan_blocks(
     config: ModelConfig,
     prefill: HandoffSide,
@@ -250,6 +285,7 @@ def _add_block_rows(
             src_block * source.nbytes + source_field.offset + src_row * row,
             dst_block * target.nbytes + field.offset + dst_row * row,
             torch.where(whole, _aligned(field.nbytes), count * row),
+            count * row,
         )
 
 
@@ -313,7 +349,8 @@ def _plan_state(
                 dst_base = rows.decode_slot * layout.nbytes + field.offset
                 for tp, src, dst, nbytes in _head_pieces(field, first, dst_heads, src_heads):
                     sender = source.rank_of(tp, replica % source.dcp, replica // source.dcp, stage)
-                    copies.add(sender, STATE, decode_rank, src + src_base, dst + dst_base, nbytes)
+                    hashed = nbytes.clamp(max=field.nbytes)  # a whole field: not its padding
+                    copies.add(sender, STATE, decode_rank, src + src_base, dst + dst_base, nbytes, hashed)
 
 
 def _head_pieces(

@@ -50,11 +50,14 @@ class RankSend:
     ``staging_nbytes`` bytes (offsets into a region's flat ``storage``), then make the ``writes``
     (remote offsets into the decode rank's flat region). Each source byte is staged at most once, so
     ``staging_nbytes`` is at most what the rank holds; writes to several decode ranks may read the same
-    staging range. Empty when the rank sends nothing."""
+    staging range. Empty when the rank sends nothing. ``hashed``: the writes' bytes that hold state
+    (without the alignment padding a whole field's copy takes along), what the handoff checksum covers
+    (``handoff_plan.landing_spans`` is the same bytes seen from the decode side)."""
 
     gather: tuple[ByteRuns, ...]
     writes: tuple[RemoteWrite, ...]
     staging_nbytes: int
+    hashed: tuple[RemoteWrite, ...] = ()
 
 
 def apply_plan_reference(
@@ -103,14 +106,17 @@ class SendBuilder:
         source: torch.Tensor,
         target: torch.Tensor,
         nbytes: torch.Tensor,
+        hashed: torch.Tensor | None = None,
     ) -> None:
         """Copies ``nbytes[i]`` bytes at ``source[i]`` on prefill rank ``sender`` to ``target[i]`` of
-        ``decode_rank``'s ``region`` (int64 ``[N]`` each)."""
+        ``decode_rank``'s ``region`` (int64 ``[N]`` each), of which the first ``hashed[i]`` hold state
+        (default: all; fewer when a whole field's copy takes its alignment padding along)."""
         if sender not in self.senders:
             return
         groups = self._parts.setdefault(sender, {})
-        columns = groups.setdefault((REGIONS.index(region), decode_rank), ([], [], []))
-        for column, piece in zip(columns, (source, target, nbytes), strict=True):
+        columns = groups.setdefault((REGIONS.index(region), decode_rank), ([], [], [], []))
+        pieces = (source, target, nbytes, nbytes if hashed is None else hashed)
+        for column, piece in zip(columns, pieces, strict=True):
             column.append(piece)
 
     def rank_send(self, rank: int) -> RankSend:
@@ -118,14 +124,14 @@ class SendBuilder:
         once: a copy of bytes an earlier copy already staged (an MLA row every decode TP rank needs)
         writes from that copy's staging offsets. Runs are coalesced on both sides."""
         groups = self._parts.get(rank, {})
-        staged, writes, by_region = 0, [], {}
+        staged, writes, hashed, by_region = 0, [], [], {}
         for code in sorted({code for code, _ in groups}):
             ranks = sorted(decode_rank for group_code, decode_rank in groups if group_code == code)
             columns = []
             for decode_rank in ranks:
-                source, target, nbytes = (torch.cat(column) for column in groups[code, decode_rank])
+                source, target, nbytes, holds = (torch.cat(column) for column in groups[code, decode_rank])
                 order = torch.argsort(target)  # the targets are disjoint ranges
-                columns.append((source[order], target[order], nbytes[order]))
+                columns.append((source[order], target[order], nbytes[order], holds[order]))
             source, nbytes = (torch.cat([c[i] for c in columns]) for i in (0, 2))
             if not len(source):
                 continue
@@ -134,21 +140,26 @@ class SendBuilder:
             staging = start[first]  # a repeated copy reads where its first one was staged
             staged = int(start[-1] + nbytes[-1] * fresh[-1])
             at = 0
-            for decode_rank, (_, target, run_nbytes) in zip(ranks, columns, strict=True):
+            for decode_rank, (_, target, run_nbytes, holds) in zip(ranks, columns, strict=True):
                 rank_staging, at = staging[at : at + len(target)], at + len(target)
-                joins = (target[:-1] + run_nbytes[:-1] == target[1:]) & (
-                    rank_staging[:-1] + run_nbytes[:-1] == rank_staging[1:]
-                )
-                starts, run_bytes = _joined(joins, run_nbytes)
-                writes.append(
-                    RemoteWrite(decode_rank, REGIONS[code], rank_staging[starts], target[starts], run_bytes)
-                )
+                for runs, sizes in ((writes, run_nbytes), (hashed, holds)):
+                    runs.append(_coalesced(decode_rank, REGIONS[code], rank_staging, target, sizes))
             by_region[code] = (source[fresh], nbytes[fresh])  # back to back in staging, in order
         gather = []
         for code, (source, nbytes) in by_region.items():
             starts, run_bytes = _joined(source[:-1] + nbytes[:-1] == source[1:], nbytes)
             gather.append(ByteRuns(REGIONS[code], source[starts], run_bytes))
-        return RankSend(tuple(gather), tuple(writes), staged)
+        return RankSend(tuple(gather), tuple(writes), staged, tuple(hashed))
+
+
+def _coalesced(
+    decode_rank: int, region: str, staging: torch.Tensor, target: torch.Tensor, nbytes: torch.Tensor
+) -> RemoteWrite:
+    """Copies of ``nbytes`` from ``staging`` offsets to ``target`` offsets (in target order) as runs,
+    joined where both sides continue."""
+    joins = (target[:-1] + nbytes[:-1] == target[1:]) & (staging[:-1] + nbytes[:-1] == staging[1:])
+    starts, run_bytes = _joined(joins, nbytes)
+    return RemoteWrite(decode_rank, region, staging[starts], target[starts], run_bytes)
 
 
 def _first_copies(source: torch.Tensor, nbytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
