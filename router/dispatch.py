@@ -387,6 +387,7 @@ def _decode_request(request_id: str, first) -> workers_pb2.DecodeRequest:
         decode_request.first_logprob = first.first_logprob
     if first.HasField("handoff_checksum"):  # ...and only rows that hash to what it sent
         decode_request.handoff_checksum = first.handoff_checksum
+        decode_request.handoff_checksum_spans = first.handoff_checksum_spans  # (a parallel handoff's)
     return decode_request
 
 

@@ -44,7 +44,7 @@ HELP = {
     "handoffs fail",
     "stray_handoff_writes": "fault injection for tests and chaos drills: this prefill worker's first N "
     "handoffs are followed by a stray write into the reservation (the decode worker must refuse them)",
-    "handoff_checksum": "prefill: hash the rows of each handoff under its reservation's capability, for the "
+    "handoff_checksum": "prefill: hash the bytes of each handoff under its reservation's capability, for the "
     'decode worker to check before decoding (docs/authentication.md, "KV data plane"); turn off only on '
     "a fabric no other process can write to (default: on)",
     "reservation_ttl_s": "decode: backstop: free a reservation still waiting for its state after S seconds, "

@@ -58,7 +58,7 @@ class WorkerConfig:
     metrics_port: int = 0  # /metrics; 0 picks a free port (``WorkerServer.metrics_port``)
     fail_transfers: int = 0  # fault injection (prefill): the first N handoffs fail
     stray_handoff_writes: int = 0  # fault injection (prefill): N handoffs get a stray write after
-    handoff_checksum: bool = True  # prefill: hash each row-for-row handoff for the decode worker to verify
+    handoff_checksum: bool = True  # prefill: hash each handoff for the decode worker to verify
     reservation_ttl_s: float = 600.0  # decode: backstop for a reservation whose lease outlives its router
     release_grace_s: float = 5.0  # decode: a released reservation waits this long for an in-flight write
     fault_delays: tuple[str, ...] = ()  # fault injection: PHASE=SECONDS pauses (services/fault_delays.py)

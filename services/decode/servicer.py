@@ -204,7 +204,8 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
             TransferError: a part did not arrive within ``transfer_timeout_s`` (the reservation is freed).
         """
         request_id, parts = request.request_id, max(1, request.handoff_parts)
-        hashed = request.HasField("handoff_checksum")
+        over_spans = request.handoff_checksum_spans  # a parallel handoff: hashed once all of it landed
+        hashed = request.HasField("handoff_checksum") and not over_spans
         landing = self.engine.arrived_parts(request_id, request.draft_state) if hashed else []
         senders: list[str] = []
         hashes: list[Future] = []
@@ -215,6 +216,8 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
             senders.extend(sent_by)
             if hashed and len(landing) == parts:  # else the rows here are not the sender's: refused
                 hashes.append(self.engine.arrived_checksum(landing[part], capability))
+        if over_spans and request.HasField("handoff_checksum"):
+            hashes.append(self.engine.landed_checksum(request_id, capability))
         return senders, hashes
 
     def _refusal(self, request, senders: list[str], hashes: list[Future]) -> str | None:

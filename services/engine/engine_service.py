@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from common.sampling_params import SamplingParams
-from services.transfer import TransferBackend, TransferEndpoint
+from services.transfer import BLOCKS, STATE, TransferBackend, TransferEndpoint
 
 from .adapters.lora_adapter import LoraAdapter
 from .draft_handoff import register_draft_pools, reserved_draft
@@ -44,8 +44,9 @@ from .handoff import (
     row_for_row,
     sent_checksum,
 )
-from .parallel.group_handoff import GroupHandoff, check_sender, not_a_target
-from .parallel.rank_handoff import RankSent
+from .handoff_checksum import checksum_key
+from .parallel.group_handoff import GroupHandoff, check_sender, handoff_side, not_a_target
+from .parallel.rank_handoff import LandedCheck, RankSent, landed_checksum
 from .scheduler import SampledToken
 
 DeltaStream = queue.Queue  # of RequestDelta: a request's new tokens, the last one with its finish reason
@@ -218,6 +219,29 @@ class EngineService:
         once (a ``Future`` of the int: the caller waits for the next part meanwhile)."""
         return self.loop.submit(lambda engine: arrived_checksum(engine, part, capability), read_only=True)
 
+    def landed_checksum(self, request_id: str, capability: str) -> Future:
+        """The checksum of what a parallel handoff filled in the reserved ``request_id``'s rows, on every
+        rank (``handoff_checksum.spans_checksum`` by landing address; its prefill group's ranks hashed the
+        same bytes as they wrote them), queued for the loop thread (a ``Future`` of the int)."""
+        return self.loop.submit(
+            lambda engine: self._landed_checksum(engine, request_id, capability), read_only=True
+        )
+
+    def _landed_checksum(self, engine: EngineCore, request_id: str, capability: str) -> int:
+        request = engine.scheduler.reserved[request_id]
+        check = LandedCheck(
+            handoff_side(self.layout),
+            len(request.prompt_ids),
+            tuple(request.block_table),
+            request.slot,
+            request.num_cached_tokens,
+            checksum_key(capability),
+        )
+        if self._group is not None:
+            return self._group.landed(check)
+        storages = {BLOCKS: engine.cache.blocks.storage, STATE: engine.cache.slots.storage}
+        return landed_checksum(engine.model.config, storages, check, 0)
+
     def free_reservation(self, request_id: str) -> "Future[bool]":
         """Queue freeing ``request_id`` if it is still a reservation (never a request that is
         decoding); does not wait. The ``Future`` says whether one was freed."""
@@ -309,9 +333,11 @@ class EngineService:
         reservation: Reservation,
         endpoints: tuple[TransferEndpoint, ...],
         timeout_s: float = 30.0,
+        checksum: bool = False,
     ) -> tuple[RankSent, ...]:
         """Write a held prefill into a reservation of another layout, every rank its share, between
-        steps (``GroupHandoff.send``); decode rank 0 is notified once every rank's writes are done.
+        steps (``GroupHandoff.send``); decode rank 0 is notified once every rank's writes are done. With
+        ``checksum`` each rank hashes what it writes (``group_handoff.sent_checksum`` sums them).
 
         Returns:
             every rank's ``RankSent``, in rank order.
@@ -321,7 +347,7 @@ class EngineService:
             TransferError: a rank's write failed (the group stays up; nothing is retried here).
         """
         return self.loop.call(
-            lambda engine: self._group.send(held, num_tokens, reservation, endpoints, timeout_s)
+            lambda engine: self._group.send(held, num_tokens, reservation, endpoints, timeout_s, checksum)
         )
 
     def held_prefill(self, request_id: str, reservation: Reservation | None = None) -> HeldPrefill:

@@ -423,10 +423,12 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
-    def _release(self, request: Request) -> None:
-        """The request stops holding its cache for good: snapshot its end, free it, tell the proposer."""
+    def _release(self, request: Request, record_end: bool = True) -> None:
+        """The request stops holding its cache for good: snapshot its end (with ``record_end``), free
+        it, tell the proposer."""
         self._forget_drafts(request)
-        self.cache.record_end(request)
+        if record_end:
+            self.cache.record_end(request)
         self.cache.release(request)
 
     def _forget_drafts(self, request: Request) -> None:
@@ -456,5 +458,7 @@ class Scheduler:
             self.held[request.request_id] = request
             return
         self.held.pop(request.request_id, None)
-        self._release(request)
+        # A reservation's slot holds whatever a handoff wrote (all of the prompt, or a refused one's
+        # bytes), not the state after its num_computed (its own prefix hit): never snapshot it.
+        self._release(request, record_end=request.status is not RequestStatus.RESERVED)
         request.status = RequestStatus.FINISHED

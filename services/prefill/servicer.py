@@ -14,6 +14,7 @@ from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
 from services.engine.handoff import HeldPrefill, Reservation, handoff_row_pairs, row_for_row, send_state
+from services.engine.parallel.group_handoff import sent_checksum as group_sent_checksum
 from services.rpc.convert import endpoint_from_pb, reservation_from_pb
 from services.transfer import BLOCKS, TransferStats
 from services.transfer.inbox import SharedTransfer
@@ -54,7 +55,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         self.load_feed = load_feed
         self.fail_transfers = fail_transfers  # fault injection: the next N handoffs fail
         self.stray_handoff_writes = stray_handoff_writes  # fault injection: N handoffs get a stray write
-        self.handoff_checksum = handoff_checksum  # hash each row-for-row handoff for the decode worker
+        self.handoff_checksum = handoff_checksum  # hash each handoff for the decode worker
         self.metrics = metrics
         self.engine = engine
         self.transfer = transfer
@@ -97,7 +98,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
             try:
                 self._inject_failure()
                 rank_bytes: list[int] = []
-                checksum = None  # a parallel handoff's ranks each write a share: no checksum of it yet
+                checksum, over_spans = None, False
                 parts = 0  # a parallel handoff: one notification
                 if row_for_row(reservation.layout, self.engine.layout):
                     peer = self.transfer.connect(endpoint)
@@ -108,7 +109,11 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
                     checksum = hashing.result(timeout=self.step_timeout_s) if hashing else None
                     self._inject_stray_write(peer, held, reservation)
                 else:
-                    sent = self.engine.send_rank_handoff(held, len(prompt), reservation, rank_endpoints)
+                    sent = self.engine.send_rank_handoff(
+                        held, len(prompt), reservation, rank_endpoints, checksum=self.handoff_checksum
+                    )
+                    if self.handoff_checksum:  # every rank hashed its writes by where they land
+                        checksum, over_spans = group_sent_checksum(sent), True
                     rank_bytes = [report.nbytes for report in sent]
                     stats = TransferStats(sum(rank_bytes), max(report.seconds for report in sent))
             except TransferError:
@@ -133,6 +138,7 @@ class PrefillServicer(AdapterRpcs, workers_pb2_grpc.PrefillWorkerServicer):
         )
         if checksum is not None:
             response.handoff_checksum = checksum
+            response.handoff_checksum_spans = over_spans
         response.handoff_parts = parts
         if first.logprob is not None:
             response.first_logprob = first.logprob

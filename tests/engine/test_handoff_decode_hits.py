@@ -120,3 +120,25 @@ def test_a_reservation_whose_hit_is_not_whole_blocks_is_refused(tiny_checkpoint)
         with pytest.raises(ValueError, match=rf"reservation.cached_tokens: {cached} is not a whole number"):
             check_decode_hit(reservation, len(TURN2))
     check_decode_hit(Reservation("r", (0, 1, 2, 3, 4), 0, layout, 32), len(TURN2))
+
+
+def test_an_aborted_reservation_leaves_its_hit_s_state_snapshot_alone(tiny_checkpoint, reference):
+    """A refused handoff: the reservation (its own hit 24 tokens, a block boundary) is aborted with
+    whatever bytes landed in its slot, and the decode engine prefills the prompt itself. Those bytes must
+    not become the snapshot of the hit's state (which the local prefill would restore)."""
+    pair = make_pair(tiny_checkpoint)
+    prefill, decode, sender, receiver, _ = pair
+    try:
+        handoff(pair, TURN1, "turn1")
+        reserved = decode.reserve(TURN2, GREEDY, "refused")
+        assert reserved.num_cached_tokens == 24
+        decode.cache.slots.storage[reserved.slot] = 0x5A  # what a refused handoff left there
+        decode.abort("refused")
+        again = decode.add_request(TURN2, GREEDY, "refused")
+        while decode.has_unfinished:
+            decode.step()
+        assert_equal_output(again, reference)
+        decode.check_integrity()
+    finally:
+        sender.close()
+        receiver.close()

@@ -8,7 +8,9 @@ are its share by the plan, they add up to no more than the decode group holds fo
 log-probs equal, bitwise, the decode worker's own prefill of the prompt. A pair that cannot be mapped is
 refused before any work, naming the field (a forged reservation at Prefill, a forged sender layout at
 Reserve), and a rank whose write fails fails the Prefill call without taking either group down. Through
-the router, every decode rank's endpoint reaches the prefill worker."""
+the router, every decode rank's endpoint reaches the prefill worker. Every decode rank hashes what
+landed in it, and the sum must be the prefill ranks' (a forged checksum is refused, and the decode
+group's own prefill gives the same tokens)."""
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -23,6 +25,7 @@ from services.engine.parallel.group_handoff import handoff_side
 from services.engine.parallel.handoff_plan import HandoffRequestRows, plan_handoff
 from services.engine.parallel.layout import ParallelLayout
 from services.rpc.convert import reservation_from_pb
+from tests.lifecycle.cluster import worker_metric
 from tests.services.routers import router_factory
 from tests.services.workers import WorkerProcess
 
@@ -108,13 +111,17 @@ class Workers:
         )
         return self.prefill.Prefill(workers_pb2.PrefillRequest(**{**fields, **changes}), timeout=120)
 
-    def handoff(self, request_id: str):
-        """Reserve, prefill (the handoff), decode: ``(ReserveResponse, PrefillResponse, tokens,
-        logprobs)``."""
+    def handoff(self, request_id: str, forge_checksum: bool = False):
+        """Reserve, prefill (the handoff), decode with the prefill's checksum as the router passes it
+        on (``forge_checksum``: one off): ``(ReserveResponse, PrefillResponse, tokens, logprobs)``."""
         reserved, lease = self.reserve(request_id)
         first = self.prefill_into(reserved)
         decode = workers_pb2.DecodeRequest(
-            request_id=request_id, first_token_id=first.first_token_id, first_logprob=first.first_logprob
+            request_id=request_id,
+            first_token_id=first.first_token_id,
+            first_logprob=first.first_logprob,
+            handoff_checksum=(first.handoff_checksum + forge_checksum) % (1 << 64),
+            handoff_checksum_spans=first.handoff_checksum_spans,
         )
         decoded = list(self.decode.Decode(decode, timeout=120))
         assert list(lease) == [], "the lease ends once Decode has taken the reservation over"
@@ -203,7 +210,13 @@ def test_pairs_that_cannot_be_mapped_and_a_failing_rank_are_refused(workers):
 
 def test_pcp2_prefill_into_tp2_decode_rank_by_rank_bitwise(model, groups, workers):
     # Both groups are still up after the refusals: the handoff itself.
+    checks = lambda: worker_metric(groups["decode"], "baton_handoff_checks_total")  # noqa: E731
+    refused_ = lambda: worker_metric(groups["decode"], "baton_handoff_refused_total", reason="checksum")  # noqa: E731
+    checked_before, refused_before = checks(), refused_()
     reserved, first, tokens, logprobs = workers.handoff("pcp-tp")
+    # Every decode rank hashed what landed in it and the sum was the prefill ranks' (else: refused).
+    assert first.HasField("handoff_checksum") and first.handoff_checksum_spans
+    assert (checks(), refused_()) == (checked_before + 1, refused_before)
     assert len(reserved.rank_endpoints) == 2 and reserved.rank_endpoints[0] == reserved.endpoint
     assert reserved.reservation.layout.parallel.tp == 2
     sent = list(first.rank_transfer_bytes)
@@ -227,6 +240,9 @@ def test_pcp2_prefill_into_tp2_decode_rank_by_rank_bitwise(model, groups, worker
     assert routed[-1].route.prefill_worker == groups["prefill"].address
     assert 0 < routed[-1].route.transfer_bytes < first.transfer_bytes
     assert [t for m in routed for t in m.token_ids] == want_tokens
+    # A checksum that is not the landed bytes' is refused: the decode group prefills the prompt itself.
+    _, _, forged_tokens, _ = workers.handoff("pcp-tp-forged", forge_checksum=True)
+    assert forged_tokens == want_tokens and refused_() == refused_before + 1
     assert workers.nothing_held()
 
 

@@ -2,24 +2,27 @@
 rank plans its own part, gathers it into its registered staging buffer and writes it into the decode
 ranks' agents with ``write_bytes``; the decode pools end bitwise as the plan's CPU reference
 (``apply_plan_reference``) leaves them, and every other byte is untouched, whether a rank's part fits
-its staging buffer or goes in many windows of it. A rank that cannot send reports the error instead of
-raising (its group must stay in step)."""
+its staging buffer or goes in many windows of it. The ranks' span checksums of what they wrote add up
+to what the decode ranks hash of their own landing spans (and a byte changed there changes it). A rank
+that cannot send reports the error instead of raising (its group must stay in step)."""
 
 import pytest
 import torch
 
 from services.engine.checkpoint.presets import preset_config, with_layers
 from services.engine.model.config_loader import load_model_config
+from services.engine.parallel.group_handoff import sent_checksum
 from services.engine.parallel.handoff_plan import HandoffRequestRows, HandoffSide, plan_handoff
 from services.engine.parallel.handoff_send import apply_plan_reference
 from services.engine.parallel.layout import ParallelLayout
-from services.engine.parallel.rank_handoff import HandoffCommand, RankTransfer
-from services.transfer import make_backend
+from services.engine.parallel.rank_handoff import HandoffCommand, LandedCheck, RankTransfer, landed_checksum
+from services.transfer import BLOCKS, STATE, make_backend
 
 CONFIG = load_model_config(with_layers(preset_config("k3", "tiny"), 8))  # one MLA layer per PP stage
 DTYPE = torch.bfloat16
 NUM_BLOCKS, NUM_SLOTS = 12, 2
 STAGING = {"one-window": 1 << 20, "windows-of-3001-bytes": 3001}
+KEY = 0xF00DFACE12345678
 
 CASES = {
     "tp1-to-tp2": (ParallelLayout(), 8, ParallelLayout(tp=2), 4, 13),
@@ -64,7 +67,7 @@ def test_every_rank_writes_its_share_bitwise_as_the_reference(case, staging_byte
         for backend, (blocks, state) in zip(receivers, decode_pools.values(), strict=True):
             RankTransfer(backend, CONFIG, blocks, state, 0)
         endpoints = tuple(backend.endpoint() for backend in receivers)
-        command = HandoffCommand("req", prefill, decode, rows, endpoints, 20.0)
+        command = HandoffCommand("req", prefill, decode, rows, endpoints, 20.0, checksum_key=KEY)
         reports = []
         for rank, (blocks, state) in prefill_pools.items():
             senders.append(
@@ -83,6 +86,13 @@ def test_every_rank_writes_its_share_bitwise_as_the_reference(case, staging_byte
     for rank, (blocks, state) in decode_pools.items():
         assert not torch.equal(blocks, before[rank][0]) and not torch.equal(state, before[rank][1]), rank
         assert torch.equal(blocks, expected[rank][0]) and torch.equal(state, expected[rank][1]), rank
+    check = LandedCheck(decode, num_tokens, decode_ids, 0, 0, KEY)
+    landed = [landed_checksum(CONFIG, {BLOCKS: b, STATE: s}, check, r) for r, (b, s) in decode_pools.items()]
+    assert all(report.checksum for report in reports)
+    assert sent_checksum(tuple(reports)) == sum(landed) % (1 << 64)
+    blocks, state = decode_pools[len(decode_pools) - 1]
+    state.view(-1)[0] ^= 1  # the first byte of the last decode rank's slot 0: its first field's
+    assert landed_checksum(CONFIG, {BLOCKS: blocks, STATE: state}, check, len(decode_pools) - 1) != landed[-1]
 
 
 def test_a_rank_that_cannot_write_reports_it():

@@ -6,10 +6,11 @@ same sizes as rank 0's), then runs every step rank 0 broadcasts until the stop m
     receive RankStep -> apply its KDA state copies -> build StepMetadata -> forward (logits unused)
 
 Between steps rank 0 may send a ``TransferSetup`` (open this rank's own transfer agent over its pools,
-answer with its endpoint) or a ``HandoffCommand`` (send this rank's part of a request's state, answer with a
-``RankSent``): ``rank_handoff.py``. It never schedules or samples. A watchdog ends it (exit
-``EXIT_GROUP_DOWN``) within a second of rank 0 going away, whatever it is blocked in; an error in a step
-ends it too, which rank 0's watchdog then turns into the whole group going down.
+answer with its endpoint), a ``HandoffCommand`` (send this rank's part of a request's state, answer
+with a ``RankSent``) or a ``LandedCheck`` (hash what a handoff filled in its pools):
+``rank_handoff.py``. It never schedules or samples. A watchdog ends it (exit ``EXIT_GROUP_DOWN``)
+within a second of rank 0 going away, whatever it is blocked in; an error in a step ends it too, which
+rank 0's watchdog then turns into the whole group going down.
 """
 
 import argparse

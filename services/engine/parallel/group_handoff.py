@@ -31,12 +31,21 @@ from services.engine.handoff import (
     handoff_tag,
     row_for_row,
 )
+from services.engine.handoff_checksum import checksum_key
 from services.engine.model.config import ModelConfig
 from services.transfer import TransferBackend, TransferEndpoint
 
 from .handoff_plan import HandoffRequestRows, HandoffSide, check_mappable
 from .rank_group import RankGroup
-from .rank_handoff import HandoffCommand, RankSent, RankTransfer, TransferSetup, staging_bytes_for
+from .rank_handoff import (
+    HandoffCommand,
+    LandedCheck,
+    RankSent,
+    RankTransfer,
+    TransferSetup,
+    landed_checksum,
+    staging_bytes_for,
+)
 
 
 def handoff_side(layout: HandoffLayout) -> HandoffSide:
@@ -129,10 +138,13 @@ class GroupHandoff:
         reservation: Reservation,
         endpoints: tuple[TransferEndpoint, ...],
         timeout_s: float,
+        checksum: bool = False,
     ) -> tuple[RankSent, ...]:
         """Write a held prefill's ``num_tokens`` cached tokens (those after the reservation's
         ``cached_tokens``, which decode holds) and KDA slot into ``reservation``, every rank its part,
-        then notify decode rank 0 (``endpoints[0]``) with the request id.
+        then notify decode rank 0 (``endpoints[0]``) with the request id. With ``checksum`` every rank
+        also hashes what it writes under the capability's key (its ``RankSent.checksum``; the handoff's
+        checksum is their sum, ``sent_checksum``).
 
         Returns:
             every rank's report, in rank order.
@@ -157,7 +169,8 @@ class GroupHandoff:
             reservation.slot,
             reservation.cached_tokens,
         )
-        command = HandoffCommand(held.request_id, prefill_side, decode_side, rows, endpoints, timeout_s)
+        key = checksum_key(reservation.capability) if checksum else None
+        command = HandoffCommand(held.request_id, prefill_side, decode_side, rows, endpoints, timeout_s, key)
         start = time.monotonic()
         own = lambda: self._transfer.send(0, command)  # noqa: E731
         reports = tuple(self._ranks.ask(command, own) if self._ranks is not None else [own()])
@@ -171,6 +184,33 @@ class GroupHandoff:
             peer, {}, message=handoff_tag(held.request_id, reservation.capability), timeout_s=remaining
         )
         return reports
+
+    def landed(self, check: LandedCheck) -> int:
+        """Decode side: a parallel handoff's checksum over what landed in every rank's pools (each
+        rank's ``landed_checksum``, summed).
+
+        Raises:
+            TransferError: a rank could not hash its share (naming it).
+        """
+        own = lambda: _landed_or_error(self._model, self._transfer.storages, check)  # noqa: E731
+        answers = self._ranks.ask(check, own) if self._ranks is not None else [own()]
+        errors = [answer for answer in answers if isinstance(answer, str)]
+        if errors:
+            raise TransferError("hashing the handoff's landed bytes failed: " + "; ".join(errors))
+        return sum(answers) % (1 << 64)
+
+
+def sent_checksum(reports: tuple[RankSent, ...]) -> int:
+    """A parallel handoff's checksum: the sum of its ranks' (``GroupHandoff.send(checksum=True)``)."""
+    return sum(report.checksum for report in reports) % (1 << 64)
+
+
+def _landed_or_error(model: ModelConfig, storages: dict, check: LandedCheck) -> int | str:
+    """Rank 0's answer to its own ``LandedCheck``: raising here would leave the group out of step."""
+    try:
+        return landed_checksum(model, storages, check, 0)
+    except Exception as error:  # noqa: BLE001 (answered, as the followers do)
+        return f"rank 0: {type(error).__name__}: {error}"
 
 
 def _endpoint_or_error(backend: TransferBackend) -> TransferEndpoint | str:

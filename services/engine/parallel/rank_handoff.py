@@ -32,7 +32,8 @@ from services.engine.model.config import ModelConfig
 from services.transfer import BLOCKS, STATE, TransferBackend, TransferEndpoint, make_backend
 from services.transfer.byte_plan import ByteSpan
 
-from .handoff_plan import HandoffRequestRows, HandoffSide, plan_handoff
+from ..handoff_checksum import settled, span_address, spans_checksum
+from .handoff_plan import HandoffRequestRows, HandoffSide, landing_spans, plan_handoff
 from .handoff_send import RankSend
 
 STAGING = "staging"  # a sending rank's staging buffer: its gathered runs, in plan order
@@ -63,6 +64,8 @@ class HandoffCommand:
         rows: where the request is on both sides.
         endpoints: the decode group's endpoints, in its rank order.
         timeout_s: each rank's writes must complete within this.
+        checksum_key: hash the bytes written under this key (``handoff_checksum.spans_checksum``);
+            None: no checksum.
     """
 
     request_id: str
@@ -71,16 +74,55 @@ class HandoffCommand:
     rows: HandoffRequestRows
     endpoints: tuple[TransferEndpoint, ...]
     timeout_s: float
+    checksum_key: int | None = None
 
 
 @dataclass(frozen=True)
 class RankSent:
-    """One rank's report: ``nbytes`` written in ``seconds``, or ``error`` (empty when it succeeded)."""
+    """One rank's report: ``nbytes`` written in ``seconds``, or ``error`` (empty when it succeeded);
+    ``checksum``: the span checksum of its writes (0 when none was asked for)."""
 
     rank: int
     nbytes: int
     seconds: float
     error: str = ""
+    checksum: int = 0
+
+
+@dataclass(frozen=True)
+class LandedCheck:
+    """Rank 0 -> followers of a decode group: hash what a handoff filled in your pools
+    (``landed_checksum``).
+
+    Attributes:
+        decode: this group's side.
+        num_tokens, block_ids, slot, held_tokens: the reservation (``handoff_plan.landing_spans``).
+        key: the checksum key (the reservation's capability's).
+    """
+
+    decode: HandoffSide
+    num_tokens: int
+    block_ids: tuple[int, ...]
+    slot: int
+    held_tokens: int
+    key: int
+
+
+def landed_checksum(
+    model: ModelConfig, storages: dict[str, torch.Tensor], check: LandedCheck, rank: int
+) -> int:
+    """Decode rank ``rank``'s share of a parallel handoff's checksum: its landing spans in ``storages``
+    (``BLOCKS`` and ``STATE``: its pools' storages), by their span addresses. Waits for the value."""
+    spans = landing_spans(
+        model, check.decode, rank, check.num_tokens, check.block_ids, check.slot, check.held_tokens
+    )
+    partials = [
+        spans_checksum(
+            storages[region].view(-1), offsets, span_address(rank, region, offsets), nbytes, check.key
+        )
+        for region, (offsets, nbytes) in spans.items()
+    ]
+    return settled(partials)
 
 
 STAGING_MAX_BYTES = 64 << 20  # a rank's staging buffer at most (a longer part is sent in windows)
@@ -118,8 +160,8 @@ class RankTransfer:
     ):
         self.backend = backend
         self._model = model
-        self._storages = {BLOCKS: blocks, STATE: state}
-        for region, storage in self._storages.items():
+        self.storages = {BLOCKS: blocks, STATE: state}
+        for region, storage in self.storages.items():
             backend.register(region, storage)
         self.staging = None
         if staging_bytes:
@@ -145,22 +187,23 @@ class RankTransfer:
                 raise ValueError(f"{len(command.endpoints)} decode endpoints for {ranks} ranks")
             sides = command.prefill, command.decode
             plan = plan_handoff(self._model, *sides, command.rows, senders=[rank])[rank]
-            nbytes = self._send(plan, command)
+            nbytes, checksum = self._send(plan, command)
         except Exception as error:  # noqa: BLE001 (any failure: reported, see the docstring)
             return RankSent(rank, 0, time.perf_counter() - start, f"{type(error).__name__}: {error}")
-        return RankSent(rank, nbytes, time.perf_counter() - start)
+        return RankSent(rank, nbytes, time.perf_counter() - start, checksum=checksum)
 
     def close(self) -> None:
         self.backend.close()
 
-    def _send(self, plan: RankSend, command: HandoffCommand) -> int:
+    def _send(self, plan: RankSend, command: HandoffCommand) -> tuple[int, int]:
         """Run ``plan`` one staging window at a time: the plan's staging offsets may pass the buffer's
         size (a context longer than the buffer holds), so window ``k`` gathers the runs' bytes that fall
-        in ``[k W, (k+1) W)`` and makes every write of them (several decode ranks' writes may read the
-        same staged bytes) before the next window's gather.
-        Returns the bytes written."""
+        in ``[k W, (k+1) W)``, hashes the plan's ``hashed`` spans of them (with a ``checksum_key``) and
+        makes every write of them (several decode ranks' writes may read the same staged bytes) before
+        the next window's gather.
+        Returns the bytes written and their checksum (0 without a key)."""
         if plan.staging_nbytes == 0:
-            return 0
+            return 0, 0
         if self.staging is None:
             raise TransferError("this rank has no staging buffer (its pools were registered to receive only)")
         staging, window = self.staging.view(-1), self.staging.shape[1]
@@ -169,18 +212,20 @@ class RankTransfer:
             lengths = runs.nbytes.to(torch.int64)
             gathers.append((runs.region, runs.offsets.to(torch.int64), position + _starts(lengths), lengths))
             position += int(lengths.sum())
-        nbytes = 0
+        nbytes, partials = 0, []
         for low in range(0, plan.staging_nbytes, window):
             high = min(low + window, plan.staging_nbytes)
             for region, offsets, at, lengths in gathers:
                 offsets, at, lengths = _clip(offsets, at, lengths, low, high)
-                source = self._storages[region].view(-1)
+                source = self.storages[region].view(-1)
                 copy_runs = triton_copy.copy_byte_runs if source.is_cuda else naive.copy_byte_runs
                 copy_runs(source, offsets, staging, at - low, lengths)
+            if command.checksum_key is not None:  # queued behind the gather, before the next one
+                partials.extend(_window_checksums(plan, staging, low, high, command.checksum_key))
             for decode_rank, spans in _window_spans(plan, low, high).items():
                 peer = self.backend.connect(command.endpoints[decode_rank])
                 nbytes += self.backend.write_bytes(peer, spans, timeout_s=command.timeout_s).nbytes
-        return nbytes
+        return nbytes, settled(partials)
 
 
 def _starts(lengths: torch.Tensor) -> torch.Tensor:
@@ -196,6 +241,20 @@ def _clip(
     begin, end = at.clamp(min=low), (at + lengths).clamp(max=high)
     keep = begin < end
     return (offsets + begin - at)[keep], begin[keep], (end - begin)[keep]
+
+
+def _window_checksums(
+    plan: RankSend, staging: torch.Tensor, low: int, high: int, key: int
+) -> list[torch.Tensor]:
+    """The span checksums (partial sums) of the plan's ``hashed`` runs whose staging bytes fall in
+    ``[low, high)``, read from ``staging`` (the window's gathered bytes), by where they land."""
+    partials = []
+    for run in plan.hashed:
+        remote, at, lengths = _clip(run.remote_offsets, run.staging_offsets, run.nbytes, low, high)
+        if len(lengths):
+            addresses = span_address(run.decode_rank, run.region, remote)
+            partials.append(spans_checksum(staging, at - low, addresses, lengths, key))
+    return partials
 
 
 def _window_spans(plan: RankSend, low: int, high: int) -> dict[int, list[ByteSpan]]:

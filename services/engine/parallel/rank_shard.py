@@ -9,9 +9,10 @@ from services.engine.cache_manager import CacheManager
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import load_engine_model
 from services.engine.model_runner import ModelRunner
+from services.transfer import BLOCKS, STATE
 
 from .context import ParallelContext
-from .rank_handoff import HandoffCommand, RankSent, RankTransfer, TransferSetup
+from .rank_handoff import HandoffCommand, LandedCheck, RankSent, RankTransfer, TransferSetup, landed_checksum
 from .rank_step import RankStep
 
 
@@ -37,10 +38,16 @@ class RankShard:
         self.cache.apply_state_copies(step.state_copies)
         self.runner.forward(list(step.steps), list(step.logit_rows))
 
-    def answer(self, message: TransferSetup | HandoffCommand, rank: int) -> object:
+    def answer(self, message: TransferSetup | HandoffCommand | LandedCheck, rank: int) -> object:
         """A handoff message's answer for rank 0: a ``TransferSetup`` opens this rank's agent (its
         ``TransferEndpoint``, or the error as a string); a ``HandoffCommand`` sends this rank's part
-        (a ``RankSent``)."""
+        (a ``RankSent``); a ``LandedCheck`` hashes what a handoff filled here (the int, or the error)."""
+        if isinstance(message, LandedCheck):
+            storages = {BLOCKS: self.cache.blocks.storage, STATE: self.cache.slots.storage}
+            try:
+                return landed_checksum(self.model.config, storages, message, rank)
+            except Exception as error:  # noqa: BLE001 (answered, as above)
+                return f"rank {rank}: {type(error).__name__}: {error}"
         if isinstance(message, TransferSetup):
             try:
                 self.transfer = RankTransfer.open_follower(message, rank, self.model.config, self.cache)
