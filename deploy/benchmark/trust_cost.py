@@ -25,6 +25,11 @@ last part's hash: its cost is ``last part / transfer``. A write between two proc
 device-local copy (NIXL over CUDA IPC), faster than any link between hosts, so the rows also give the
 cost on links of ``links_gbps`` (computed: the last part's hash over the time that link takes for the
 size). The goal for both is at most ``GOAL`` (2 %).
+
+A parallel handoff (prefill ranks writing byte spans into decode ranks) is hashed by where its spans land
+(``handoff_checksum.spans_checksum``), after the whole write and in one notification: its cost is the
+whole size's span hash (``SPAN_BYTES`` spans at scattered addresses) over the write, the ``parallel``
+columns.
 """
 
 import random
@@ -43,9 +48,9 @@ from deploy.local.launcher import LocalCluster
 from loadtest.scrape import scrape
 from proto.baton.v1 import generation_pb2_grpc
 from services.engine.handoff import PART_BYTES
-from services.engine.handoff_checksum import rows_checksum
+from services.engine.handoff_checksum import rows_checksum, settled, span_address, spans_checksum
 from services.engine.model.config_loader import load_model_config
-from services.transfer import BLOCKS
+from services.transfer import BLOCKS, STATE
 from services.transfer.bandwidth import measure_bandwidth
 
 from .request_timing import timed_generate
@@ -53,19 +58,26 @@ from .request_timing import timed_generate
 GOAL = 0.02
 ARMS = ("open", "trusted")
 ROW_BYTES = 64 << 10  # checksum rows of the data-plane rows (a pool row is tens of KiB)
+SPAN_BYTES = 16 << 10  # a parallel handoff's spans (a field's rows of one block, or a head's state)
 LINKS_GBPS = (50.0, 450.0)  # a 400 Gb/s NIC; NVLink 4 one way
 TOKEN = "bench-trust-token"
 
 
 @dataclass(frozen=True)
 class DataPlaneRow:
-    """One handoff size: the median write time, and the median checksum times of the whole handoff and
-    of its last part, in ms."""
+    """One handoff size: the median write time, and the median checksum times of the whole handoff, of
+    its last part and of the whole handoff as a parallel one's spans, in ms."""
 
     size_bytes: int
     transfer_ms: float
     checksum_ms: float
     last_part_ms: float
+    spans_ms: float
+
+    @property
+    def parallel_cost(self) -> float:
+        """What the check adds to a parallel handoff (the whole span hash), as a fraction of the write."""
+        return self.spans_ms / self.transfer_ms
 
     @property
     def cost(self) -> float:
@@ -133,6 +145,8 @@ class TrustCostReport:
                 "checksum_ms": round(r.checksum_ms, 4),
                 "last_part_ms": round(r.last_part_ms, 4),
                 "cost": round(r.cost, 4),
+                "spans_ms": round(r.spans_ms, 4),
+                "parallel_cost": round(r.parallel_cost, 4),
                 **{f"cost_at_{link:g}_gbps": round(r.cost_at(link), 4) for link in self.links_gbps},
             }
             for r in self.data_plane
@@ -158,12 +172,13 @@ class TrustCostReport:
         lines.append(f"trusted router refused a request without the token: {refused}")
         links = "".join(f"{f'at {link:g} GB/s':>14}" for link in self.links_gbps)
         header = f"{'handoff':>10}{'transfer ms':>14}{'checksum ms':>14}{'last part ms':>14}{'cost':>10}"
-        lines.append(header + links)
+        lines.append(header + links + f"{'parallel ms':>14}{'cost':>10}")
         for r in self.data_plane:
             costs = "".join(f"{100 * r.cost_at(link):>13.2f}%" for link in self.links_gbps)
             lines.append(
                 f"{size_name(r.size_bytes):>10}{r.transfer_ms:>14.3f}{r.checksum_ms:>14.3f}"
                 f"{r.last_part_ms:>14.3f}{100 * r.cost:>9.2f}%{costs}"
+                f"{r.spans_ms:>14.3f}{100 * r.parallel_cost:>9.2f}%"
             )
         ttft_change = self.ttft_ratio() - 1
         ttft_cost = max(ttft_change, self.check_share())
@@ -310,14 +325,32 @@ def _data_plane_row(size: int, device: str) -> DataPlaneRow:
     storage = torch.randint(0, 256, (size // ROW_BYTES, ROW_BYTES), dtype=torch.uint8, device=device)
     last_part = min(size, PART_BYTES) // ROW_BYTES
     whole = _checksum_ms(storage, storage.shape[0])
-    return DataPlaneRow(size, transfer_ms, whole, _checksum_ms(storage, last_part))
+    return DataPlaneRow(size, transfer_ms, whole, _checksum_ms(storage, last_part), _spans_ms(storage))
+
+
+def _spans_ms(storage: torch.Tensor) -> float:
+    """The median time of a parallel handoff's check over all of ``storage``: ``SPAN_BYTES`` spans, each
+    at its own scattered address, hashed by ``spans_checksum`` and settled (one sync)."""
+    source = storage.view(-1)
+    offsets = torch.arange(0, source.numel(), SPAN_BYTES)
+    addresses = span_address(1, STATE, torch.randperm(len(offsets)) * 3 * SPAN_BYTES)
+    nbytes = torch.full_like(offsets, SPAN_BYTES)
+    return _median_ms(
+        lambda: settled([spans_checksum(source, offsets, addresses, nbytes, 0x9F1C0B7E5A3D2C1B)])
+    )
+
+
+def _median_ms(run) -> float:
+    """The median of 6 timed calls of ``run`` after one warm-up, in ms."""
+    samples = []
+    for _ in range(7):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(samples[1:])
 
 
 def _checksum_ms(storage: torch.Tensor, rows: int) -> float:
     """The median time of ``rows_checksum`` over the first ``rows`` rows (a Python int: synchronised)."""
-    ids, capability, samples = {BLOCKS: list(range(rows))}, "9f1c0b7e5a3d2c1b" * 2, []
-    for _ in range(7):
-        start = time.perf_counter()
-        rows_checksum({BLOCKS: storage}, ids, capability)
-        samples.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(samples[1:])
+    ids, capability = {BLOCKS: list(range(rows))}, "9f1c0b7e5a3d2c1b" * 2
+    return _median_ms(lambda: rows_checksum({BLOCKS: storage}, ids, capability))

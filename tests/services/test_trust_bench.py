@@ -35,7 +35,8 @@ def test_the_arms_differ_as_they_claim(report):
 def test_data_plane_rows_and_the_table(report):
     assert [row.size_bytes for row in report.data_plane] == [ROW_BYTES, 4 * ROW_BYTES]
     assert all(
-        row.transfer_ms > 0 and row.checksum_ms > 0 and row.last_part_ms > 0 for row in report.data_plane
+        row.transfer_ms > 0 and row.checksum_ms > 0 and row.last_part_ms > 0 and row.spans_ms > 0
+        for row in report.data_plane
     )
     table = report.format_table()
     assert "trusted" in table and "256 KiB" in table and "goal, at most 2%: TTFT" in table
@@ -45,6 +46,9 @@ def test_data_plane_rows_and_the_table(report):
     first = report.data_plane[0]
     assert row["data_plane"][0]["cost_at_50_gbps"] == round(first.last_part_ms / (first.size_bytes / 50e6), 4)
     assert [entry["size_bytes"] for entry in row["data_plane"]] == [ROW_BYTES, 4 * ROW_BYTES]
+    assert "parallel ms" in table and row["data_plane"][1]["parallel_cost"] == round(
+        report.data_plane[1].spans_ms / report.data_plane[1].transfer_ms, 4
+    )
 
 
 @pytest.mark.parametrize(
