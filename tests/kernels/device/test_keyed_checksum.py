@@ -100,6 +100,13 @@ def test_span_checksum_is_the_row_checksum_of_the_bytes_it_places(monkeypatch):
     )
     monkeypatch.setattr(naive, "SLICE_WORDS", 7)  # slices cut through spans
     assert naive.keyed_spans_checksum(flat, offsets, offsets + 72, nbytes, KEYS[0]) == want
+    # Cuts on word boundaries: those spans are read a word at a time, beside the bytewise ones.
+    words = torch.unique(torch.cat([offsets // 4 * 4, torch.tensor([flat.numel()])]))
+    aligned, sizes = words[:-1], torch.diff(words)
+    assert naive.keyed_spans_checksum(flat, aligned, aligned + 72, sizes, KEYS[0]) == want
+    mixed = torch.cat([aligned[:5], offsets[offsets >= aligned[5]]])
+    sizes = torch.diff(torch.cat([mixed, torch.tensor([flat.numel()])]))
+    assert naive.keyed_spans_checksum(flat, mixed, mixed + 72, sizes, KEYS[0]) == want
 
 
 def test_span_checksum_sees_a_changed_byte_a_moved_span_and_another_key():
