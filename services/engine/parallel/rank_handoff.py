@@ -198,9 +198,10 @@ class RankTransfer:
     def _send(self, plan: RankSend, command: HandoffCommand) -> tuple[int, int]:
         """Run ``plan`` one staging window at a time: the plan's staging offsets may pass the buffer's
         size (a context longer than the buffer holds), so window ``k`` gathers the runs' bytes that fall
-        in ``[k W, (k+1) W)``, hashes the plan's ``hashed`` spans of them (with a ``checksum_key``) and
-        makes every write of them (several decode ranks' writes may read the same staged bytes) before
-        the next window's gather.
+        in ``[k W, (k+1) W)``, hashes the plan's ``hashed`` spans of them (with a ``checksum_key``) and,
+        once the gather has run on the device (NIXL does not follow the stream's order; the hash may
+        still be running), makes every write of them (several decode ranks' writes may read the same
+        staged bytes) before the next window's gather.
         Returns the bytes written and their checksum (0 without a key)."""
         if plan.staging_nbytes == 0:
             return 0, 0
@@ -220,12 +221,24 @@ class RankTransfer:
                 source = self.storages[region].view(-1)
                 copy_runs = triton_copy.copy_byte_runs if source.is_cuda else naive.copy_byte_runs
                 copy_runs(source, offsets, staging, at - low, lengths)
+            gathered = _recorded(staging)
             if command.checksum_key is not None:  # queued behind the gather, before the next one
                 partials.extend(_window_checksums(plan, staging, low, high, command.checksum_key))
+            if gathered is not None:  # NIXL reads the staging buffer outside the stream's order
+                gathered.synchronize()
             for decode_rank, spans in _window_spans(plan, low, high).items():
                 peer = self.backend.connect(command.endpoints[decode_rank])
                 nbytes += self.backend.write_bytes(peer, spans, timeout_s=command.timeout_s).nbytes
         return nbytes, settled(partials)
+
+
+def _recorded(tensor: torch.Tensor) -> "torch.cuda.Event | None":
+    """An event recorded on ``tensor``'s device stream now (what is queued so far), or None on the CPU."""
+    if not tensor.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(tensor.device))
+    return event
 
 
 def _starts(lengths: torch.Tensor) -> torch.Tensor:
