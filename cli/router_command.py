@@ -9,7 +9,7 @@ from router.server import RouterConfig, RouterServer
 
 from .cluster_secret_flag import add_cluster_secret_flag
 from .rate_limit_flags import add_tenant_rate_limit_flags
-from .tls_flags import add_router_tls_flags
+from .tls_flags import add_internal_tls_flags, add_router_tls_flags
 from .token_file import add_auth_token_file_flag
 
 _KUBERNETES_FLAGS = (
@@ -32,6 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_tenant_rate_limit_flags(parser)
     add_router_tls_flags(parser)
     add_cluster_secret_flag(parser, "sent on every call to the workers")
+    add_internal_tls_flags(parser, "the router's calls to its workers")
     workers = parser.add_argument_group("workers: a fixed list, or found through the Kubernetes API")
     workers.add_argument("--prefill", default="", metavar="HOST:PORT,...", help="prefill worker addresses")
     workers.add_argument("--decode", default="", metavar="HOST:PORT,...", help="decode worker addresses")
@@ -158,6 +159,9 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         cluster_secret_file=args.cluster_secret_file,
+        internal_tls_cert=args.internal_tls_cert,
+        internal_tls_key=args.internal_tls_key,
+        internal_tls_ca=args.internal_tls_ca,
         tenant_rate_limit=args.tenant_rate_limit,
         tenant_burst=args.tenant_burst,
         disaggregation="never" if args.colocated else "always" if args.always_disaggregate else "conditional",

@@ -1,9 +1,13 @@
 """The TLS flags: a router's (``baton router`` / ``baton serve``: ``--tls-cert``, ``--tls-key``,
-``--tls-client-ca``) and a client's (``baton client generate`` / ``baton loadtest``: ``--tls-ca``, and
-``--tls-cert`` / ``--tls-key`` for mutual TLS). docs/authentication.md says how to use them."""
+``--tls-client-ca``), a client's (``baton client generate`` / ``baton loadtest``: ``--tls-ca``, and
+``--tls-cert`` / ``--tls-key`` for mutual TLS), and the internal mutual TLS between a cluster's processes
+(``baton router`` / ``cache`` / ``serve``: ``--internal-tls-cert``, ``--internal-tls-key``,
+``--internal-tls-ca``; ``baton worker`` has them as ``WorkerConfig`` fields). docs/authentication.md says
+how to use them."""
 
 import argparse
 
+from common.internal_tls import INTERNAL_NAME
 from sdk.tls import ClientTls
 
 
@@ -19,6 +23,31 @@ def add_router_tls_flags(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="FILE",
         help="mutual TLS: clients must present a certificate signed by this PEM CA (default: none asked)",
+    )
+
+
+def add_internal_tls_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--internal-tls-cert``, ``--internal-tls-key``, ``--internal-tls-ca`` (dests ``internal_tls_*``,
+    default ""); ``what``: the internal calls they secure for this command. Checked by
+    ``common.internal_tls.internal_tls``."""
+    group = parser.add_argument_group(
+        f"Internal mutual TLS between the cluster's processes ({what}; docs/authentication.md)"
+    )
+    group.add_argument(
+        "--internal-tls-cert",
+        default="",
+        metavar="FILE",
+        help=f"this process's PEM certificate, naming {INTERNAL_NAME} in its subjectAltName "
+        "(default: plaintext)",
+    )
+    group.add_argument(
+        "--internal-tls-key", default="", metavar="FILE", help="its PEM private key, unencrypted"
+    )
+    group.add_argument(
+        "--internal-tls-ca",
+        default="",
+        metavar="FILE",
+        help="the cluster CA (PEM): the only signer of the certificates accepted",
     )
 
 

@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection
 
 from common.cluster_index import ClusterIndex
 from common.cluster_secret import read_cluster_secret
+from common.internal_tls import internal_tls
 from common.metrics import Metrics
 from common.model_info import STATEFUL_FAMILIES, read_model_info
 from common.redis_link import check_redis_url
@@ -69,6 +70,9 @@ class RouterConfig:
     tls_key: str = ""  # its PEM private key, unencrypted
     tls_client_ca: str = ""  # mutual TLS: clients need a certificate signed by this CA; "": none asked
     cluster_secret_file: str = ""  # the cluster secret sent to every worker (common/cluster_secret.py)
+    internal_tls_cert: str = ""  # internal mutual TLS to the workers (common/internal_tls.py); "": plaintext
+    internal_tls_key: str = ""
+    internal_tls_ca: str = ""
     tenant_rate_limit: float = (
         0.0  # Generate requests a second per tenant (router/tenant_rate_limit.py); 0: none
     )
@@ -107,6 +111,7 @@ class RouterServer:
         secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
         if secret is None:
             secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""
+        workers_tls = internal_tls(config.internal_tls_cert, config.internal_tls_key, config.internal_tls_ca)
         self.discovery = discovery if discovery is not None else discovery_for(config)
         model_info = read_model_info(config.model)
         try:
@@ -123,6 +128,7 @@ class RouterServer:
             cluster_index=self.cluster_index,
             has_state=model_info.family in STATEFUL_FAMILIES,
             cluster_secret=secret,
+            internal_tls=workers_tls,
         )
         admission = Admission(config.max_running, config.max_queued, self.metrics)
         dispatcher = Dispatcher(

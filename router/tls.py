@@ -10,9 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
-
-class TlsFileError(ValueError):
-    """A TLS flag that is missing its pair, unreadable or does not load; the message names the flag."""
+from common.tls_files import TlsFileError, check_certificates, check_key_pair, no_password, read_pem
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class ServerTls:
         """The OpenAI HTTP port's context (TLS 1.2 or later)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.cert, self.key, password=_no_password)
+        context.load_cert_chain(self.cert, self.key, password=no_password)
         if self.mutual:
             context.load_verify_locations(cadata=self.client_ca_pem.decode("ascii"))
             context.verify_mode = ssl.CERT_REQUIRED
@@ -66,44 +64,10 @@ def server_tls(cert: str, key: str, client_ca: str = "") -> ServerTls | None:
         raise TlsFileError("--tls-cert: give its private key too (--tls-key)")
     if key and not cert:
         raise TlsFileError("--tls-key: give its certificate too (--tls-cert)")
-    cert_pem, key_pem = _read(cert, "--tls-cert"), _read(key, "--tls-key")
-    client_ca_pem = _read(client_ca, "--tls-client-ca") if client_ca else None
-    _check_certificates(cert_pem, "--tls-cert", cert)
+    cert_pem, key_pem = read_pem(cert, "--tls-cert"), read_pem(key, "--tls-key")
+    client_ca_pem = read_pem(client_ca, "--tls-client-ca") if client_ca else None
+    check_certificates(cert_pem, "--tls-cert", cert)
     if client_ca_pem is not None:
-        _check_certificates(client_ca_pem, "--tls-client-ca", client_ca)
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_password)
-    except _EncryptedKey:
-        raise TlsFileError(f"--tls-key: {key} is encrypted; give the key unencrypted (PEM)") from None
-    except ssl.SSLError as error:  # the certificate loads (checked above): the key is at fault
-        if "KEY_VALUES_MISMATCH" in str(error):
-            raise TlsFileError(f"--tls-key: {key} is not the private key of --tls-cert {cert}") from None
-        reason = error.reason or error
-        raise TlsFileError(f"--tls-key: {key} holds no usable PEM private key ({reason})") from None
+        check_certificates(client_ca_pem, "--tls-client-ca", client_ca)
+    check_key_pair(cert, key, "--tls-cert", "--tls-key")
     return ServerTls(cert, key, client_ca, cert_pem, key_pem, client_ca_pem)
-
-
-class _EncryptedKey(Exception):
-    pass
-
-
-def _no_password() -> bytes:
-    """Called by ssl only for an encrypted key: refuse it rather than prompt on the terminal."""
-    raise _EncryptedKey
-
-
-def _read(path: str, flag: str) -> bytes:
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as error:
-        raise TlsFileError(f"{flag}: cannot read {path} ({error.strerror or error})") from None
-
-
-def _check_certificates(pem: bytes, flag: str, path: str) -> None:
-    """TlsFileError naming ``flag`` unless ``pem`` holds at least one PEM certificate that loads."""
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("ascii"))
-    except (ssl.SSLError, UnicodeDecodeError, ValueError) as error:
-        reason = getattr(error, "reason", None) or error
-        raise TlsFileError(f"{flag}: {path} holds no usable PEM certificate ({reason})") from None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 
 from common.cluster_index import ClusterIndex
+from common.internal_tls import InternalTls, insecure_or_internal_channel
 from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 
@@ -109,6 +110,7 @@ class WorkerPool:
             ``ClusterIndex.lookup``'s signature; its nodes are the workers' ``WorkerStats.node``.
         has_state: the model has KDA state (the hybrid hit rule applies to tier hits).
         cluster_secret: sent on every call to every worker (``--cluster-secret-file``); "": none.
+        internal_tls: the cluster's internal mutual TLS (``common/internal_tls.py``), or None: plaintext.
     """
 
     def __init__(
@@ -120,8 +122,10 @@ class WorkerPool:
         cluster_index: ClusterIndex | None = None,
         has_state: bool = True,
         cluster_secret: str = "",
+        internal_tls: InternalTls | None = None,
     ):
         self._cluster_secret = cluster_secret
+        self._internal_tls = internal_tls
         self.prefill: list[Worker] = []
         self.decode: list[Worker] = []
         self.on_health = on_health or (lambda worker, up: None)
@@ -193,7 +197,9 @@ class WorkerPool:
         return fresh
 
     def _connect(self, role: str, address: str, stub_class) -> Worker:
-        channel = with_cluster_secret(grpc.insecure_channel(address), self._cluster_secret)
+        channel = with_cluster_secret(
+            insecure_or_internal_channel(address, self._internal_tls), self._cluster_secret
+        )
         worker = Worker(role=role, address=address, stub=stub_class(channel), channel=channel)
         # Closed once nothing holds the worker: the pool after ``update`` removed it (and its watcher
         # stopped), or a request that was still running on it. (Earlier would cancel that request.)

@@ -61,6 +61,11 @@ HELP = {
     "redis_url": "HiCache's cluster index and L3: redis://HOST:PORT (default: none)",
     "cluster_secret_file": "a file holding the cluster secret (>= 32 characters): every internal call to "
     "this worker must carry it, and it is sent to the node's tier (docs/authentication.md; default: none)",
+    "internal_tls_cert": "internal mutual TLS: this worker's PEM certificate, naming baton-internal in its "
+    "subjectAltName; its port then takes only clients with a certificate the CA signed, and its calls to the "
+    'node\'s tier go over TLS (docs/authentication.md, "Internal trust"; default: plaintext)',
+    "internal_tls_key": "internal mutual TLS: the certificate's PEM private key, unencrypted",
+    "internal_tls_ca": "internal mutual TLS: the cluster CA (PEM) that signs every internal certificate",
     # EngineConfig
     "model": "checkpoint folder",
     "device": "cpu, cuda or cuda:N",

@@ -68,6 +68,9 @@ class WorkerConfig:
     cluster_secret_file: str = (
         ""  # the cluster secret internal calls need and send (common/cluster_secret.py)
     )
+    internal_tls_cert: str = ""  # internal mutual TLS (common/internal_tls.py): this process's certificate
+    internal_tls_key: str = ""  # its private key
+    internal_tls_ca: str = ""  # the cluster CA: the only signer of certificates accepted
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.cluster_secret import read_cluster_secret
+from common.internal_tls import bind_internal_port, internal_tls
 from common.metrics import Metrics
 from common.rpc.cluster_secret_interceptor import ClusterSecretInterceptor
 from common.rpc.errors import ErrorInterceptor
@@ -39,7 +40,8 @@ class WorkerServer:
     closes it, cancelling whatever is still in flight.
 
     With a cluster secret (``cluster_secret``, else the one in ``config.cluster_secret_file``) every
-    call but the health service's must carry it, and the worker sends it to its node's tier.
+    call but the health service's must carry it, and the worker sends it to its node's tier. With
+    internal TLS (``config.internal_tls_*``) its port is mutual TLS (``common/internal_tls.py``).
     """
 
     def __init__(self, config: WorkerConfig, cluster_secret: str | None = None):
@@ -48,6 +50,7 @@ class WorkerServer:
         secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
         if secret is None:  # read first: a bad file fails before the engine loads
             secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""
+        self.tls = internal_tls(config.internal_tls_cert, config.internal_tls_key, config.internal_tls_ca)
         self.name = config.name or f"{config.role}-{config.port}"
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
@@ -117,7 +120,7 @@ class WorkerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (service, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        self.port = bind_internal_port(self.server, f"{config.host}:{config.port}", self.tls)
         if self.port == 0:
             raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
         self.server.start()

@@ -1,5 +1,6 @@
 """Throwaway PKI for the TLS tests, made at test time with ``cryptography``: a CA, a router certificate
-for localhost / 127.0.0.1, and client certificates (one signed by the CA, one by a stranger CA)."""
+for localhost / 127.0.0.1, client certificates (one signed by the CA, one by a stranger CA), and internal
+certificates naming ``baton-internal`` (one signed by the CA, one by the stranger CA)."""
 
 import datetime
 import ipaddress
@@ -10,6 +11,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from common.internal_tls import INTERNAL_NAME
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,10 @@ class Pki:
     stranger_cert: Path  # a client certificate signed by a CA the router does not trust
     stranger_key: Path
     other_key: Path  # a key that is not the server certificate's
+    internal_cert: Path  # the cluster's processes' certificate (common/internal_tls.py), CA-signed
+    internal_key: Path
+    stranger_internal_cert: Path  # names baton-internal too, signed by the stranger CA
+    stranger_internal_key: Path
 
 
 def make_pki(folder: Path) -> Pki:
@@ -36,6 +43,9 @@ def make_pki(folder: Path) -> Pki:
     server_key, server = _leaf("router", ca, ca_key, names)
     client_key, client = _leaf("client", ca, ca_key, None)
     stranger_key, stranger = _leaf("stranger", stranger_ca, stranger_ca_key, None)
+    internal_names = x509.SubjectAlternativeName([x509.DNSName(INTERNAL_NAME)])
+    internal_key, internal = _leaf("worker", ca, ca_key, internal_names)
+    stranger_internal_key, stranger_internal = _leaf("impostor", stranger_ca, stranger_ca_key, internal_names)
     files = {
         "ca": _cert_pem(ca),
         "server_cert": _cert_pem(server),
@@ -45,6 +55,10 @@ def make_pki(folder: Path) -> Pki:
         "stranger_cert": _cert_pem(stranger),
         "stranger_key": _key_pem(stranger_key),
         "other_key": _key_pem(ec.generate_private_key(ec.SECP256R1())),
+        "internal_cert": _cert_pem(internal),
+        "internal_key": _key_pem(internal_key),
+        "stranger_internal_cert": _cert_pem(stranger_internal),
+        "stranger_internal_key": _key_pem(stranger_internal_key),
     }
     for name, pem in files.items():
         (folder / f"{name}.pem").write_bytes(pem)
