@@ -51,6 +51,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="keep the pages in shared-memory files here, which workers on this machine map and copy "
         "directly (workers elsewhere use NIXL); '' keeps them private, NIXL only (default /dev/shm)",
     )
+    parser.add_argument(
+        "--tenant-cache-reserve-pages",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pages each tenant keeps in each arena (KV, KDA): another tenant's puts never evict them "
+        "(default 0: plain LRU)",
+    )
     add_cluster_secret_flag(parser, "every call but health checks must carry it; workers send it")
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
@@ -80,6 +88,7 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
         raise ValueError("--kv-gib: must be > 0 (the KV tier's host memory)")
     check_redis_url("--redis-url", args.redis_url)
     check_l3_gib("--redis-l3-gib", args.redis_l3_gib, args.redis_url)
+    check_reserve_pages("--tenant-cache-reserve-pages", args.tenant_cache_reserve_pages)
     return CacheConfig(
         kv_budget_bytes=int(args.kv_gib * GIB),
         kda_budget_bytes=int(args.kda_gib * GIB),
@@ -91,6 +100,7 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
         node=args.node,
         l3_budget_bytes=int(args.redis_l3_gib * GIB),
         shm_dir=args.shm_dir,
+        tenant_cache_reserve_pages=args.tenant_cache_reserve_pages,
         cluster_secret=read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else "",
     )
 
@@ -105,3 +115,13 @@ def check_l3_gib(flag: str, gib: float, redis_url: str) -> None:
         raise ValueError(f"{flag}: must be a finite number >= 0 (0: no L3), got {gib}")
     if gib > 0 and not redis_url:
         raise ValueError(f"{flag}: the L3 lives in Redis: give --redis-url too (or set {flag} 0)")
+
+
+def check_reserve_pages(flag: str, pages: int) -> None:
+    """A per-tenant page reserve as given on ``flag``: an integer >= 0.
+
+    Raises:
+        ValueError: naming ``flag``.
+    """
+    if pages < 0:
+        raise ValueError(f"{flag}: must be >= 0, got {pages}")

@@ -26,6 +26,7 @@ from services.engine.parallel.parallel_check import check_parallel
 from services.hicache.server import GIB, CacheConfig
 from services.worker_config import ROLES, WorkerConfig
 
+from .cache_command import check_reserve_pages
 from .cluster_secret_flag import add_cluster_secret_flag
 from .rate_limit_flags import add_tenant_rate_limit_flags
 from .tls_flags import add_router_tls_flags
@@ -140,6 +141,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=0.25,
         metavar="F",
         help="share of --host-cache-gib for KDA snapshots, the rest for KV blocks (default 0.25)",
+    )
+    tier.add_argument(
+        "--tenant-cache-reserve-pages",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pages of the node's tier each tenant keeps in each arena (KV, KDA): another tenant's load "
+        "never evicts them (default 0: plain LRU)",
     )
     ray = parser.add_argument_group("on Ray (pip install 'baton[ray]')")
     ray.add_argument("--ray", action="store_true", help="run the workers and router as Ray actors")
@@ -356,15 +365,24 @@ def node_cache(args: argparse.Namespace, worker: WorkerConfig) -> ManagedCache |
         ValueError: naming the flag.
     """
     kv_gib, kda_gib = node_cache_split(args.node_cache_gib, args.node_cache_kda_fraction)
+    check_reserve_pages("--tenant-cache-reserve-pages", args.tenant_cache_reserve_pages)
     if kv_gib == 0:
         return None
     l3_gib = args.node_l3_gib if worker.redis_url else 0.0  # no Redis (--no-redis, no binary): no L3
-    return ManagedCache(kv_gib, kda_gib, redis_url=worker.redis_url, node=worker.node, l3_gib=l3_gib)
+    return ManagedCache(
+        kv_gib,
+        kda_gib,
+        redis_url=worker.redis_url,
+        node=worker.node,
+        l3_gib=l3_gib,
+        tenant_reserve_pages=args.tenant_cache_reserve_pages,
+    )
 
 
 def node_cache_config(args: argparse.Namespace) -> CacheConfig | None:
     """Each node's tier under ``--ray`` (on ``--host-cache-port``); None without ``--host-cache-gib``."""
     kv_gib, kda_gib = node_cache_split(args.node_cache_gib, args.node_cache_kda_fraction)
+    check_reserve_pages("--tenant-cache-reserve-pages", args.tenant_cache_reserve_pages)
     if kv_gib == 0:
         return None
     if not 0 < args.host_cache_port < 65536:
@@ -377,6 +395,7 @@ def node_cache_config(args: argparse.Namespace) -> CacheConfig | None:
         port=args.host_cache_port,
         redis_url=args.redis_url or "",
         l3_budget_bytes=l3_bytes,
+        tenant_cache_reserve_pages=args.tenant_cache_reserve_pages,
     )
 
 

@@ -128,8 +128,9 @@ class ManagedCache(ManagedProcess):
     """The node's ``baton cache`` (the HiCache host tier): ``kv_gib`` / ``kda_gib`` of host memory,
     publishing what it holds to the cluster index at ``redis_url`` as ``node`` ("": not / the host name),
     with an L3 of ``l3_gib`` there below it (0: none), its pages in shared-memory files in ``shm_dir``
-    (``None``: the command's default, ``/dev/shm``; "": private, reached over NIXL only); every call to
-    it must carry the secret in ``cluster_secret_file`` ("": none needed).
+    (``None``: the command's default, ``/dev/shm``; "": private, reached over NIXL only), each tenant
+    keeping ``tenant_reserve_pages`` pages against other tenants' puts (0: none); every call to it must
+    carry the secret in ``cluster_secret_file`` ("": none needed).
 
     Its pages live only in its memory: a restart starts an empty tier, and the workers' clients attach to
     it again by themselves (``services/hicache/client.py``).
@@ -149,8 +150,10 @@ class ManagedCache(ManagedProcess):
         l3_gib: float = 0.0,
         shm_dir: str | None = None,
         cluster_secret_file: str = "",
+        tenant_reserve_pages: int = 0,
     ):
         super().__init__(port)
+        self.tenant_reserve_pages = tenant_reserve_pages
         self.cluster_secret_file = cluster_secret_file
         self.l3_gib = l3_gib
         self.shm_dir = shm_dir
@@ -168,6 +171,8 @@ class ManagedCache(ManagedProcess):
         ]
         if self.shm_dir is not None:
             index += ["--shm-dir", self.shm_dir]
+        if self.tenant_reserve_pages:
+            index += ["--tenant-cache-reserve-pages", str(self.tenant_reserve_pages)]
         if self.cluster_secret_file:
             index += ["--cluster-secret-file", self.cluster_secret_file]
         return ["cache", "--port", str(self.port), *sizes, *index, "--exit-with-parent"]

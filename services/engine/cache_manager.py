@@ -207,6 +207,8 @@ class CacheManager:
                 config.host_cache_kda_fraction,
                 redis_url=redis_url,
                 l3_gib=config.redis_l3_gib,
+                tenant_reserve_pages=config.tenant_cache_reserve_blocks,  # a page holds one block
+                snapshot_stride=config.snapshot_stride,
             )
         gate = PrefetchGate(config.prefetch_policy, config.prefetch_timeout_ms)
         return cls(
@@ -419,7 +421,7 @@ class CacheManager:
             self.blocks.register(request.block_table[index], hashes[index], request.tenant)
         if self.host is not None:
             start = request.num_registered
-            self.host.save_blocks(hashes[start:full], request.block_table[start:full])
+            self.host.save_blocks(hashes[start:full], request.block_table[start:full], request.tenant)
         request.num_registered = full
         reason = self.policy.reason(request, request.num_computed) if self.has_state else None
         if reason is not None:
@@ -427,7 +429,7 @@ class CacheManager:
             snapshot = self.snapshots.save(hashes[full - 1], state, request.tenant)
             self._copied(SAVE, request.slot, snapshot)
             if self.host is not None and reason != DECODE:
-                self.host.save_state(hashes[full - 1], state, reason)
+                self.host.save_state(hashes[full - 1], state, reason, request.tenant)
 
     def record_end(self, request: Request) -> None:
         """At the end of a request, snapshot its state if it stops exactly on a block boundary, and
@@ -441,7 +443,7 @@ class CacheManager:
                 self._copied(SAVE, request.slot, snapshot)
             last = self.snapshots.lookup(last_hash) if full else None
             if self.host is not None and last is not None:
-                self.host.save_state(last_hash, self.snapshots.pool.storage[last], TURN_END)
+                self.host.save_state(last_hash, self.snapshots.pool.storage[last], TURN_END, request.tenant)
 
     def release(self, request: Request) -> None:
         """Return everything the request holds; registered blocks stay cached for later matches."""

@@ -117,10 +117,13 @@ class HostCacheConnector:
         kda_fraction: float,
         redis_url: str = "",
         l3_gib: float = 0.0,
+        tenant_reserve_pages: int = 0,
+        snapshot_stride: int = 1,
     ) -> "HostCacheConnector":
         """A tier of ``gib`` GiB owned by this engine: ``kda_fraction`` of it for KDA snapshots (all of
         it for KV blocks on a model without KDA layers); with ``l3_gib`` > 0, a Redis L3 of that size
-        at ``redis_url`` below it.
+        at ``redis_url`` below it; ``tenant_reserve_pages`` KV pages each tenant keeps against other
+        tenants' puts, and one snapshot per ``snapshot_stride`` of them (``HostTier``).
 
         Raises:
             ValueError: a budget too small for one page of a kind, naming ``host_cache_gib``; an L3
@@ -144,6 +147,8 @@ class HostCacheConnector:
             kv_budget,
             kda_budget,
             layout_fingerprint(blocks, slots),
+            tenant_reserve_pages=tenant_reserve_pages,
+            snapshot_stride=snapshot_stride,
         )
         kda_pages = tier.kda.num_pages if tier.kda is not None else 0
         l3 = None
@@ -263,25 +268,25 @@ class HostCacheConnector:
             self.tier.end_get(leases.kda_lease)
             self.open_leases -= 1
 
-    def save_blocks(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> None:
-        """Write-through: copy the device blocks ``block_ids`` (holding ``hashes``) into the tier; blocks
-        it already holds (or has no free page for) are skipped."""
+    def save_blocks(self, hashes: Sequence[bytes], block_ids: Sequence[int], tenant: str = "") -> None:
+        """Write-through: copy the device blocks ``block_ids`` (holding ``hashes``) into the tier as
+        ``tenant``'s pages; blocks it already holds (or has no page for) are skipped."""
         if not hashes:
             return
-        lease = self.tier.reserve_put(KV, list(hashes))
+        lease = self.tier.reserve_put(KV, list(hashes), tenant)
         self.counters.saves_skipped[KV] += lease.no_room
         kept = [(page, block) for page, block in zip(lease.pages, block_ids, strict=True) if page is not None]
         pages, blocks = zip(*kept, strict=True) if kept else ((), ())
         if self._put(lease.lease_id, lambda: self.rows.write_blocks(pages, blocks)):
             self.counters.moved(KV, TO_HOST, len(pages) * self.blocks.layout.nbytes)
 
-    def save_state(self, block_hash: bytes, state_row: torch.Tensor, reason: str) -> None:
-        """Write-through of a KDA snapshot: ``state_row`` (a slot's bytes) is the state after the block
-        ``block_hash``; ``reason`` (``services/engine/cache/snapshot_policy.py``) is kept for the
-        read-back accounting."""
+    def save_state(self, block_hash: bytes, state_row: torch.Tensor, reason: str, tenant: str = "") -> None:
+        """Write-through of a KDA snapshot, as ``tenant``'s page: ``state_row`` (a slot's bytes) is the
+        state after the block ``block_hash``; ``reason`` (``services/engine/cache/snapshot_policy.py``) is
+        kept for the read-back accounting."""
         if not self.has_state:
             return
-        lease = self.tier.reserve_put(KDA, [block_hash])
+        lease = self.tier.reserve_put(KDA, [block_hash], tenant)
         self.counters.saves_skipped[KDA] += lease.no_room
         (page,) = lease.pages
         moved = self._put(lease.lease_id, lambda: page is None or self.rows.write_state(page, state_row))
@@ -296,7 +301,8 @@ class HostCacheConnector:
 
     def offload(self, blocks: Sequence[int], hashes: Sequence[bytes]) -> None:
         """Cached device blocks (``blocks``, holding ``hashes``) are about to be reused: keep the bytes of
-        those the tier lacks, in one put (one reservation and one move for the whole batch)."""
+        those the tier lacks, in one put (one reservation and one move for the whole batch). The pages
+        are the anonymous tenant's (""): ``BlockPool.on_evict`` does not say whose blocks they were."""
         lease = self.tier.reserve_put(KV, list(hashes))
         self.counters.saves_skipped[KV] += lease.no_room
         kept = [(page, block) for page, block in zip(lease.pages, blocks, strict=True) if page is not None]

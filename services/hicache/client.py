@@ -156,9 +156,10 @@ class HostCacheClient:
             return MISS
         return TierMatch(response.kv_depth, tuple(response.snapshot_depths), response.usable_depth)
 
-    def reserve_put(self, kind: str, hashes: Sequence[bytes]) -> PutLease:
+    def reserve_put(self, kind: str, hashes: Sequence[bytes], tenant: str = "") -> PutLease:
         """``HostTier.reserve_put`` on the service; without the tier, a lease with no page to write."""
-        response = self._call("ReservePut", host_cache_pb2.LeaseHashesRequest(kind=kind, hashes=hashes))
+        request = host_cache_pb2.LeaseHashesRequest(kind=kind, hashes=hashes, tenant=tenant)
+        response = self._call("ReservePut", request)
         if response is None:
             return PutLease(NO_LEASE, (None,) * len(hashes))
         pages = tuple(None if page < 0 else page for page in response.pages)

@@ -2,12 +2,14 @@
 
 Keys are the engine's salted block-hash chain (``common/prefix_hash.py``): a KV page holds the packed
 block named by its hash, a KDA page the state slot snapshotted at the end of that block. Two tenants
-(or adapters, or models) share a page only when their chain roots are the same salt.
+(or adapters, or models) share a page only when their chain roots are the same salt. A put names its
+tenant, who owns the pages it is given; with ``tenant_reserve_pages`` each tenant keeps that many pages
+against other tenants' puts (``page_arena.py``).
 
 A write into the tier and a read from it each go through a lease, so a page is never evicted while
 its bytes move::
 
-    put:  reserve_put(kind, hashes) -> PutLease.pages   write the rows   commit_put  (or abort_put)
+    put:  reserve_put(kind, hashes, tenant) -> PutLease.pages   write the rows   commit_put  (or abort_put)
     get:  match(hashes) -> TierMatch   begin_get(kind, hashes) -> GetLease.pages   read   end_get
 
 ``match`` counts nothing (a waiting request is matched on every scheduler pass); the worker counts an
@@ -141,9 +143,14 @@ class HostTier:
             ever; it must exceed the longest transfer. ``None``: leases never expire (a tier in the
             worker's own process).
         clock: the monotonic clock leases expire by (tests step it).
+        tenant_reserve_pages: KV pages each tenant keeps against other tenants' puts (0: none).
+        snapshot_stride: the workers' ``--snapshot-stride`` when the tier knows it (an engine's own tier):
+            the KDA arena keeps ``ceil(tenant_reserve_pages / snapshot_stride)`` snapshots per tenant, one
+            per stride of its reserved blocks. A ``baton cache`` is not told its workers' stride and keeps
+            1: the same number of KDA pages as KV pages (the default stride's ratio).
 
     Raises:
-        ValueError: a page size or budget that does not fit, naming the field.
+        ValueError: a page size, budget, reserve or stride that does not fit, naming the field.
     """
 
     def __init__(
@@ -157,15 +164,24 @@ class HostTier:
         lease_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         page_memory: PageMemory | None = None,
+        tenant_reserve_pages: int = 0,
+        snapshot_stride: int = 1,
     ):
         if lease_ttl_s is not None and not lease_ttl_s > 0:
             raise ValueError(f"lease_ttl_s: must be > 0 (or None: never), got {lease_ttl_s}")
+        if snapshot_stride < 1:
+            raise ValueError(f"snapshot_stride: must be >= 1, got {snapshot_stride}")
         pin_kw = {"page_memory": page_memory} | ({} if pin is None else {"pin": pin})
         self.layout_fingerprint = layout_fingerprint
-        self.kv = PageArena(KV, kv_page_bytes, kv_budget_bytes, **pin_kw)
+        self.kv = PageArena(KV, kv_page_bytes, kv_budget_bytes, tenant_reserve=tenant_reserve_pages, **pin_kw)
         if kda_page_bytes == 0 and kda_budget_bytes != 0:
             raise ValueError("kda_budget_bytes: must be 0 when kda_page_bytes is 0 (a model without KDA)")
-        self.kda = PageArena(KDA, kda_page_bytes, kda_budget_bytes, **pin_kw) if kda_page_bytes else None
+        kda_reserve = -(-tenant_reserve_pages // snapshot_stride)
+        self.kda = (
+            PageArena(KDA, kda_page_bytes, kda_budget_bytes, tenant_reserve=kda_reserve, **pin_kw)
+            if kda_page_bytes
+            else None
+        )
         self._lock = threading.Lock()
         self._lease_ids = itertools.count(1)
         self._leases: dict[int, _Lease] = {}  # in the order given, so also by expiry
@@ -218,12 +234,14 @@ class HostTier:
 
     # ---- put ---------------------------------------------------------------------------------
 
-    def reserve_put(self, kind: str, hashes: Sequence[bytes]) -> PutLease:
-        """Pages to write ``hashes`` into (see ``PutLease``); nothing is findable before ``commit_put``."""
+    def reserve_put(self, kind: str, hashes: Sequence[bytes], tenant: str = "") -> PutLease:
+        """Pages to write ``hashes`` into (see ``PutLease``), owned by ``tenant`` ("": the anonymous
+        tenant), evicting only what ``tenant`` may (``page_arena.py``); nothing is findable before
+        ``commit_put``."""
         with self._lock:
             self._expire_leases()
             arena = self.arena(kind)
-            pages, evicted, no_room = arena.reserve(list(hashes))
+            pages, evicted, no_room = arena.reserve(list(hashes), tenant)
             self._record(kind, [page.block_hash for page in evicted], inserted=False)
             self._sink_evicted(kind, arena, evicted)
             given = tuple(h for h, page in zip(hashes, pages, strict=True) if page is not None)

@@ -19,6 +19,14 @@ Within one call, deeper hashes of a chain are made *less* recent than their ance
 touched from the last hash to the first), so eviction takes a cached chain from its tail and the
 prefix that later requests can still match survives longest.
 
+Tenants (``tenant_reserve``, ``--tenant-cache-reserve-pages``): a page belongs to the tenant whose put
+reserved it ("" is the anonymous tenant, a tenant like any other; keys are salted per tenant, so no page
+is shared between tenants). ``held_by`` counts each tenant's committed (held or read) pages. A put for
+tenant ``t`` that must evict takes the least recently used held page that is ``t``'s own or whose owner
+holds more than ``tenant_reserve`` pages; other tenants' pages at or below their reserve are skipped, and
+when nothing else is left the put gets "no room". One tenant's load thus never takes another tenant's
+reserved share; with ``tenant_reserve`` 0 eviction is plain LRU.
+
 Not thread-safe: ``HostTier`` serializes every call.
 """
 
@@ -50,9 +58,14 @@ class PageArena:
         pin: page-lock the storage (faster device copies; needs CUDA).
         page_memory: makes the storage instead, from ``(kind, num_pages, page_bytes)`` (shared memory
             other processes map: ``shared_pages.py``); ``None``: private memory, pinned if ``pin``.
+        tenant_reserve: committed pages each tenant keeps against other tenants' puts (0: none).
+
+    Attributes:
+        held_by: tenant -> its committed (held or read) pages; tenants with none are absent.
 
     Raises:
-        ValueError: ``page_bytes`` < 1 or a budget smaller than one page, naming the field.
+        ValueError: ``page_bytes`` < 1, a budget smaller than one page or a negative ``tenant_reserve``,
+            naming the field.
     """
 
     def __init__(
@@ -62,6 +75,7 @@ class PageArena:
         budget_bytes: int,
         pin: bool = torch.cuda.is_available(),
         page_memory: PageMemory | None = None,
+        tenant_reserve: int = 0,
     ):
         if page_bytes < 1:
             raise ValueError(f"{kind}_page_bytes: must be >= 1, got {page_bytes}")
@@ -70,7 +84,11 @@ class PageArena:
                 f"{kind}_budget_bytes: {budget_bytes} bytes is smaller than one {kind} page "
                 f"({page_bytes} bytes); give the {kind} tier at least one page or turn it off"
             )
+        if tenant_reserve < 0:
+            raise ValueError(f"tenant_cache_reserve_pages: must be >= 0, got {tenant_reserve}")
         self.kind = kind
+        self.tenant_reserve = tenant_reserve
+        self.held_by: dict[str, int] = {}
         self.page_bytes = page_bytes
         self.num_pages = budget_bytes // page_bytes
         if page_memory is not None:
@@ -85,6 +103,7 @@ class PageArena:
         self._read: dict[bytes, int] = {}
         self._readers = [0] * self.num_pages
         self._checksums: list[int | None] = [None] * self.num_pages
+        self._owners: list[str] = [""] * self.num_pages  # the tenant of a writing or committed page
         self.evictions = 0
         self.checksum_failures = 0
 
@@ -112,9 +131,12 @@ class PageArena:
 
     # ---- put ---------------------------------------------------------------------------------
 
-    def reserve(self, hashes: Sequence[bytes]) -> tuple[tuple[int | None, ...], list[EvictedPage], int]:
-        """A page to write for each hash, or ``None`` where it is already held or being written (its
-        LRU place is refreshed) or where no page can be freed.
+    def reserve(
+        self, hashes: Sequence[bytes], tenant: str = ""
+    ) -> tuple[tuple[int | None, ...], list[EvictedPage], int]:
+        """A page to write for each hash, owned by ``tenant``, or ``None`` where it is already held or
+        being written (its LRU place is refreshed; its owner stays) or where no page can be freed for
+        ``tenant`` (see the module docstring).
 
         Returns:
             ``(pages, evicted, no_room)``: the pages in ``hashes`` order, the pages evicted to make
@@ -130,11 +152,12 @@ class PageArena:
                 continue
             if block_hash in self._read or block_hash in self._writing:
                 continue
-            page = self._take_page(evicted)
+            page = self._take_page(evicted, tenant)
             if page is None:
                 no_room += 1
                 continue
             self._writing[block_hash] = page
+            self._owners[page] = tenant
             pages[index] = page
         return tuple(pages), evicted, no_room
 
@@ -150,6 +173,8 @@ class PageArena:
             page = self._writing.pop(block_hash)
             self._checksums[page] = checksum
             self._lru[block_hash] = page
+            owner = self._owners[page]
+            self.held_by[owner] = self.held_by.get(owner, 0) + 1
             inserted.append(block_hash)
         inserted.reverse()
         return inserted
@@ -206,7 +231,8 @@ class PageArena:
     # ---- integrity ---------------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Raise ``AssertionError`` unless every page is in exactly one state and the index agrees."""
+        """Raise ``AssertionError`` unless every page is in exactly one state, the index agrees and
+        ``held_by`` counts each tenant's committed pages."""
         states = [self._free, self._writing.values(), self._lru.values(), self._read.values()]
         pages = [page for state in states for page in state]
         assert sorted(pages) == list(range(self.num_pages)), f"{self.kind}: pages lost or in two states"
@@ -214,21 +240,47 @@ class PageArena:
         assert len(hashes) == len(set(hashes)), f"{self.kind}: a hash on two pages"
         for page in range(self.num_pages):
             assert (self._readers[page] > 0) == (page in self._read.values()), f"{self.kind}: page {page}"
+        counted: dict[str, int] = {}
+        for page in [*self._lru.values(), *self._read.values()]:
+            counted[self._owners[page]] = counted.get(self._owners[page], 0) + 1
+        assert counted == self.held_by, f"{self.kind}: committed pages by tenant {self.held_by} != {counted}"
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _take_page(self, evicted: list[EvictedPage]) -> int | None:
+    def _take_page(self, evicted: list[EvictedPage], tenant: str) -> int | None:
         if self._free:
             return self._free.pop()
-        if not self._lru:
+        victim = self._victim(tenant)
+        if victim is None:
             return None
-        block_hash, page = self._lru.popitem(last=False)
-        evicted.append(EvictedPage(block_hash, page, self._checksums[page]))
+        page = self._lru.pop(victim)
+        evicted.append(EvictedPage(victim, page, self._checksums[page]))
+        self._uncount(page)
         self._checksums[page] = None
         self.evictions += 1
         return page
 
+    def _victim(self, tenant: str) -> bytes | None:
+        """The hash of the least recently used held page a put for ``tenant`` may evict: its own, or one
+        whose owner holds more than its reserve (``None``: none). A scan past the protected pages, at most
+        ``tenant_reserve`` per other tenant."""
+        if not self.tenant_reserve:
+            return next(iter(self._lru), None)
+        for block_hash, page in self._lru.items():
+            owner = self._owners[page]
+            if owner == tenant or self.held_by[owner] > self.tenant_reserve:
+                return block_hash
+        return None
+
+    def _uncount(self, page: int) -> None:
+        """A committed ``page`` left the index: one page less for its owner."""
+        owner = self._owners[page]
+        self.held_by[owner] -= 1
+        if not self.held_by[owner]:
+            del self.held_by[owner]
+
     def _drop(self, block_hash: bytes, page: int) -> None:
         del self._lru[block_hash]
+        self._uncount(page)
         self._checksums[page] = None
         self._free.append(page)

@@ -27,8 +27,8 @@ class HostTierPort(Protocol):
         """What the tier holds of the chain; no page changes."""
         ...
 
-    def reserve_put(self, kind: str, hashes: Sequence[bytes]) -> PutLease:
-        """Pages to write ``hashes`` into (``None``: skip that hash)."""
+    def reserve_put(self, kind: str, hashes: Sequence[bytes], tenant: str = "") -> PutLease:
+        """Pages to write ``hashes`` into, owned by ``tenant`` (``None``: skip that hash)."""
         ...
 
     def commit_put(self, lease_id: int) -> None:

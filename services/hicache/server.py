@@ -54,6 +54,8 @@ class CacheConfig:
             prefetches read back), a byte budget for the whole cluster; 0: no L3. Needs ``redis_url``.
         shm_dir: where the arenas live as shared-memory files that the node's workers map and copy
             rows of directly (``shared_pages.py``); "": private memory, every worker goes through NIXL.
+        tenant_cache_reserve_pages: pages each tenant keeps against other tenants' puts, in each arena
+            (``page_arena.py``; ``--tenant-cache-reserve-pages``); 0: plain LRU.
         cluster_secret: every call but the health service's must carry it (``--cluster-secret-file``;
             ``common/cluster_secret.py``); "": none. Left out of the config's repr.
     """
@@ -74,6 +76,7 @@ class CacheConfig:
     index_interval_s: float = 1.0
     l3_budget_bytes: int = 0
     shm_dir: str = "/dev/shm"
+    tenant_cache_reserve_pages: int = 0
     cluster_secret: str = field(default="", repr=False)
 
     def validate(self) -> None:
@@ -88,6 +91,11 @@ class CacheConfig:
             raise ValueError(f"metrics_interval_s: must be > 0, got {self.metrics_interval_s}")
         if self.threads < 1:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
+        if self.tenant_cache_reserve_pages < 0:
+            raise ValueError(
+                f"tenant_cache_reserve_pages: must be >= 0, got {self.tenant_cache_reserve_pages} "
+                "(--tenant-cache-reserve-pages)"
+            )
         check_redis_url("redis_url", self.redis_url)
         if self.l3_budget_bytes < 0:
             raise ValueError(
@@ -127,6 +135,7 @@ class HostCacheServer:
             config.lease_ttl_s,
             on_tier=self._tier_made,
             shm_dir=config.shm_dir,
+            tenant_reserve_pages=config.tenant_cache_reserve_pages,
         )
         self.metrics_port = self.metrics.serve(config.metrics_host, config.metrics_port)
         self._stopping = threading.Event()

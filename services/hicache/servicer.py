@@ -45,6 +45,8 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         shm_dir: make the arenas shared-memory files in this directory, which workers on this machine
             map and copy rows of directly (``shared_pages.py``); "": private memory, NIXL only.
         lease_ttl_s: a lease's life (``HostTier``): a worker that dies holding one frees it then.
+        tenant_reserve_pages: pages each tenant keeps against other tenants' puts (``HostTier``; the
+            tier is not told its workers' snapshot stride, so its KDA arena keeps the same number).
         on_tier: called with the tier once the first ``Attach`` has made it (e.g. to publish it to the
             cluster index), before that ``Attach`` answers.
     """
@@ -58,8 +60,10 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         pin: bool | None = None,
         on_tier: Callable[[HostTier], None] | None = None,
         shm_dir: str = "",
+        tenant_reserve_pages: int = 0,
     ):
         self.backend = backend
+        self.tenant_reserve_pages = tenant_reserve_pages
         self.on_tier = on_tier or (lambda tier: None)
         self.kv_budget_bytes = kv_budget_bytes
         self.kda_budget_bytes = kda_budget_bytes
@@ -100,7 +104,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         )
 
     def ReservePut(self, request, context):  # noqa: N802
-        lease = self._attached(context).reserve_put(request.kind, _hashes(request.hashes))
+        lease = self._attached(context).reserve_put(request.kind, _hashes(request.hashes), request.tenant)
         pages = [-1 if page is None else page for page in lease.pages]
         return host_cache_pb2.ReservePutResponse(lease_id=lease.lease_id, pages=pages, no_room=lease.no_room)
 
@@ -158,6 +162,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
             pin=self.pin,
             lease_ttl_s=self.lease_ttl_s,
             page_memory=self._shared_memory if self.shm_dir else None,
+            tenant_reserve_pages=self.tenant_reserve_pages,
         )
         self.backend.register(BLOCKS, tier.arena(KV).storage)
         if tier.kda is not None:

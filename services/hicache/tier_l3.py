@@ -257,7 +257,9 @@ class TierL3:
         being written, or without room is skipped)."""
         if not hashes:
             return 0
-        lease = self.tier.reserve_put(kind, hashes)
+        # The anonymous tenant's pages: a prefetch names only its chain (Prefetch carries no tenant), so
+        # a page brought back from the L3 does not count in its tenant's reserve.
+        lease = self.tier.reserve_put(kind, hashes, tenant="")
         storage = self.tier.arena(kind).storage
         stored = 0
         try:

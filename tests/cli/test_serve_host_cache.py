@@ -47,8 +47,12 @@ def test_no_tier_by_default_and_no_worker_tier_of_its_own():
             "--host-cache-kda-fraction: must be in",
         ),
         (["--host-cache-gib", "4", "--host-cache-port", "0"], "--host-cache-port: a fixed port"),
+        (
+            ["--host-cache-gib", "4", "--tenant-cache-reserve-pages", "-1"],
+            "--tenant-cache-reserve-pages: must be >= 0",
+        ),
     ],
-    ids=["negative", "nan", "fraction", "ray-port"],
+    ids=["negative", "nan", "fraction", "ray-port", "reserve-negative"],
 )
 def test_bad_values_name_the_flag(flags, message):
     with pytest.raises(ValueError, match=message):
@@ -82,3 +86,16 @@ def test_the_l3_goes_to_the_node_tier_and_no_redis_turns_it_off():
         check_node_l3(serve("--redis-l3-gib", "2"))
     with pytest.raises(ValueError, match=r"--redis-l3-gib: must be a finite number >= 0"):
         check_node_l3(serve("--host-cache-gib", "8", "--redis-l3-gib", "-1"))
+
+
+def test_the_tenant_reserve_goes_to_the_node_tier():
+    args = serve("--host-cache-gib", "8", "--tenant-cache-reserve-pages", "16")
+    cache = node_cache(args, worker_configs(args)["decode"])
+    assert cache.argv()[-3:-1] == ["--tenant-cache-reserve-pages", "16"]
+    assert build_parser().parse_args(cache.argv()).tenant_cache_reserve_pages == 16
+    assert node_cache_config(args).tenant_cache_reserve_pages == 16  # under --ray
+    with pytest.raises(ValueError, match="--tenant-cache-reserve-pages: must be >= 0, got -1"):
+        node_cache(
+            serve("--host-cache-gib", "8", "--tenant-cache-reserve-pages", "-1"),
+            worker_configs(args)["decode"],
+        )

@@ -74,6 +74,10 @@ def test_the_daemonset_runs_baton_cache_on_the_node_port_with_its_budgets():
     config = _tier_config(container)
     assert (config.kv_budget_bytes, config.kda_budget_bytes) == (int(2.5 * GIB), GIB)
     assert (config.host, config.port, config.node, config.redis_url) == ("0.0.0.0", 50070, "$(NODE_NAME)", "")
+    assert config.tenant_cache_reserve_pages == 0  # no reserve by default: plain LRU
+    reserved = chart.render("default", *ON, "--set", "hicache.tenantCacheReservePages=1000000")
+    tier = _pod(reserved, "hicache")["spec"]["containers"][0]
+    assert _tier_config(tier).tenant_cache_reserve_pages == 10**6  # an integer, not 1e+06
     assert chart.env(container)["NODE_NAME"] == {
         "fieldRef": {"fieldPath": "spec.nodeName"}
     }  # the workers' node
@@ -196,6 +200,7 @@ def test_off_by_default():
         (["--set", "hicache.kdaGib=-1"], "at '/hicache/kdaGib': minimum"),
         (["--set", "hicache.port=0"], "at '/hicache/port'"),
         (["--set", "hicache.redisL3Gib=-1"], "at '/hicache/redisL3Gib': minimum"),
+        (["--set", "hicache.tenantCacheReservePages=-1"], "at '/hicache/tenantCacheReservePages': minimum"),
         (["--set", "hicache.cache=1"], "additional properties 'cache' not allowed"),
         (["--set", "hicache.sharedMemory.mountPath=pages"], "at '/hicache/sharedMemory/mountPath'"),
         (["--set", "hicache.sharedMemory.hostPath=shm"], "at '/hicache/sharedMemory/hostPath'"),
@@ -209,6 +214,7 @@ def test_off_by_default():
         "kda-negative",
         "port",
         "l3-negative",
+        "reserve-negative",
         "unknown-key",
         "mount-relative",
         "host-relative",
