@@ -109,8 +109,8 @@ HELP = {
     "engine measured to give the most tokens per second, none where speculation loses; "
     "docs/speculative.md) or fixed (always --num-draft-tokens)",
     "tenant_cache_reserve_blocks": "prefix-cache blocks each tenant keeps: another tenant's load never "
-    "evicts a tenant's cached blocks below this many, nor (KDA models) the state snapshots they need "
-    "(default 0: none)",
+    "evicts a tenant's cached blocks below this many, nor (KDA models) the state snapshots they need; "
+    "the engine's own host tier (--host-cache-gib) keeps as many pages a tenant (default 0: none)",
     "kda_rollback": "how verify steps undo rejected drafts in the KDA state: states (the state after every "
     "draft kept in a slot of its own; fixed-shape verify steps that CUDA graphs replay), replay (one "
     "checkpoint, accepted drafts run again; needed by --batch-invariant) or auto (replay with "

@@ -66,7 +66,7 @@ class EngineConfig:
             speculation loses) or ``fixed`` (every step drafts ``num_draft_tokens``).
         tenant_cache_reserve_blocks: prefix-cache blocks each tenant keeps against other tenants' load
             (``cache/block_pool.py``: another tenant's allocation never evicts a tenant's cached blocks
-            below this many; 0: none).
+            below this many; the engine's own host tier keeps as many pages a tenant; 0: none).
         kda_rollback: how a verify step can undo rejected drafts in the KDA state: ``states`` keeps the
             state after every draft in a slot of its own (``kernels/kda/token_slots.py``; every verify
             chunk is then ``1 + k`` tokens, which decode CUDA graphs replay), ``replay`` keeps one
