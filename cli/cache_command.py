@@ -7,10 +7,12 @@ import signal
 import threading
 
 from common.cluster_secret import read_cluster_secret
+from common.internal_tls import internal_tls
 from common.redis_link import check_redis_url
 from services.hicache.server import GIB, CacheConfig, HostCacheServer
 
 from .cluster_secret_flag import add_cluster_secret_flag
+from .tls_flags import add_internal_tls_flags
 from .worker_command import watch_parent
 
 
@@ -60,6 +62,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(default 0: plain LRU)",
     )
     add_cluster_secret_flag(parser, "every call but health checks must carry it; workers send it")
+    add_internal_tls_flags(parser, "the workers' calls to this tier")
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the starting process exits"
     )
@@ -102,6 +105,7 @@ def config_from(args: argparse.Namespace) -> CacheConfig:
         shm_dir=args.shm_dir,
         tenant_cache_reserve_pages=args.tenant_cache_reserve_pages,
         cluster_secret=read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else "",
+        internal_tls=internal_tls(args.internal_tls_cert, args.internal_tls_key, args.internal_tls_ca),
     )
 
 

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from common.cluster_secret import read_cluster_secret, write_cluster_secret
+from common.internal_tls import internal_tls
 from deploy.local.launcher import LocalCluster, ManagedCache
 from deploy.local.redis_server import RedisServer
 from router.auth_tokens import parse_token_file
@@ -29,7 +30,7 @@ from services.worker_config import ROLES, WorkerConfig
 from .cache_command import check_reserve_pages
 from .cluster_secret_flag import add_cluster_secret_flag
 from .rate_limit_flags import add_tenant_rate_limit_flags
-from .tls_flags import add_router_tls_flags
+from .tls_flags import add_internal_tls_flags, add_router_tls_flags
 from .token_file import add_auth_token_file_flag
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "what the router, the workers and the tier require of each other's calls (default: a fresh random "
         "one, in a file only this user can read in a folder removed at exit)",
     )
+    add_internal_tls_flags(parser, "every call between the router, the workers and the tier")
     parser.add_argument("--prefill-workers", type=int, default=1)
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument(
@@ -181,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)  # so do bad TLS files
     from_flags(args.tenant_rate_limit, args.tenant_burst)  # and a bad rate limit
     given_secret = read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else ""
+    internal = internal_tls(args.internal_tls_cert, args.internal_tls_key, args.internal_tls_ca)
     configs = worker_configs(args, args.redis_url)
     if args.ray:
         from deploy.ray.serve import serve_on_ray  # Ray is optional: only --ray imports it
@@ -188,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         secret = given_secret or secrets.token_urlsafe(32)  # a value: each actor gets it as an argument
         announce_tls = partial(announce, tls=tls)
         return serve_on_ray(
-            args, _disaggregation(args), announce_tls, configs, node_cache_config(args), secret
+            args, _disaggregation(args), announce_tls, configs, node_cache_config(args), secret, internal
         )
     for config in configs.values():  # a layout that cannot run fails here, before any worker starts
         check_parallel(config.engine)
@@ -264,6 +267,7 @@ def _serve_locally(
         cluster_secret_file=cluster_secret_file,
         tenant_rate_limit=args.tenant_rate_limit,
         tenant_burst=args.tenant_burst,
+        internal_tls_files=(args.internal_tls_cert, args.internal_tls_key, args.internal_tls_ca),
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection
 
 from common.cluster_index import ClusterIndex
 from common.cluster_secret import read_cluster_secret
-from common.internal_tls import internal_tls
+from common.internal_tls import InternalTls, internal_tls
 from common.metrics import Metrics
 from common.model_info import STATEFUL_FAMILIES, read_model_info
 from common.redis_link import check_redis_url
@@ -96,11 +96,16 @@ class RouterServer:
 
     ``discovery`` replaces the one ``config`` names (a caller that knows its workers itself, such as
     a test or a Ray deployment, feeds them through its own ``Discovery``). ``cluster_secret``, sent
-    on every call to the workers, replaces the one in ``config.cluster_secret_file``.
+    on every call to the workers, replaces the one in ``config.cluster_secret_file``, and ``internal``
+    (internal mutual TLS to the workers) the ``config.internal_tls_*`` files: a Ray actor's values.
     """
 
     def __init__(
-        self, config: RouterConfig, discovery: Discovery | None = None, cluster_secret: str | None = None
+        self,
+        config: RouterConfig,
+        discovery: Discovery | None = None,
+        cluster_secret: str | None = None,
+        internal: InternalTls | None = None,
     ):
         self.metrics = Metrics("router")
         self.authenticator = _authenticator(config.auth_token_file, self.metrics)  # a bad file fails first
@@ -111,7 +116,9 @@ class RouterServer:
         secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
         if secret is None:
             secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""
-        workers_tls = internal_tls(config.internal_tls_cert, config.internal_tls_key, config.internal_tls_ca)
+        workers_tls = internal or internal_tls(
+            config.internal_tls_cert, config.internal_tls_key, config.internal_tls_ca
+        )
         self.discovery = discovery if discovery is not None else discovery_for(config)
         model_info = read_model_info(config.model)
         try:

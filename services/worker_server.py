@@ -11,7 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.cluster_secret import read_cluster_secret
-from common.internal_tls import bind_internal_port, internal_tls
+from common.internal_tls import InternalTls, bind_internal_port, internal_tls
 from common.metrics import Metrics
 from common.rpc.cluster_secret_interceptor import ClusterSecretInterceptor
 from common.rpc.errors import ErrorInterceptor
@@ -41,21 +41,28 @@ class WorkerServer:
 
     With a cluster secret (``cluster_secret``, else the one in ``config.cluster_secret_file``) every
     call but the health service's must carry it, and the worker sends it to its node's tier. With
-    internal TLS (``config.internal_tls_*``) its port is mutual TLS (``common/internal_tls.py``).
+    internal TLS (``internal``, a Ray actor's value, else ``config.internal_tls_*``) its port is mutual
+    TLS and its tier calls go over it (``common/internal_tls.py``).
     """
 
-    def __init__(self, config: WorkerConfig, cluster_secret: str | None = None):
+    def __init__(
+        self, config: WorkerConfig, cluster_secret: str | None = None, internal: InternalTls | None = None
+    ):
         self.config = config
         confine_ucx(config.host)  # before any NIXL agent: the engine's host-tier rows may open one
         secret = cluster_secret  # a Ray actor's, passed as a value: no file on its node
         if secret is None:  # read first: a bad file fails before the engine loads
             secret = read_cluster_secret(config.cluster_secret_file) if config.cluster_secret_file else ""
-        self.tls = internal_tls(config.internal_tls_cert, config.internal_tls_key, config.internal_tls_ca)
+        self.tls = internal or internal_tls(
+            config.internal_tls_cert, config.internal_tls_key, config.internal_tls_ca
+        )
         self.name = config.name or f"{config.role}-{config.port}"
         self.metrics = Metrics(config.role)
         self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
         ttl = config.reservation_ttl_s if config.role == "decode" else None
-        core = EngineCore(config.engine, redis_url=config.redis_url, cluster_secret=secret)
+        core = EngineCore(
+            config.engine, redis_url=config.redis_url, cluster_secret=secret, internal_tls=self.tls
+        )
         self.engine = EngineService(core, reservation_ttl_s=ttl)
         self.metrics.record_engine(self.engine.info)
         self.node = config.node or socket.gethostname()

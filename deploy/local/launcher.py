@@ -10,6 +10,7 @@ from dataclasses import replace
 import grpc
 
 from common.cluster_secret import read_cluster_secret
+from common.internal_tls import insecure_or_internal_channel, internal_tls
 from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from router.server import RouterConfig, RouterServer
 from services.config_flags import worker_config_from_flags
@@ -31,6 +32,9 @@ class ManagedWorker(ManagedProcess):
     def __init__(self, config: WorkerConfig, port: int = 0):
         super().__init__(port or config.port)
         self.config = config
+        self.internal_tls = internal_tls(
+            config.internal_tls_cert, config.internal_tls_key, config.internal_tls_ca
+        )
 
     @property
     def role(self) -> str:
@@ -47,10 +51,11 @@ class ManagedWorker(ManagedProcess):
 
     def channel(self) -> grpc.Channel:
         """A channel to the worker that sends its cluster secret (``config.cluster_secret_file``) on
-        every call; the caller closes it."""
+        every call, over its internal TLS if it has one; the caller closes it."""
         file = self.config.cluster_secret_file
         return with_cluster_secret(
-            grpc.insecure_channel(self.address), read_cluster_secret(file) if file else ""
+            insecure_or_internal_channel(self.address, self.internal_tls),
+            read_cluster_secret(file) if file else "",
         )
 
     def start(self, ready_timeout_s: float) -> None:
@@ -87,8 +92,10 @@ class LocalCluster:
     ``tls_cert``, ``tls_key``, ``tls_client_ca``: the router's ``--tls-*`` files ("": plaintext ports);
     the workers' ports stay as they are. ``cluster_secret_file``: the cluster secret every worker and
     the tier then require on their internal calls and the router and workers send ("": none; ``baton
-    serve`` always gives one); it is set on ``host_cache`` too. ``tenant_rate_limit``, ``tenant_burst``:
-    the router's per-tenant request rate limit (0: none).
+    serve`` always gives one); it is set on ``host_cache`` too. ``internal_tls_files``: ``(cert, key,
+    CA)`` of the internal mutual TLS every process then serves and calls with (``common/internal_tls.py``;
+    empty: plaintext). ``tenant_rate_limit``, ``tenant_burst``: the router's per-tenant request rate
+    limit (0: none).
 
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
@@ -123,6 +130,7 @@ class LocalCluster:
         cluster_secret_file: str = "",
         tenant_rate_limit: float = 0.0,
         tenant_burst: int = 0,
+        internal_tls_files: tuple[str, str, str] = ("", "", ""),
     ):
         if not grace_period_s >= 0:
             raise ValueError(f"--grace-period: must be >= 0, got {grace_period_s}")
@@ -145,6 +153,13 @@ class LocalCluster:
             }
             if host_cache is not None:
                 host_cache.cluster_secret_file = cluster_secret_file
+        tls = dict(
+            zip(("internal_tls_cert", "internal_tls_key", "internal_tls_ca"), internal_tls_files, strict=True)
+        )
+        if internal_tls(*internal_tls_files) is not None:  # bad files fail here, before anything starts
+            configs = {role: replace(config, **tls) for role, config in configs.items()}
+            if host_cache is not None:
+                host_cache.use_internal_tls(internal_tls_files)
         self.host_cache = host_cache
         self.workers: list[ManagedWorker] = []
         self._supervisor: Supervisor | None = None
@@ -180,6 +195,7 @@ class LocalCluster:
                     tls_key=tls_key,
                     tls_client_ca=tls_client_ca,
                     cluster_secret_file=cluster_secret_file,
+                    **tls,
                     tenant_rate_limit=tenant_rate_limit,
                     tenant_burst=tenant_burst,
                     # the router refuses what no worker could take (--max-model-len reaches both)

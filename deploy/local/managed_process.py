@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.internal_tls import FLAGS, InternalTls, insecure_or_internal_channel, internal_tls
 from services.worker_config import ENV_PREFIX
 
 log = logging.getLogger("deploy.local.launcher")  # one logger for the cluster's lines (baton serve's log)
@@ -33,6 +34,7 @@ class ManagedProcess:
     name: str
     grace_period_s: float
     restart_wave: int = 1  # the supervisor restarts lower waves first (the tier before its workers)
+    internal_tls: InternalTls | None = None  # its port's internal mutual TLS (the probe uses it too)
 
     def __init__(self, port: int = 0):
         self.port = port
@@ -84,7 +86,7 @@ class ManagedProcess:
                 self.ready = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
                 self.port = int(self.ready["port"])
                 threading.Thread(target=self._drain, name=f"{self.name}-output", daemon=True).start()
-                return _serving(self.address, deadline)
+                return _serving(self.address, deadline, self.internal_tls)
         return False
 
     def _drain(self) -> None:
@@ -109,9 +111,9 @@ class ManagedProcess:
                 self.process.wait(timeout=15)
 
 
-def _serving(address: str, deadline: float) -> bool:
-    """Whether the process's gRPC health service says SERVING before ``deadline``."""
-    with grpc.insecure_channel(address) as channel:
+def _serving(address: str, deadline: float, tls: InternalTls | None) -> bool:
+    """Whether the process's gRPC health service says SERVING before ``deadline`` (over ``tls``)."""
+    with insecure_or_internal_channel(address, tls) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -162,6 +164,10 @@ class ManagedCache(ManagedProcess):
         self.redis_url = redis_url
         self.node = node
 
+    def use_internal_tls(self, files: tuple[str, str, str]) -> None:
+        """Serve (and be probed) over internal mutual TLS from ``(cert, key, CA)`` files."""
+        self.internal_tls = internal_tls(*files)
+
     def argv(self) -> list[str]:
         sizes = ["--kv-gib", repr(self.kv_gib), "--kda-gib", repr(self.kda_gib)]
         index = [
@@ -175,4 +181,10 @@ class ManagedCache(ManagedProcess):
             index += ["--tenant-cache-reserve-pages", str(self.tenant_reserve_pages)]
         if self.cluster_secret_file:
             index += ["--cluster-secret-file", self.cluster_secret_file]
+        if self.internal_tls is not None:
+            index += [
+                part
+                for flag, path in zip(FLAGS, self.internal_tls.files, strict=True)
+                for part in (flag, path)
+            ]
         return ["cache", "--port", str(self.port), *sizes, *index, "--exit-with-parent"]

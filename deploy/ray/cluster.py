@@ -33,6 +33,7 @@ import ray
 from ray.util.placement_group import placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from common.internal_tls import InternalTls
 from deploy.local.launcher import with_host_cache
 from router.server import RouterConfig
 from services.hicache.server import CacheConfig
@@ -66,6 +67,8 @@ class RayClusterConfig:
             ``port`` is the fixed port on each node), every worker given its node's; None: no tier.
         cluster_secret: the secret every internal call needs, given to each actor as a value (the
             router, the workers and each node's tier); "": none.
+        internal_tls: the internal mutual TLS every actor serves and calls with, given as a value too
+            (``common/internal_tls.py``); None: plaintext.
     """
 
     router: RouterConfig
@@ -80,6 +83,7 @@ class RayClusterConfig:
     supervise_interval_s: float = 0.5
     host_cache: CacheConfig | None = None
     cluster_secret: str = field(default="", repr=False)
+    internal_tls: InternalTls | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.decode_workers < 1:
@@ -198,7 +202,9 @@ class RayCluster:
         config = self.config
         pending = []
         if config.host_cache is not None:
-            tier = replace(config.host_cache, cluster_secret=config.cluster_secret)
+            tier = replace(
+                config.host_cache, cluster_secret=config.cluster_secret, internal_tls=config.internal_tls
+            )
             self.caches = NodeCaches(tier, config.max_restarts, config.ready_timeout_s)
         for service in config.placements():
             group = self.groups[service.role] = service.create(config.ready_timeout_s)
@@ -216,7 +222,7 @@ class RayCluster:
                     num_gpus=service.num_gpus,
                     max_restarts=config.max_restarts,
                     scheduling_strategy=service.strategy_for(group, i),
-                ).remote(replace(worker, name=name), config.cluster_secret)
+                ).remote(replace(worker, name=name), config.cluster_secret, config.internal_tls)
                 self._actors.append(actor)
                 pending.append((service.role, name, actor))
         infos = self._get([actor.info.remote() for _, _, actor in pending], "workers")
@@ -228,7 +234,9 @@ class RayCluster:
             scheduling_strategy=NodeAffinitySchedulingStrategy(
                 node_id=ray.get_runtime_context().get_node_id(), soft=False
             ),
-        ).remote(replace(config.router, prefill=prefill, decode=decode), config.cluster_secret)
+        ).remote(
+            replace(config.router, prefill=prefill, decode=decode), config.cluster_secret, config.internal_tls
+        )
         self._actors.append(self.router)
         self.endpoints = self._get([self.router.endpoints.remote()], "router")[0]
 

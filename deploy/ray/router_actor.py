@@ -4,6 +4,7 @@ from dataclasses import dataclass, replace
 
 import ray
 
+from common.internal_tls import InternalTls
 from router.server import RouterConfig, RouterServer
 
 from .worker_actor import host_port
@@ -30,12 +31,13 @@ class RouterActor:
     Args:
         config: the router, with the first worker lists; ``host`` is replaced by ``0.0.0.0``.
         cluster_secret: sent to the workers, as a value (as ``WorkerActor``'s); "": none.
+        internal: the internal mutual TLS to the workers, as a value; None: plaintext.
     """
 
-    def __init__(self, config: RouterConfig, cluster_secret: str = ""):
+    def __init__(self, config: RouterConfig, cluster_secret: str = "", internal: InternalTls | None = None):
         self.host = ray.util.get_node_ip_address()
         self.config = replace(config, host="0.0.0.0")
-        self.server = RouterServer(self.config, cluster_secret=cluster_secret)
+        self.server = RouterServer(self.config, cluster_secret=cluster_secret, internal=internal)
 
     def endpoints(self) -> RouterEndpoints:
         """The bound addresses (useful when a port was given as 0)."""

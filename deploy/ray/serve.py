@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from common.internal_tls import InternalTls
 from router.server import RouterConfig
 from services.hicache.server import CacheConfig
 from services.worker_config import WorkerConfig
@@ -20,11 +21,13 @@ def cluster_config(
     workers: Mapping[str, WorkerConfig],
     host_cache: CacheConfig | None = None,
     cluster_secret: str = "",
+    internal_tls: InternalTls | None = None,
 ) -> RayClusterConfig:
     """The ``RayClusterConfig`` that ``baton serve``'s flags describe; ``workers``: its per-role
     ``WorkerConfig`` (``cli.serve_command.worker_configs``), the same the local launcher starts;
     ``host_cache``: each node's tier (``--host-cache-gib``), or None; ``cluster_secret``: the one
-    every actor gets (``baton serve`` always has one)."""
+    every actor gets (``baton serve`` always has one); ``internal_tls``: the internal mutual TLS, read on
+    the driver and given to every actor as a value (None: plaintext)."""
     model = str(args.model)
     router = RouterConfig(
         model=model,
@@ -55,6 +58,7 @@ def cluster_config(
         placement_strategy=args.placement_strategy,
         host_cache=host_cache,
         cluster_secret=cluster_secret,
+        internal_tls=internal_tls,
     )
 
 
@@ -65,15 +69,16 @@ def serve_on_ray(
     workers: Mapping[str, WorkerConfig],
     host_cache: CacheConfig | None = None,
     cluster_secret: str = "",
+    internal_tls: InternalTls | None = None,
 ) -> int:
     """Run the cluster on Ray (``--ray-address``; none: a local Ray instance started here) until
     SIGINT / SIGTERM; ``announce(router, metrics, [(name, address)], http)`` prints the SERVING line;
     ``workers``: each role's ``WorkerConfig``; ``host_cache``: each node's tier, or None;
-    ``cluster_secret``: given to every actor as a value.
+    ``cluster_secret``, ``internal_tls``: given to every actor as values.
     """
     if not Path(args.model).is_dir() and args.ray_address is None:
         raise FileNotFoundError(f"--model: {args.model} is not a folder")  # local: check before Ray starts
-    config = cluster_config(args, disaggregation, workers, host_cache, cluster_secret)
+    config = cluster_config(args, disaggregation, workers, host_cache, cluster_secret, internal_tls)
     logging.getLogger("deploy.ray").setLevel(logging.INFO)
     cluster = RayCluster(config, ray_address=args.ray_address)
     try:

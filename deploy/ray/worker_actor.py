@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 import ray
 
+from common.internal_tls import InternalTls
 from services.worker_config import WorkerConfig
 from services.worker_server import WorkerServer
 
@@ -47,11 +48,13 @@ class WorkerActor:
             ``metrics_port`` (0).
         cluster_secret: the cluster secret, as a value (a file named on the driver's node would not
             be on this one); "": none.
+        internal: the internal mutual TLS, as a value too; None: plaintext.
     """
 
-    def __init__(self, config: WorkerConfig, cluster_secret: str = ""):
+    def __init__(self, config: WorkerConfig, cluster_secret: str = "", internal: InternalTls | None = None):
         self.host = ray.util.get_node_ip_address()
-        self.server = WorkerServer(replace(config, host="0.0.0.0", port=0, metrics_port=0), cluster_secret)
+        config = replace(config, host="0.0.0.0", port=0, metrics_port=0)
+        self.server = WorkerServer(config, cluster_secret, internal)
 
     def info(self) -> WorkerInfo:
         """Where this incarnation of the worker listens."""

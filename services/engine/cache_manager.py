@@ -42,6 +42,7 @@ once per admission, however many passes the request waited (each pass calls ``fi
 import dataclasses
 from dataclasses import dataclass
 
+from common.internal_tls import InternalTls
 from common.prefix_hash import extend_chain
 from kernels.kda.fixed_chunk import CHUNK as FIXED_CHUNK
 from services.engine.cache.block_pool import BlockPool
@@ -162,13 +163,15 @@ class CacheManager:
         redis_url: str = "",
         num_draft_tokens: int = 0,
         cluster_secret: str = "",
+        internal_tls: InternalTls | None = None,
     ) -> "CacheManager":
         """The pools ``config`` asks for, laid out for ``model`` (its shard, on a parallel rank) on
         ``config.device`` (a pipeline stage's layers only); ``scratch``: a spare block and slot for
         CUDA-graph padding rows; ``redis_url``: the Redis of the own tier's L3 (``redis_l3_gib``);
         ``num_draft_tokens``: speculative decoding's most drafts per step (0: none), which with
         ``config.rollback`` sets the slots per seat beside its own;
-        ``cluster_secret``: sent on every call to the ``baton cache`` at ``host_cache_address``."""
+        ``cluster_secret``: sent on every call to the ``baton cache`` at ``host_cache_address``, over
+        ``internal_tls`` when the cluster has it."""
         dtype = model.dtype
         mode = config.rollback if num_draft_tokens else ""
         spec_slots = spec_slots_per_request(mode, num_draft_tokens)
@@ -197,7 +200,11 @@ class CacheManager:
         host = None
         if config.host_cache_address:  # one rank only: EngineConfig refuses a tier on a parallel engine
             host = HostCacheConnector.remote(
-                config.host_cache_address, blocks, slots, cluster_secret=cluster_secret
+                config.host_cache_address,
+                blocks,
+                slots,
+                cluster_secret=cluster_secret,
+                internal_tls=internal_tls,
             )
         if config.host_cache_gib > 0:
             host = HostCacheConnector.in_process(

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from common.internal_tls import InternalTls
 from common.prefix_hash import chain_root
 from common.sampling_params import SamplingParams
 from services.engine.adapters.lora_adapter import LoraAdapter
@@ -75,6 +76,7 @@ class EngineCore:
         redis_url: str = "",
         proposer: DraftProposer | None = None,
         cluster_secret: str = "",
+        internal_tls: InternalTls | None = None,
     ):
         self.config = config
         if proposer is not None and config.world_size > 1:
@@ -117,6 +119,7 @@ class EngineCore:
             redis_url=redis_url,
             num_draft_tokens=proposer.num_draft_tokens if proposer is not None else 0,
             cluster_secret=cluster_secret,
+            internal_tls=internal_tls,
         )
         self.model_fingerprint = (
             checkpoint_fingerprint(config.model) if not prebuilt else f"built:{config.model}"

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.internal_tls import InternalTls
 from services.engine.cache.block_pool import BlockPool
 from services.engine.cache.state_pool import StateSlotPool
 from services.hicache.host_tier import KDA, KV, HostTier, TierMatch
@@ -164,11 +165,13 @@ class HostCacheConnector:
         slots: StateSlotPool,
         client: "HostCacheClient | None" = None,
         cluster_secret: str = "",
+        internal_tls: InternalTls | None = None,
     ) -> "HostCacheConnector | None":
         """The ``baton cache`` service at ``address`` (``HOST:PORT``), attached with the pools' layout
         fingerprint and row sizes; a tier not reachable yet is attached to when it is (misses till
         then). ``client``: one already made for ``address`` (tests pass theirs); ``cluster_secret``:
-        sent on every call to the tier (``--cluster-secret-file``; "": none).
+        sent on every call to the tier (``--cluster-secret-file``; "": none); ``internal_tls``: the
+        cluster's internal mutual TLS to the tier (``common/internal_tls.py``; None: plaintext).
 
         None when the tier refuses this engine (another model's or KV format's layout, other page
         sizes): the engine serves without a tier, and the error is logged naming
@@ -177,7 +180,7 @@ class HostCacheConnector:
         if client is None:
             from services.hicache.client import HostCacheClient  # here: it imports the engine
 
-            client = HostCacheClient(address, cluster_secret=cluster_secret)
+            client = HostCacheClient(address, cluster_secret=cluster_secret, internal_tls=internal_tls)
         has_state = bool(slots.layout.fields)
         try:
             client.attach(

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from common.internal_tls import InternalTls, insecure_or_internal_channel
 from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from proto.baton.v1 import host_cache_pb2, host_cache_pb2_grpc
 from services.rpc.convert import endpoint_from_pb
@@ -72,6 +73,7 @@ class HostCacheClient:
         clock: Callable[[], float] = time.monotonic,
         prefetch_timeout_s: float = 30.0,
         cluster_secret: str = "",
+        internal_tls: InternalTls | None = None,
     ):
         self.address = address
         self.timeout_s = timeout_s
@@ -97,8 +99,9 @@ class HostCacheClient:
         # found within about retry_s.
         backoff_ms = max(100, int(retry_s * 1000))
         self._channel = with_cluster_secret(
-            grpc.insecure_channel(
+            insecure_or_internal_channel(
                 address,
+                internal_tls,
                 options=[
                     ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
                     ("grpc.min_reconnect_backoff_ms", min(backoff_ms, 1000)),

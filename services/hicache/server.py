@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.cluster_index import ClusterIndex
+from common.internal_tls import InternalTls, bind_internal_port
 from common.metrics import Metrics
 from common.redis_link import check_redis_url
 from common.rpc.cluster_secret_interceptor import ClusterSecretInterceptor
@@ -58,6 +59,8 @@ class CacheConfig:
             (``page_arena.py``; ``--tenant-cache-reserve-pages``); 0: plain LRU.
         cluster_secret: every call but the health service's must carry it (``--cluster-secret-file``;
             ``common/cluster_secret.py``); "": none. Left out of the config's repr.
+        internal_tls: the port's internal mutual TLS (``common/internal_tls.py``: only clients with a
+            certificate the cluster CA signed), or None: plaintext. Left out of the repr.
     """
 
     kv_budget_bytes: int
@@ -78,6 +81,7 @@ class CacheConfig:
     shm_dir: str = "/dev/shm"
     tenant_cache_reserve_pages: int = 0
     cluster_secret: str = field(default="", repr=False)
+    internal_tls: InternalTls | None = field(default=None, repr=False)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field that cannot work."""
@@ -157,7 +161,7 @@ class HostCacheServer:
         reflection.enable_server_reflection(
             (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(f"{config.host}:{config.port}")
+        self.port = bind_internal_port(self.server, f"{config.host}:{config.port}", config.internal_tls)
         if self.port == 0:
             raise ValueError(f"port: cannot listen on {config.host}:{config.port}")
         self.server.start()

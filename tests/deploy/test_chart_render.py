@@ -242,3 +242,40 @@ def test_the_router_gets_the_tenant_rate_limit_only_when_set():
         "--set-json", "router.admission.tenantRateLimit=2.5", "--set", "router.admission.tenantBurst=10"
     )
     assert "--tenant-rate-limit=2.5" in limited and "--tenant-burst=10" in limited
+
+
+TLS_MOUNT = "/var/run/baton/internal-tls"
+TLS_FLAGS = [
+    f"--internal-tls-cert={TLS_MOUNT}/tls.crt",
+    f"--internal-tls-key={TLS_MOUNT}/tls.key",
+    f"--internal-tls-ca={TLS_MOUNT}/ca.crt",
+]
+
+
+def test_internal_tls_mounts_its_secret_passes_its_flags_and_probes_over_it():
+    objects = chart.render("gpu", "--set", "internalTls.enabled=true", "--set", "internalTls.secretName=tls")
+    validate(objects)
+    for name in ("baton-router", "baton-prefill", "baton-decode", "baton-hicache"):
+        kind = "DaemonSet" if name == "baton-hicache" else "Deployment"
+        spec = chart.one(objects, kind, name)["spec"]["template"]["spec"]
+        assert {v["name"]: v for v in spec["volumes"]}["internal-tls"]["secret"]["secretName"] == "tls", name
+        (container,) = spec["containers"]
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["internal-tls"] == {"name": "internal-tls", "mountPath": TLS_MOUNT, "readOnly": True}
+        assert all(flag in container["args"] for flag in TLS_FLAGS), name
+        probe = container["readinessProbe"]
+        if name == "baton-router":  # its probed port is the public one: not internal TLS
+            assert "grpc" in probe, name
+        else:  # Kubernetes' gRPC probe has no client certificate: the exec probe checks health over TLS
+            command = probe["exec"]["command"]
+            assert command[:3] == ["python", "-m", "common.rpc.health_probe"] and command[4:] == TLS_FLAGS, (
+                name
+            )
+    plain = chart.render("gpu")
+    spec = chart.one(plain, "Deployment", "baton-decode")["spec"]["template"]["spec"]
+    assert "internal-tls" not in {v["name"] for v in spec["volumes"]}
+    assert "grpc" in spec["containers"][0]["readinessProbe"]
+    refused = chart.helm(*chart.template_args("default", ("--set", "internalTls.enabled=true")))
+    assert (
+        refused.returncode != 0 and "at '/internalTls/secretName': minLength: got 0, want 1" in refused.stderr
+    )

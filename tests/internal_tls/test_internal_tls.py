@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from common.internal_tls import internal_tls
+from common.rpc import health_probe
 from common.tls_files import TlsFileError
 from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from tests.router_auth.certificates import make_pki
@@ -91,3 +92,13 @@ def test_the_flags_are_all_or_none_and_checked(pki, given, message):
     with pytest.raises(TlsFileError, match=message):
         internal_tls(paths.get("cert", ""), paths.get("key", ""), paths.get("ca", ""))
     assert internal_tls("", "", "") is None
+
+
+def test_the_exec_probe_checks_health_over_internal_tls(worker, pki, capsys):
+    """What the chart's probes run when Kubernetes' own gRPC probe cannot present a certificate."""
+    files = [f"--{name.replace('_', '-')}={path}" for name, path in flags(pki).items()]
+    assert health_probe.main([worker.address, *files]) == 0
+    assert health_probe.main([worker.address, "--timeout", "5"]) == 1  # plaintext: refused
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    assert health_probe.main([worker.address, files[0]]) == 2
+    assert "--internal-tls-key: internal mutual TLS needs all of" in capsys.readouterr().err

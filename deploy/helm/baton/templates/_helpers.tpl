@@ -102,8 +102,18 @@ app.kubernetes.io/instance={{ .root.Release.Name }},app.kubernetes.io/component=
 {{- define "baton.grpcProbes" -}}
 {{- range $kind := list "startup" "readiness" "liveness" }}
 {{ $kind }}Probe:
+  {{- if $.internalTls }}
+  exec:
+    command:
+      - python
+      - -m
+      - common.rpc.health_probe
+      - 127.0.0.1:{{ $.port }}
+      {{- include "baton.internalTlsFlags" $ | nindent 6 }}
+  {{- else }}
   grpc:
     port: {{ $.port }}
+  {{- end }}
   {{- toYaml (index $.probes $kind) | nindent 2 }}
 {{- end }}
 {{- end }}
@@ -230,4 +240,25 @@ top, EngineConfig fields under engine:, the role's parallel degrees among them. 
 
 {{- define "baton.clusterSecretFlag" -}}
 - --cluster-secret-file=/var/run/baton/cluster-secret/cluster-secret
+{{- end }}
+
+{{/* Internal mutual TLS (internalTls): the Secret's volume, mount and the three flags (used only with
+internalTls.enabled). */}}
+{{- define "baton.internalTlsVolume" -}}
+- name: internal-tls
+  secret:
+    secretName: {{ .Values.internalTls.secretName }}
+    defaultMode: 0444
+{{- end }}
+
+{{- define "baton.internalTlsMount" -}}
+- name: internal-tls
+  mountPath: /var/run/baton/internal-tls
+  readOnly: true
+{{- end }}
+
+{{- define "baton.internalTlsFlags" -}}
+- --internal-tls-cert=/var/run/baton/internal-tls/tls.crt
+- --internal-tls-key=/var/run/baton/internal-tls/tls.key
+- --internal-tls-ca=/var/run/baton/internal-tls/ca.crt
 {{- end }}
