@@ -10,10 +10,12 @@ import json
 import grpc
 
 from common.cluster_secret import read_cluster_secret
+from common.internal_tls import insecure_or_internal_channel, internal_tls
 from common.rpc.cluster_secret_interceptor import with_cluster_secret
 from proto.baton.v1 import workers_pb2, workers_pb2_grpc
 
 from .cluster_secret_flag import add_cluster_secret_flag
+from .tls_flags import add_internal_tls_flags
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -31,6 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         action.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
         action.add_argument("--json", action="store_true", help="print one JSON object")
         add_cluster_secret_flag(action, "sent with the call, for a worker that requires it")
+        add_internal_tls_flags(action, "to a worker serving internal mutual TLS")
         action.set_defaults(run=run)
 
 
@@ -39,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         workers_pb2_grpc.DecodeWorkerStub if args.role == "decode" else workers_pb2_grpc.PrefillWorkerStub
     )
     secret = read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else ""
-    with grpc.insecure_channel(args.worker) as channel:
+    tls = internal_tls(args.internal_tls_cert, args.internal_tls_key, args.internal_tls_ca)
+    with insecure_or_internal_channel(args.worker, tls) as channel:
         stub = stub_class(with_cluster_secret(channel, secret))
         try:
             if args.action == "load":

@@ -5,9 +5,12 @@ refused, whatever they send); a router with the same flags routes to it (checkin
 certificate by ``baton-internal``, not its address), a router without them cannot. The flags are all or
 none, and bad files are errors naming the flag."""
 
+import json
+
 import grpc
 import pytest
 
+from cli.main import main as cli_main
 from common.internal_tls import internal_tls
 from common.rpc import health_probe
 from common.tls_files import TlsFileError
@@ -102,3 +105,11 @@ def test_the_exec_probe_checks_health_over_internal_tls(worker, pki, capsys):
     assert "UNAVAILABLE" in capsys.readouterr().err
     assert health_probe.main([worker.address, files[0]]) == 2
     assert "--internal-tls-key: internal mutual TLS needs all of" in capsys.readouterr().err
+
+
+def test_baton_adapters_reaches_the_worker_over_internal_tls(worker, pki, capsys):
+    files = [f"--{name.replace('_', '-')}={path}" for name, path in flags(pki).items()]
+    assert cli_main(["adapters", "list", "--worker", worker.address, "--json", *files]) == 0
+    assert json.loads(capsys.readouterr().out) == {"adapters": []}
+    assert cli_main(["adapters", "list", "--worker", worker.address, "--timeout", "5"]) == 1  # plaintext
+    assert "UNAVAILABLE" in capsys.readouterr().out
