@@ -35,6 +35,7 @@ import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -302,17 +303,20 @@ class HostCacheConnector:
             self._snapshot_reason.popitem(last=False)
         self.snapshots_saved[reason] += 1
 
-    def offload(self, blocks: Sequence[int], hashes: Sequence[bytes]) -> None:
-        """Cached device blocks (``blocks``, holding ``hashes``) are about to be reused: keep the bytes of
-        those the tier lacks, in one put (one reservation and one move for the whole batch). The pages
-        are the anonymous tenant's (""): ``BlockPool.on_evict`` does not say whose blocks they were."""
-        lease = self.tier.reserve_put(KV, list(hashes))
-        self.counters.saves_skipped[KV] += lease.no_room
-        kept = [(page, block) for page, block in zip(lease.pages, blocks, strict=True) if page is not None]
-        pages, kept_blocks = zip(*kept, strict=True) if kept else ((), ())
-        if self._put(lease.lease_id, lambda: self.rows.write_blocks(pages, kept_blocks)) and pages:
-            self.counters.offloads += len(pages)
-            self.counters.moved(KV, TO_HOST, len(pages) * self.blocks.layout.nbytes)
+    def offload(self, blocks: Sequence[int], hashes: Sequence[bytes], tenants: Sequence[str]) -> None:
+        """Cached device blocks (``blocks``, holding ``hashes``, of ``tenants``) are about to be reused:
+        keep the bytes of those the tier lacks, in one put per tenant among them (one reservation and
+        one move each; usually one for the whole batch), so each page counts in its tenant's reserve."""
+        for tenant in dict.fromkeys(tenants):
+            mine = [i for i, owner in enumerate(tenants) if owner == tenant]
+            lease = self.tier.reserve_put(KV, [hashes[i] for i in mine], tenant)
+            self.counters.saves_skipped[KV] += lease.no_room
+            pairs = zip(lease.pages, (blocks[i] for i in mine), strict=True)
+            kept = [(page, block) for page, block in pairs if page is not None]
+            pages, kept_blocks = zip(*kept, strict=True) if kept else ((), ())
+            if self._put(lease.lease_id, partial(self.rows.write_blocks, pages, kept_blocks)) and pages:
+                self.counters.offloads += len(pages)
+                self.counters.moved(KV, TO_HOST, len(pages) * self.blocks.layout.nbytes)
 
     def counts(self) -> CacheCounts:
         """The counters' totals, with the tier's reachability: an in-process tier is always up (and its

@@ -187,7 +187,9 @@ def test_device_eviction_offloads_a_block_the_tier_lacks_once():
     blocks.free(ids)
     puts = []
     reserve_put = connector.tier.reserve_put
-    connector.tier.reserve_put = lambda kind, hashes: puts.append(list(hashes)) or reserve_put(kind, hashes)
+    connector.tier.reserve_put = lambda kind, hashes, tenant: (
+        puts.append(list(hashes)) or reserve_put(kind, hashes, tenant)
+    )
     blocks.allocate(3)  # evicts a, b, c
     assert puts == [[b"a", b"b", b"c"]]  # one put for the allocation (a round trip each to a remote tier)
     assert connector.counters.offloads == 2

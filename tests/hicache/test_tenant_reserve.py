@@ -2,15 +2,23 @@
 tenant's puts never evict a tenant's pages at or below its reserve (they evict their own, or get no room),
 pages beyond the reserve go in LRU order, reserve 0 is plain LRU; the per-tenant counts follow commit,
 read, reject and abort and ``check_integrity`` catches a wrong one. The tenant travels from
-``HostCacheClient.reserve_put`` over gRPC into the arena, and from a request through the engine's
-write-through into its own tier. Negative reserves are refused naming the field or flag."""
+``HostCacheClient.reserve_put`` over gRPC into the arena, from a request through the engine's
+write-through into its own tier, and with a block the device pool evicts. Negative reserves are refused
+naming the field or flag."""
 
 import pytest
+import torch
 
 from cli.cache_command import config_from
 from cli.main import build_parser
 from common.prefix_hash import chain_root, extend_chain
 from services.engine import LLM, SamplingParams
+from services.engine.cache.block_pool import BlockPool
+from services.engine.cache.layout import block_layout, slot_layout
+from services.engine.cache.state_pool import StateSlotPool
+from services.engine.checkpoint.presets import preset_config
+from services.engine.host_cache_connector import HostCacheConnector
+from services.engine.model.config_loader import load_model_config
 from services.hicache.client import HostCacheClient
 from services.hicache.host_tier import KDA, KV, HostTier
 from services.hicache.page_arena import PageArena
@@ -164,3 +172,20 @@ def test_an_engines_own_tier_holds_each_requests_pages_as_its_tenants(tiny_check
     assert tier.kv.held_by == {"acme": 3, "": 2}
     assert set(tier.kda.held_by) == {"acme", ""}  # the prompt-end snapshots, each its tenant's
     llm.engine.check_integrity()
+
+
+def test_device_evictions_offload_each_block_as_its_tenants_page():
+    """Blocks evicted from the device pool (not written through before) land in the tier as their own
+    tenants' pages: one put per tenant of the allocation."""
+    config = load_model_config(preset_config("k3", "tiny"))
+    blocks = BlockPool(block_layout(config, 4, torch.float32), 4, num_blocks=3, device="cpu")
+    slots = StateSlotPool(slot_layout(config, torch.float32), 1, device="cpu")
+    connector = HostCacheConnector.in_process(blocks, slots, gib=0.01, kda_fraction=0.5)
+    blocks.on_evict = connector.offload
+    ids = blocks.allocate(3)
+    for block, name, tenant in zip(ids, (b"a", b"b", b"c"), ("acme", "beta", "acme"), strict=True):
+        blocks.register(block, name, tenant)
+    blocks.free(ids)
+    blocks.allocate(3, tenant="gamma")  # evicts a, b, c
+    assert connector.tier.kv.held_by == {"acme": 2, "beta": 1}
+    connector.check_integrity()

@@ -21,9 +21,10 @@ between tenants). An allocation for tenant ``t`` never evicts another tenant's c
 not count them. One tenant's load thus cannot flush another's reserved share of the prefix cache; a
 tenant's own allocations may evict its own blocks.
 
-``on_evict(blocks, hashes)``, when set, is called once per ``allocate`` that reuses cached blocks, with
-those blocks and the hashes they held, before the allocation returns and so before anything overwrites
-them (the host tier's offload, one batch per allocation: ``services/engine/host_cache_connector.py``).
+``on_evict(blocks, hashes, tenants)``, when set, is called once per ``allocate`` that reuses cached
+blocks, with those blocks, the hashes they held and their tenants, before the allocation returns and so
+before anything overwrites them (the host tier's offload, one batch per allocation:
+``services/engine/host_cache_connector.py``).
 """
 
 from collections import OrderedDict, deque
@@ -82,7 +83,7 @@ class BlockPool:
         self.hash_of: dict[int, bytes] = {}
         self.block_of: dict[bytes, int] = {}
         self._events: list[CacheEvent] | None = None  # None: nobody records them
-        self.on_evict: Callable[[list[int], list[bytes]], None] | None = None
+        self.on_evict: Callable[[list[int], list[bytes], list[str]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -99,7 +100,7 @@ class BlockPool:
         (never another tenant's below its reserve)."""
         if not self.can_allocate(count, tenant=tenant):
             raise RuntimeError(f"block pool exhausted: {count} requested, {self.num_free} available")
-        ids, reused, reused_hashes = [], [], []
+        ids, reused, reused_hashes, reused_owners = [], [], [], []
         victims = self._victims(count - len(self.free_ids), tenant)
         for _ in range(count):
             if self.free_ids:
@@ -109,7 +110,7 @@ class BlockPool:
                 del self.evictable[block]
                 self._uncache(block)
                 evicted = self.hash_of.pop(block)
-                self.owner_of.pop(block, None)
+                reused_owners.append(self.owner_of.pop(block, ""))
                 del self.block_of[evicted]
                 reused.append(block)
                 reused_hashes.append(evicted)
@@ -118,7 +119,7 @@ class BlockPool:
             self.ref_counts[block] = 1
             ids.append(block)
         if reused and self.on_evict is not None:
-            self.on_evict(reused, reused_hashes)
+            self.on_evict(reused, reused_hashes, reused_owners)
         return ids
 
     def free(self, block_ids: list[int]) -> None:
