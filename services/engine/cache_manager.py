@@ -304,7 +304,7 @@ class CacheManager:
         hashes = self._prompt_hashes(request)
         if len(self._device_blocks(hashes)) == len(hashes):
             return
-        handle = self.host.start_prefetch(hashes)
+        handle = self.host.start_prefetch(hashes, request.tenant)
         if handle is not None:
             self.prefetch_gate.start(request.request_id, handle)
 

@@ -208,12 +208,12 @@ class HostCacheConnector:
         without KDA state)."""
         return self.tier.match(hashes, self.has_state)
 
-    def start_prefetch(self, hashes: Sequence[bytes]) -> PrefetchHandle | None:
-        """Ask the tier to bring what it lacks of ``hashes`` from its L3, without waiting; None when the
-        tier has no L3 or there is nothing to ask."""
+    def start_prefetch(self, hashes: Sequence[bytes], tenant: str = "") -> PrefetchHandle | None:
+        """Ask the tier to bring what it lacks of ``hashes`` from its L3 (as ``tenant``'s pages), without
+        waiting; None when the tier has no L3 or there is nothing to ask."""
         if self.prefetcher is None or not hashes:
             return None
-        return self.prefetcher.prefetch(list(hashes), self.has_state)
+        return self.prefetcher.prefetch(list(hashes), self.has_state, tenant)
 
     def record_lookup(self, match: TierMatch, num_hashes: int, with_state: bool = True) -> None:
         """Count an admitted request's ``match`` of its ``num_hashes``-block chain in the tier's hits and

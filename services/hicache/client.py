@@ -194,14 +194,14 @@ class HostCacheClient:
         if tier_lease is not None:
             self._call("EndGet", host_cache_pb2.LeaseRequest(lease_id=tier_lease))
 
-    def prefetch(self, hashes: Sequence[bytes], has_state: bool) -> "RemotePrefetch":
-        """Start the service's ``Prefetch`` without waiting (``PrefetchPort``): done once it answered or
-        failed; at once without the tier (nothing fetched)."""
+    def prefetch(self, hashes: Sequence[bytes], has_state: bool, tenant: str = "") -> "RemotePrefetch":
+        """Start the service's ``Prefetch`` without waiting (``PrefetchPort``; the pages ``tenant``'s): done
+        once it answered or failed; at once without the tier (nothing fetched)."""
         with self._lock:
             skip = self._layout is None or self._down or not self.has_l3 or not hashes
         if skip:
             return RemotePrefetch(None)
-        request = host_cache_pb2.PrefetchRequest(hashes=hashes, has_state=has_state)
+        request = host_cache_pb2.PrefetchRequest(hashes=hashes, has_state=has_state, tenant=tenant)
         return RemotePrefetch(self._stub.Prefetch.future(request, timeout=self.prefetch_timeout_s))
 
     def record_lookup(self, kv_hits: int, kv_misses: int, kda_hits: int, kda_misses: int) -> None:

@@ -73,6 +73,6 @@ class PrefetchHandle(Protocol):
 class PrefetchPort(Protocol):
     """Starts bringing a chain's missing pages from the L3 into the host tier (``tier_l3.TierL3``)."""
 
-    def prefetch(self, hashes: Sequence[bytes], has_state: bool) -> PrefetchHandle:
-        """Start it and return at once."""
+    def prefetch(self, hashes: Sequence[bytes], has_state: bool, tenant: str = "") -> PrefetchHandle:
+        """Start it (the pages brought back ``tenant``'s) and return at once."""
         ...

@@ -145,7 +145,7 @@ class HostCacheServicer(host_cache_pb2_grpc.HostCacheServicer):
         l3 = self.l3
         if l3 is None:
             return host_cache_pb2.PrefetchResponse()
-        ticket = l3.prefetch(_hashes(request.hashes), request.has_state)
+        ticket = l3.prefetch(_hashes(request.hashes), request.has_state, request.tenant)
         ticket.wait(PREFETCH_WAIT_S)
         return host_cache_pb2.PrefetchResponse(kv_pages=ticket.kv_pages, kda_pages=ticket.kda_pages)
 

@@ -94,6 +94,7 @@ class L3KindStats:
 class _Prefetch:
     hashes: tuple[bytes, ...]
     has_state: bool
+    tenant: str = ""
     ticket: PrefetchTicket = field(default_factory=PrefetchTicket)
 
 
@@ -138,10 +139,10 @@ class TierL3:
         for thread in self._threads:
             thread.start()
 
-    def prefetch(self, hashes: Sequence[bytes], has_state: bool) -> PrefetchTicket:
+    def prefetch(self, hashes: Sequence[bytes], has_state: bool, tenant: str = "") -> PrefetchTicket:
         """Start bringing what the tier lacks of the chain ``hashes`` from the L3 (see the module
-        docstring); returns at once."""
-        job = _Prefetch(tuple(hashes), has_state)
+        docstring), as ``tenant``'s pages; returns at once."""
+        job = _Prefetch(tuple(hashes), has_state, tenant)
         with self._lock:
             if len(self._prefetches) >= self.max_prefetches or self._stopping or not hashes:
                 self.prefetches_skipped += bool(hashes)
@@ -226,19 +227,20 @@ class TierL3:
                 job = self._prefetches.popleft()
             kv_pages = kda_pages = 0
             try:
-                kv_pages, kda_pages = self._load(job.hashes, job.has_state)
+                kv_pages, kda_pages = self._load(job.hashes, job.has_state, job.tenant)
             except Exception:  # a prefetch is an optimisation: failing it costs a miss
                 log.exception("hicache L3: prefetch of %d blocks failed", len(job.hashes))
             finally:
                 job.ticket.finish(kv_pages, kda_pages)
 
-    def _load(self, hashes: Sequence[bytes], has_state: bool) -> tuple[int, int]:
-        """Bring the chain's missing KV pages, then its deepest missing snapshot; pages stored of each."""
+    def _load(self, hashes: Sequence[bytes], has_state: bool, tenant: str) -> tuple[int, int]:
+        """Bring the chain's missing KV pages, then its deepest missing snapshot, as ``tenant``'s; pages
+        stored of each."""
         held = self.tier.match(hashes, has_state)
         wanted = hashes[held.kv_depth :]
         kv_pages = self.l3.get(KV, wanted, self.tier.kv.page_bytes) if wanted else []
         self._count(KV, hits=len(kv_pages), misses=len(wanted) - len(kv_pages))
-        stored_kv = self._store(KV, wanted[: len(kv_pages)], kv_pages)
+        stored_kv = self._store(KV, wanted[: len(kv_pages)], kv_pages, tenant)
         if not (has_state and self.tier.kda is not None):
             return stored_kv, 0
         reach = held.kv_depth + len(kv_pages)
@@ -250,16 +252,14 @@ class TierL3:
         if found is None:
             return stored_kv, 0
         index, page = found
-        return stored_kv, self._store(KDA, [hashes[deepest + index]], [page])
+        return stored_kv, self._store(KDA, [hashes[deepest + index]], [page], tenant)
 
-    def _store(self, kind: str, hashes: Sequence[bytes], pages: Sequence[bytes]) -> int:
+    def _store(self, kind: str, hashes: Sequence[bytes], pages: Sequence[bytes], tenant: str) -> int:
         """Put ``pages`` into the tier as ``hashes`` (one lease); how many it took (a hash already held,
         being written, or without room is skipped)."""
         if not hashes:
             return 0
-        # The anonymous tenant's pages: a prefetch names only its chain (Prefetch carries no tenant), so
-        # a page brought back from the L3 does not count in its tenant's reserve.
-        lease = self.tier.reserve_put(kind, hashes, tenant="")
+        lease = self.tier.reserve_put(kind, hashes, tenant)
         storage = self.tier.arena(kind).storage
         stored = 0
         try:

@@ -60,13 +60,14 @@ def test_a_prefetch_brings_another_tiers_evicted_pages_back_bitwise(redis_server
         assert node_a.servicer.l3.flush()
         assert clients[0].match(hashes, has_state=True).kv_depth == 0
 
-        prefetch = clients[1].prefetch(hashes, has_state=True)
+        prefetch = clients[1].prefetch(hashes, has_state=True, tenant="t")
         while not prefetch.done():
             threading.Event().wait(0.01)
         assert prefetch.pages() == (3, 1)
+        tier_b = node_b.servicer.tier
+        assert (tier_b.kv.held_by, tier_b.kda.held_by) == ({"t": 3}, {"t": 1})  # in the tenant's reserve
         match = clients[1].match(hashes, has_state=True)
         assert (match.kv_depth, match.usable_depth) == (3, 3)
-        tier_b = node_b.servicer.tier
         lease = tier_b.begin_get(KV, hashes)
         assert torch.equal(tier_b.kv.storage[list(lease.pages)], kv_rows)
         tier_b.end_get(lease.lease_id)

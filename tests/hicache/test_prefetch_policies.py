@@ -36,7 +36,7 @@ class StandInL3:
     def __init__(self):
         self.started: list[tuple[list[bytes], PrefetchTicket]] = []
 
-    def prefetch(self, hashes, has_state):
+    def prefetch(self, hashes, has_state, tenant=""):
         handle = PrefetchTicket()
         self.started.append((list(hashes), handle))
         return handle
