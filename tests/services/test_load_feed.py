@@ -54,7 +54,7 @@ def router_over(workers, monkeypatch):
     monkeypatch.setattr(
         router.worker_pool.grpc,
         "insecure_channel",
-        lambda address: grpc.intercept_channel(plain(address), calls),
+        lambda address, **options: grpc.intercept_channel(plain(address, **options), calls),
     )
     with router_factory(workers.model) as make:
         yield lambda prefill, decode, **options: (*make(prefill, decode, **options), calls)
