@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from common.sampling_params import SamplingParams
-from services.transfer import BLOCKS, STATE, TransferBackend, TransferEndpoint
+from services.transfer import TransferBackend, TransferEndpoint
 
 from .adapters.lora_adapter import LoraAdapter
 from .draft_handoff import register_draft_pools, reserved_draft
@@ -39,6 +39,7 @@ from .handoff import (
     handoff_row_bytes,
     held_prefill_for,
     layout_of,
+    pool_storages,
     register_pools,
     reservation_of,
     row_for_row,
@@ -239,8 +240,7 @@ class EngineService:
         )
         if self._group is not None:
             return self._group.landed(check)
-        storages = {BLOCKS: engine.cache.blocks.storage, STATE: engine.cache.slots.storage}
-        return landed_checksum(engine.model.config, storages, check, 0)
+        return landed_checksum(engine.model.config, pool_storages(engine.cache, None), check, 0)
 
     def free_reservation(self, request_id: str) -> "Future[bool]":
         """Queue freeing ``request_id`` if it is still a reservation (never a request that is
