@@ -2,7 +2,8 @@
 # One device-machine call: the GPU tests, then the engine and kernel benchmarks, logs under $OUT.
 #
 #   tools/gpu_report.sh [STEP ...]     steps: tests tests-engine engine engine-k3 invariant kernels
-#                                    spec-tests spec checksum eval eval-invariant
+#                                    spec-tests verify-graphs spec checksum checksum-tests trust eval
+#                                    eval-invariant
 #                                    (default: tests engine engine-k3 invariant kernels)
 #
 # The spec and eval steps run the shipped pair (models/k3-demo and its draft) on held-out text read from
@@ -59,6 +60,12 @@ for step in "${steps[@]}"; do
         spec) run_step spec 330 "${baton[@]}" bench spec "${pair[@]}" --draft-model models/k3-demo-draft \
             --num-draft-tokens 1,3,7 --batches 1,8 --decode-tokens 128 --repeats 1 \
             --text "$heldout" --json "$OUT/spec.json" ;;
+        verify-graphs) run_step verify-graphs 240 python3 -m pytest -v -x -rfE --tb=long -p no:benchmark \
+            --timeout 230 tests/gpu/test_verify_graphs_gpu.py ;;
+        checksum-tests) run_step checksum-tests 150 python3 -m pytest -q -rfE --tb=short -p no:benchmark -n 2 \
+            --timeout 140 tests/gpu/test_handoff_checksum_gpu.py tests/kernels/device/test_keyed_checksum.py ;;
+        trust) run_step trust 300 "${baton[@]}" bench trust "${pair[@]}" --prompt-tokens 1024 --requests 24 \
+            --warmup 4 --sizes 1M,16M,64M,256M,1G ;;
         checksum) run_step checksum 120 "${baton[@]}" bench kernels --ops checksum --json "$OUT/checksum.json" ;;
         eval) run_step eval 200 "${baton[@]}" eval "${pair[@]}" --draft models/k3-demo-draft --text "$heldout" \
             --seq-len 512 --max-windows 32 --json "$OUT/eval.json" ;;

@@ -4,9 +4,11 @@ tensor, no gather copy: each byte is read once), and writes its partial sum; the
 ``2^64`` on the device. Same contract and bits as ``kernels.checksum.naive.keyed_rows_checksum``
 (integer arithmetic: the order of the sums does not matter).
 
-``keyed_spans_partials`` is ``naive.keyed_spans_checksum``'s launch: byte spans cut on the host into
-chunks of ``_SPAN_BLOCK`` bytes (one table copy to the device), each program hashing one chunk's bytes
-by their addresses.
+``keyed_spans_partials`` is ``naive.keyed_spans_checksum``'s launches: spans of whole pairs of words on
+both sides (offset, address and length multiples of 8: nearly all of a handoff's) are cut on the host
+into chunks of ``_BLOCK`` pairs and hashed a pair per lane, exactly as rows are (a pair's weight comes
+from its address); the other spans are cut into chunks of ``_SPAN_BLOCK`` bytes, each byte weighed by its
+address. One table copy to the device per launch, no sync.
 """
 
 import torch
@@ -93,6 +95,33 @@ def keyed_rows_partials(storage: torch.Tensor, rows: torch.Tensor, start: int, k
 
 
 @triton.jit
+def _keyed_pair_spans_kernel(
+    pairs,
+    chunks,
+    partials,
+    key,
+    GOLDEN_C: tl.constexpr,
+    MIX1_C: tl.constexpr,
+    MIX2_C: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    program = tl.program_id(0).to(tl.int64)
+    offset = tl.load(chunks + program * 3)
+    address = tl.load(chunks + program * 3 + 1)
+    length = tl.load(chunks + program * 3 + 2)
+    at = tl.arange(0, BLOCK)
+    mask = at < length
+    pair = tl.load(pairs + offset + at, mask=mask, other=0).to(tl.uint64)
+    z = (address + at).to(tl.uint64) * GOLDEN_C + key.to(tl.uint64)
+    z = (z ^ (z >> 30)) * MIX1_C
+    z = (z ^ (z >> 27)) * MIX2_C
+    z = z ^ (z >> 31)
+    low = 0xFFFFFFFF
+    hashed = (pair & low) * (z & low) + (pair >> 32) * (z >> 32)
+    tl.store(partials + program, tl.sum(tl.where(mask, hashed, 0), axis=0))
+
+
+@triton.jit
 def _keyed_spans_kernel(
     source,
     chunks,
@@ -124,14 +153,31 @@ def _keyed_spans_kernel(
 def keyed_spans_partials(
     source: torch.Tensor, offsets: torch.Tensor, addresses: torch.Tensor, nbytes: torch.Tensor, key: int
 ) -> torch.Tensor:
-    """``naive.keyed_spans_checksum`` in one launch, without the host sync: int64 partial sums on the
-    device whose sum mod ``2^64`` is the checksum (same arguments; the span table on the CPU)."""
+    """``naive.keyed_spans_checksum`` in at most two launches, without the host sync: int64 partial sums
+    on the device whose sum mod ``2^64`` is the checksum (same arguments; the span table on the CPU)."""
     require_triton_device("keyed_spans_checksum", source)
-    table = torch.stack(naive.cut_spans(offsets, addresses, nbytes, _SPAN_BLOCK), 1)
-    partials = torch.zeros(max(1, len(table)), dtype=torch.uint64, device=source.device)
+    whole = (offsets | addresses | nbytes).bitwise_and(7) == 0
+    if source.storage_offset() % 8:
+        whole[:] = False
+    parts = [torch.zeros(1, dtype=torch.uint64, device=source.device)]
+    if bool(whole.any()):
+        pairs = source[: source.numel() // 8 * 8].view(torch.int64)
+        spans = (offsets[whole] >> 3, addresses[whole] >> 3, nbytes[whole] >> 3)
+        parts.append(_launch(_keyed_pair_spans_kernel, pairs, spans, key, _BLOCK))
+    if not bool(whole.all()):
+        spans = (offsets[~whole], addresses[~whole], nbytes[~whole])
+        parts.append(_launch(_keyed_spans_kernel, source, spans, key, _SPAN_BLOCK))
+    return torch.cat(parts).view(torch.int64)
+
+
+def _launch(kernel, source: torch.Tensor, spans: tuple, key: int, block: int) -> torch.Tensor:
+    """One program per piece of at most ``block`` elements of the spans (``(offsets, addresses,
+    lengths)`` in ``source``'s elements): the pieces' partial sums."""
+    table = torch.stack(naive.cut_spans(*spans, block), 1)
+    partials = torch.zeros(len(table), dtype=torch.uint64, device=source.device)
     if len(table):
         chunks = table.contiguous().pin_memory() if source.is_cuda else table.contiguous()
-        _keyed_spans_kernel[(len(table),)](
+        kernel[(len(table),)](
             source,
             chunks.to(source.device, non_blocking=True),
             partials,
@@ -139,6 +185,6 @@ def keyed_spans_partials(
             GOLDEN_C=GOLDEN,
             MIX1_C=MIX1,
             MIX2_C=MIX2,
-            BLOCK=_SPAN_BLOCK,
+            BLOCK=block,
         )
-    return partials.view(torch.int64)
+    return partials

@@ -85,6 +85,30 @@ def test_span_checksum_triton_equals_the_reference(key, device):
     assert int(empty.sum()) == 0
 
 
+@pytest.mark.parametrize("ragged", [False, True], ids=["pairs-only", "pairs-and-bytes"])
+def test_pair_spans_take_the_pair_launch(ragged, device, monkeypatch):
+    """Spans of whole pairs on both sides (several blocks long) are hashed a pair per lane, the others
+    byte by byte beside them; the sum is the reference's either way."""
+    source = _storage(1, 6 * keyed_triton._BLOCK * 8 + 64, device).view(-1)
+    g = torch.Generator().manual_seed(4)
+    cuts = torch.sort(torch.randint(0, source.numel() // 8, (12,), generator=g)).values * 8
+    cuts = torch.cat([torch.tensor([0]), cuts, torch.tensor([source.numel()])])
+    offsets, nbytes = cuts[:-1], torch.diff(cuts)
+    addresses = torch.randperm(len(offsets), generator=g) * (8 << 20) + (3 << 40)
+    if ragged:
+        addresses[::3] += 5  # every third span lands off a word boundary
+    launched = []
+    real_launch = keyed_triton._launch
+    monkeypatch.setattr(
+        keyed_triton, "_launch", lambda kernel, *rest: launched.append(kernel) or real_launch(kernel, *rest)
+    )
+    want = naive.keyed_spans_checksum(source.cpu(), offsets, addresses, nbytes, KEYS[1])
+    got = int(keyed_triton.keyed_spans_partials(source, offsets, addresses, nbytes, KEYS[1]).sum())
+    assert got & ((1 << 64) - 1) == want
+    pair, byte = keyed_triton._keyed_pair_spans_kernel, keyed_triton._keyed_spans_kernel
+    assert launched == ([pair, byte] if ragged else [pair])
+
+
 def test_span_checksum_is_the_row_checksum_of_the_bytes_it_places(monkeypatch):
     """Whole rows placed at word ``4 start`` hash as the row checksum numbered from ``start``, however the
     bytes are split into spans (two senders writing halves of one word) and in whatever order."""
