@@ -187,6 +187,19 @@ class Tokenizer:
             self._max_token_bytes = max(len(t.encode("utf-8")) for t in vocab) if safe and vocab else None
         return self._max_token_bytes
 
+    @property
+    def byte_level(self) -> bool:
+        """Whether token strings are written in the byte-level alphabet (the decoder, or one of a
+        sequence of decoders, is ``ByteLevel``): GPT-2 style BPE, where each character of a token
+        string stands for one byte (``token_bytes.py`` maps them back)."""
+        decoder = self._backend.decoder
+        return decoder is not None and '"ByteLevel"' in decoder.__getstate__().decode("utf-8")
+
+    @property
+    def added_token_ids(self) -> frozenset[int]:
+        """Ids of the added tokens (special or not): their strings are plain text, not byte-level."""
+        return frozenset(self._backend.get_added_tokens_decoder())
+
     def id_to_token(self, token_id: int) -> str | None:
         """The token string of `token_id` (byte-level form), or None when out of range."""
         return self._backend.id_to_token(token_id)
