@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # Temperatures below this are treated as greedy, as in vLLM: dividing logits by a tiny temperature
 # overflows float32 and the resulting distribution is an argmax anyway.
 GREEDY_TEMPERATURE_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries in one request's logit_bias (OpenAI's limit)
+LOGIT_BIAS_LIMIT = 100.0  # |bias| at most this (OpenAI's range)
+PENALTY_LIMIT = 2.0  # |presence_penalty|, |frequency_penalty| at most this (OpenAI's range)
 _SEED_LIMIT = 2**63
 
 
@@ -37,9 +41,23 @@ class SamplingParams:
         stop_token_ids: token ids that end generation (in addition to EOS unless `ignore_eos`).
         ignore_eos: keep generating past the EOS token.
         logprobs: None = no logprobs; 0 = logprob of the sampled token; n > 0 = also the n most
-            likely tokens. Logprobs are of the raw model distribution (before temperature etc.).
+            likely tokens. Logprobs are of the model's distribution after `logit_bias` and the
+            penalties (vLLM v0's "processed" logprobs) and before temperature, top-k, top-p, min-p;
+            without bias and penalties that is the raw model distribution.
         include_stop_str_in_output: keep the matched stop string at the end of the output text.
+        logit_bias: ``(token id, bias)`` pairs (a dict is accepted and stored sorted by id); the
+            bias is added to that token's logit before sampling. Ids must be in the model's
+            vocabulary (the engine checks), biases in [-100, 100], at most 300 entries.
+        presence_penalty: in [-2, 2]; subtracted from the logit of every token that appears in the
+            generated output so far (positive: fewer repeats). 0 = off.
+        frequency_penalty: in [-2, 2]; ``frequency_penalty * count`` is subtracted, ``count`` the
+            token's occurrences in the generated output so far. 0 = off.
+        repetition_penalty: > 0; the logit of every token that appears in the prompt or the output
+            is divided by it when positive and multiplied by it when negative (> 1: fewer repeats).
+            1 = off.
 
+    Bias and penalties are applied in vLLM's order: bias, repetition, frequency, presence
+    (``kernels.logit_penalties``). A migrated request's resumed tokens count as output.
     Lists given for `stop` and `stop_token_ids` are stored as tuples, so params are hashable.
     Invalid values raise ValueError with a message that starts with the field name.
     """
@@ -55,6 +73,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -92,8 +114,50 @@ class SamplingParams:
             raise ValueError(
                 f"include_stop_str_in_output: must be a bool, got {self.include_stop_str_in_output!r}"
             )
+        object.__setattr__(self, "logit_bias", _checked_logit_bias(self.logit_bias))
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+                raise ValueError(f"{name}: must be a number in [-2, 2] (0 = off), got {value!r}")
+        penalty = self.repetition_penalty
+        if not _is_real(penalty) or not math.isfinite(penalty) or not penalty > 0:
+            raise ValueError(f"repetition_penalty: must be a finite number > 0 (1 = off), got {penalty!r}")
 
     @property
     def greedy(self) -> bool:
         """True when the next token is the argmax of the logits (no randomness)."""
         return self.temperature < GREEDY_TEMPERATURE_EPS
+
+    @property
+    def processes_logits(self) -> bool:
+        """True when `logit_bias` or a penalty changes the logits before sampling."""
+        return (
+            bool(self.logit_bias)
+            or bool(self.presence_penalty)
+            or bool(self.frequency_penalty)
+            or (self.repetition_penalty != 1.0)
+        )
+
+
+def _checked_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted ``(id, bias)`` pairs; ValueError naming ``logit_bias`` otherwise."""
+    if isinstance(value, Mapping):
+        value = tuple(value.items())
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise ValueError(f"logit_bias: must be a mapping of token id to bias, got {value!r}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias: {len(value)} entries, more than the limit of {MAX_LOGIT_BIAS}")
+    pairs = []
+    for pair in value:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"logit_bias: entries must be (token id, bias) pairs, got {pair!r}")
+        token, bias = pair
+        if not _is_int(token) or token < 0:
+            raise ValueError(f"logit_bias: keys must be token ids (integers >= 0), got {token!r}")
+        if not _is_real(bias) or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            raise ValueError(f"logit_bias: bias of token {token} must be in [-100, 100], got {bias!r}")
+        pairs.append((token, float(bias)))
+    pairs.sort()
+    if any(a[0] == b[0] for a, b in zip(pairs[:-1], pairs[1:], strict=True)):
+        raise ValueError("logit_bias: a token id appears twice")
+    return tuple(pairs)

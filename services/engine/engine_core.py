@@ -189,6 +189,9 @@ class EngineCore:
                 raise ValueError(
                     f"prompt_ids: id {token!r} at position {position} is outside the vocabulary [0, {vocab})"
                 )
+        for token, _ in params.logit_bias:
+            if token >= vocab:
+                raise ValueError(f"logit_bias: id {token} is outside the vocabulary [0, {vocab})")
         request = Request(
             request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
             prompt_ids=list(prompt_ids),

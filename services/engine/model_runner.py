@@ -15,6 +15,7 @@ from services.engine.parallel.split_step import SplitStep
 from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs
 from .request import Request
+from .sampling.penalties import apply_penalties
 from .scheduler import SampledToken, SchedulerOutput
 from .speculative.acceptance import Verified, verify, verify_greedy
 
@@ -84,8 +85,15 @@ class ModelRunner:
         picked = [requests[chunks[i].request_id] for i in sampling]
         params = [r.params for r in picked]
         positions = [r.sample_position for r in picked]
-        # Decode graphs are captured without adapters: a step with any adapted row runs eagerly.
-        if self.graphs is not None and not any(adapters) and self.graphs.can_replay(steps, len(sampling)):
+        # Decode graphs are captured without adapters and sample inside the graph without logit bias
+        # or penalties: a step with any adapted or penalised row runs eagerly.
+        penalised = any(p.processes_logits for p in params)
+        if (
+            self.graphs is not None
+            and not any(adapters)
+            and not penalised
+            and self.graphs.can_replay(steps, len(sampling))
+        ):
             result = self.graphs.replay(steps, params, positions)
         else:
             ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
@@ -100,7 +108,7 @@ class ModelRunner:
                     self.ranks.take_down(f"rank 0's forward failed ({error!r})")
             if not sampling:
                 return {}
-            result = self.model.kernels.sampling.sample(logits, params, positions)
+            result = self.model.kernels.sampling.sample(apply_penalties(logits, picked), params, positions)
         return {
             request.request_id: SampledToken(
                 token_id=result.token_ids[j], logprob=result.logprobs[j], top_logprobs=result.top_logprobs[j]
@@ -130,7 +138,9 @@ class ModelRunner:
         if plain:
             picked = [requests[output.chunks[i].request_id] for i in plain]
             sampled = self.model.kernels.sampling.sample(
-                logits[: len(plain)], [r.params for r in picked], [r.sample_position for r in picked]
+                apply_penalties(logits[: len(plain)], picked),
+                [r.params for r in picked],
+                [r.sample_position for r in picked],
             )
             for j, request in enumerate(picked):
                 results[request.request_id] = SampledToken(
@@ -139,7 +149,7 @@ class ModelRunner:
         greedy: list[tuple[Request, torch.Tensor]] = []
         start = len(plain)
         for i, rows in zip(verifying, verify_rows, strict=True):
-            request = requests[output.chunks[i].request_id]
+            request = requests[output.chunks[i].request_id]  # never penalised: those do not draft
             request_logits = logits[start : start + len(rows)]
             start += len(rows)
             if request.params.greedy:  # verified together below: one sampling call for the step

@@ -82,7 +82,8 @@ class Request:
 class RequestOutput:
     """What a finished (or streamed) request returns.
 
-    ``logprobs[i]`` is the raw-model log-probability of ``token_ids[i]`` (None when not requested);
+    ``logprobs[i]`` is the model log-probability of ``token_ids[i]`` after the request's logit bias and
+    penalties, if any (None when not requested);
     ``top_logprobs[i]`` lists ``(token id, logprob)`` alternatives when requested.
     """
 

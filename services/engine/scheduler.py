@@ -210,12 +210,14 @@ class Scheduler:
 
     def draftable(self) -> list[Request]:
         """The running requests a proposer drafts for this step: every prompt token computed, at least
-        one token generated, not prefill-only (``hold_cache``), and room for one draft under
-        ``max_tokens`` and ``max_model_len``."""
+        one token generated, not prefill-only (``hold_cache``), no logit bias or penalties (they
+        depend on the tokens before each position: such requests decode a token a step,
+        ``sampling/penalties.py``), and room for one draft under ``max_tokens`` and ``max_model_len``."""
         return [
             request
             for request in self.running
             if request.output_ids
+            and not request.params.processes_logits
             and request.num_computed >= len(request.prompt_ids)
             and not request.hold_cache
             and self._draft_room(request) > 0
