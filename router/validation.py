@@ -3,8 +3,9 @@
 What protobuf already guarantees is not checked again: a ``string`` field holds valid UTF-8 (bad
 bytes fail to parse, and the error interceptor answers INVALID_ARGUMENT), numbers fit their type.
 What is checked here: labels and stop strings within their size limits (``common/limits.py``),
-stop token ids inside the vocabulary, the chat's message count, and the prompt's byte size against
-the absolute cap and the cheap token bound. ``sampling_from_pb`` checks the sampling ranges.
+stop token ids and ``logit_bias`` ids inside the vocabulary, the chat's message count, and the
+prompt's byte size against the absolute cap and the cheap token bound. ``sampling_from_pb`` checks
+the sampling ranges (penalties, bias values).
 """
 
 from common.limits import (
@@ -19,6 +20,7 @@ from common.limits import (
     check_text,
     utf8_bytes,
 )
+from common.sampling_params import MAX_LOGIT_BIAS
 from proto.baton.v1 import generation_pb2
 
 
@@ -39,6 +41,10 @@ def check_generate(
             raise FieldError(
                 f"sampling.stop_token_ids[{j}]", f"id {token} is outside the vocabulary [0, {vocab_size})"
             )
+    check_count(len(sampling.logit_bias), "sampling.logit_bias", MAX_LOGIT_BIAS, "entries")
+    for token in sorted(sampling.logit_bias):
+        if token >= vocab_size:
+            raise FieldError("sampling.logit_bias", f"id {token} is outside the vocabulary [0, {vocab_size})")
     kind = request.WhichOneof("prompt")
     if kind == "text":
         check_prompt_bytes(utf8_bytes(request.text, "text"), "text", max_token_bytes, max_model_len)

@@ -6,12 +6,13 @@ router checks itself (vocabulary, stop strings against the model) come back from
 INVALID_ARGUMENT. Unknown fields are ignored, as OpenAI-compatible servers do.
 """
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from common.limits import MAX_MESSAGES, MAX_PROMPT_BYTES, MAX_STOP_TOKEN_IDS
-from common.sampling_params import MAX_LOGPROBS
+from common.sampling_params import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_LIMIT
 
 from . import fields
 from .fields import RequestError
@@ -34,6 +35,10 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -130,9 +135,6 @@ def _options(body: Mapping[str, Any], headers: Mapping[str, str]) -> Options:
 
 
 def _sampling(body: Mapping[str, Any], length_field: str, default_length, logprobs) -> Sampling:
-    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("repetition_penalty", 1)):
-        fields.only(body, name, (neutral, float(neutral)), "not supported")
-    fields.only(body, "logit_bias", ({},), "not supported")
     fields.only(body, "include_stop_str_in_output", (False,), "not supported")
     top_k = fields.integer(body, "top_k", 0, -1, 2**31 - 1)  # -1 is vLLM's "off"
     stop_ids = body.get("stop_token_ids")
@@ -151,7 +153,54 @@ def _sampling(body: Mapping[str, Any], length_field: str, default_length, logpro
         else fields.token_ids(stop_ids, "stop_token_ids", MAX_STOP_TOKEN_IDS),
         ignore_eos=fields.boolean(body, "ignore_eos"),
         logprobs=logprobs,
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        presence_penalty=fields.number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
+        frequency_penalty=fields.number(body, "frequency_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
+        repetition_penalty=_repetition_penalty(body.get("repetition_penalty")),
     )
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"<token id>": bias}`` (JSON keys are strings) as ``(id, bias)`` pairs. The router
+    checks the ids against the model's vocabulary."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise RequestError(
+            "logit_bias", f"logit_bias: must be an object of token id to bias, got {fields.quote(value)}"
+        )
+    if len(value) > MAX_LOGIT_BIAS:
+        raise RequestError(
+            "logit_bias", f"logit_bias: {len(value)} entries, more than the limit of {MAX_LOGIT_BIAS}"
+        )
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
+        if token is None or token > fields.UINT32_MAX:
+            raise RequestError(
+                "logit_bias", f"logit_bias: keys must be token ids (integers >= 0), got {fields.quote(key)}"
+            )
+        limit = LOGIT_BIAS_LIMIT
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -limit <= bias <= limit:
+            raise RequestError(
+                "logit_bias",
+                f"logit_bias: the bias of token {token} must be a number in [-100, 100], "
+                f"got {fields.quote(bias)}",
+            )
+        pairs.append((token, float(bias)))
+    return tuple(sorted(pairs))
+
+
+def _repetition_penalty(value: Any) -> float:
+    """vLLM's ``repetition_penalty``: a finite number > 0 (1 is off)."""
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise RequestError(
+            "repetition_penalty",
+            f"repetition_penalty: must be a finite number > 0 (1 is off), got {fields.quote(value)}",
+        )
+    return float(value)
 
 
 def _prompt(prompt: Any) -> str | tuple[int, ...]:

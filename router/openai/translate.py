@@ -16,6 +16,10 @@ def sampling_to_pb(sampling: Sampling, default_max_tokens: int) -> generation_pb
         stop=sampling.stop,
         stop_token_ids=sampling.stop_token_ids,
         ignore_eos=sampling.ignore_eos,
+        logit_bias=dict(sampling.logit_bias),
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
     )
     if sampling.seed is not None:
         message.seed = sampling.seed

@@ -4,6 +4,7 @@ extension fields and headers, OpenAI shapes accepted, router errors mapped to Op
 import grpc
 import pytest
 
+from common.sampling_pb import sampling_from_pb
 from proto.baton.v1 import generation_pb2
 from router.openai.errors import from_rpc_error
 from router.openai.fields import RequestError
@@ -84,7 +85,7 @@ def test_chat_messages_and_defaults():
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]}, "messages[0].tool_calls"),
         ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
-        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
         ({"messages": [{"role": "user", "content": "x"}], "no_migration": 1}, "no_migration"),
     ],
@@ -170,3 +171,24 @@ def test_a_finished_request_without_logprobs_is_plain():
         "total_tokens": 4,
         "prompt_tokens_details": {"cached_tokens": 0, "cached_tokens_host": 0},
     }
+
+
+def test_logit_bias_and_penalties_reach_the_message_and_the_engines_params():
+    body = {
+        "prompt": "x",
+        "logit_bias": {"7": -100, "3": 2.5},
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1,
+        "repetition_penalty": 1.25,
+    }
+    sampling = completion_to_pb(parse_completion(body, {}), "r").sampling
+    assert dict(sampling.logit_bias) == {7: -100.0, 3: 2.5}
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (
+        0.5,
+        -1.0,
+        1.25,
+    )
+    params = sampling_from_pb(sampling)
+    assert params.logit_bias == ((3, 2.5), (7, -100.0)) and params.processes_logits
+    plain = sampling_from_pb(completion_to_pb(parse_completion({"prompt": "x"}, {}), "r").sampling)
+    assert plain.repetition_penalty == 1.0 and not plain.processes_logits  # unset: off
