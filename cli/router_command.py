@@ -68,6 +68,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-queued", type=int, default=1024, help="requests waiting (default 1024)")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
+        "--max-n",
+        type=int,
+        default=16,
+        metavar="N",
+        help="OpenAI front: the largest n (samples per prompt, one generation each; default 16)",
+    )
+    parser.add_argument(
         "--slo-ttft-ms", type=float, default=2000.0, metavar="MS", help="goodput: TTFT target (default 2000)"
     )
     parser.add_argument(
@@ -130,6 +137,7 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         ("--max-running", args.max_running, 1),
         ("--max-queued", args.max_queued, 0),
         ("--max-model-len", args.max_model_len, 1),
+        ("--max-n", args.max_n, 1),
         ("--grace-period", args.grace_period, 0),
     ):
         if value < least:
@@ -153,6 +161,7 @@ def config_from(args: argparse.Namespace) -> RouterConfig:
         max_running=args.max_running,
         max_queued=args.max_queued,
         max_model_len=args.max_model_len,
+        max_n=args.max_n,
         redis_url=args.redis_url,
         auth_token_file=args.auth_token_file,
         tls_cert=args.tls_cert,

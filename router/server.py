@@ -77,11 +77,14 @@ class RouterConfig:
         0.0  # Generate requests a second per tenant (router/tenant_rate_limit.py); 0: none
     )
     tenant_burst: int = 0  # requests a tenant may send at once; 0: ceil(tenant_rate_limit)
+    max_n: int = 16  # OpenAI front: the largest ``n`` (samples per prompt, one generation each)
 
     def __post_init__(self):
         for name in ("slo_ttft_s", "slo_tpot_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.max_n < 1:
+            raise ValueError(f"max_n: must be >= 1, got {self.max_n}")
         self.rate_limit()  # raises naming the flag
         check_redis_url("redis_url", self.redis_url)
 
@@ -201,7 +204,13 @@ class RouterServer:
             try:
                 context = None if self.tls is None else self.tls.ssl_context()
                 self.http = OpenAIFront(
-                    front_target, config.host, config.http_port, self.authenticator, context
+                    front_target,
+                    config.host,
+                    config.http_port,
+                    self.authenticator,
+                    context,
+                    tokenizer=tokenizer,
+                    max_n=config.max_n,
                 )
             except BaseException:
                 self.discovery.stop()

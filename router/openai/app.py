@@ -4,8 +4,9 @@ Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``POST /v1
 ``POST /v1/chat/completions``. Every error is an OpenAI error body (``errors.py``). A streamed
 request answers with the first gRPC message, so refusals (400, 429, ...) keep their HTTP status;
 an error after that is one ``data: {"error": ...}`` event, and the stream ends. When the client
-goes away (or the front stops) the handler is cancelled and so is its gRPC call, which frees the
-request at the router and the workers.
+goes away (or the front stops) the handler is cancelled and so are its gRPC calls, which frees the
+requests at the router and the workers. A request with several choices (a batch of prompts, ``n``)
+is one call per choice, sent together (``fanout.py``).
 
 With an ``Authenticator`` every route but ``/health`` needs ``Authorization: Bearer`` (``auth.py``:
 401 otherwise; 403 when a tenant-bound token comes with another ``tenant`` / ``X-Tenant``), and the
@@ -14,7 +15,6 @@ needs no token.
 """
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -23,16 +23,19 @@ import grpc
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.tokenizer import Tokenizer
+from common.tokenizer.token_bytes import TokenBytes
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 from router.authentication import Authenticator, AuthRefused
 
+from . import fanout
 from .auth import auth_middleware, caller_of, grpc_metadata, unauthorized
 from .body import MAX_BODY_BYTES, read_json_body
 from .errors import error_body, from_request_error, from_rpc_error
 from .fields import RequestError
-from .responses import Transcript
-from .schema import parse_chat, parse_completion
-from .translate import chat_to_pb, completion_to_pb
+from .responses import TokenLabels, Transcript, response
+from .schema import DEFAULT_MAX_N, ChatRequest, CompletionRequest, parse_chat, parse_completion
+from .translate import chat_calls, completion_calls
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +43,23 @@ _LIST_MODELS_TIMEOUT_S = 5.0
 _SERVICE = "baton.v1.Generation"  # the health status /health reports
 
 
-def build_app(channel: grpc.aio.Channel, authenticator: Authenticator | None = None) -> web.Application:
+def build_app(
+    channel: grpc.aio.Channel,
+    authenticator: Authenticator | None = None,
+    tokenizer: Tokenizer | None = None,
+    max_n: int = DEFAULT_MAX_N,
+) -> web.Application:
     """The application over a ``grpc.aio`` channel to the router (created on the serving loop);
-    ``authenticator``: the bearer-token check (None: every request is let through, as before)."""
+    ``authenticator``: the bearer-token check (None: every request is let through, as before);
+    ``tokenizer``: the model's, which names log-prob tokens by their text and decodes an echoed
+    token-id prompt (None: tokens as ``token_id:<id>``, no echo of token ids); ``max_n``: the
+    largest ``n`` accepted (the router's ``--max-n``)."""
     api = _Api(
-        generation_pb2_grpc.GenerationStub(channel), health_pb2_grpc.HealthStub(channel), authenticator
+        generation_pb2_grpc.GenerationStub(channel),
+        health_pb2_grpc.HealthStub(channel),
+        authenticator,
+        tokenizer,
+        max_n,
     )
     middlewares = [_errors] + ([auth_middleware(authenticator)] if authenticator is not None else [])
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
@@ -63,10 +78,15 @@ class _Api:
         stub: generation_pb2_grpc.GenerationStub,
         health_stub: health_pb2_grpc.HealthStub,
         authenticator: Authenticator | None,
+        tokenizer: Tokenizer | None = None,
+        max_n: int = DEFAULT_MAX_N,
     ):
         self.stub = stub
         self.health_stub = health_stub
         self.authenticator = authenticator
+        self.tokenizer = tokenizer
+        self.pieces = None if tokenizer is None else TokenBytes(tokenizer)
+        self.max_n = max_n
         self.created = int(time.time())
         self.served: generation_pb2.ModelInfo | None = None  # ListModels' first model, once known
         self.inflight: set[asyncio.Task] = set()
@@ -135,8 +155,9 @@ class _Api:
         try:
             try:
                 body = await read_json_body(request)
-                parsed = (parse_chat if chat else parse_completion)(body, request.headers)
+                parsed = (parse_chat if chat else parse_completion)(body, request.headers, self.max_n)
                 self._check_tenant(request, body, parsed.options.tenant)
+                echoes = None if chat else self._echoes(parsed)
                 served = await self._served(request)
             except AuthRefused as refused:
                 return _json(403, error_body(403, refused.message, code="permission_denied"))
@@ -145,34 +166,76 @@ class _Api:
             except grpc.aio.AioRpcError as error:
                 return _json(*from_rpc_error(error, chat))
             request_id = uuid.uuid4().hex
-            options, prompt_ids = parsed.options, None
+            options = parsed.options
             if chat:
-                message = chat_to_pb(parsed, request_id, served.max_model_len)
+                messages = chat_calls(parsed, request_id, served.max_model_len)
             else:
-                message = completion_to_pb(parsed, request_id)
-                prompt_ids = parsed.prompt if isinstance(parsed.prompt, tuple) else None
-            transcript = Transcript(
-                chat,
-                f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
-                options.model or served.id,
-                int(time.time()),
-                parsed.sampling.logprobs,
-                options.return_token_ids,
-                prompt_ids,
-            )
-            call = self.stub.Generate(message, timeout=options.timeout, metadata=grpc_metadata(request))
+                messages = completion_calls(parsed, request_id)
+            response_id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
+            transcripts = self._transcripts(parsed, response_id, served, echoes)
+            metadata = grpc_metadata(request)
+            calls = [self.stub.Generate(m, timeout=options.timeout, metadata=metadata) for m in messages]
             try:
                 if options.stream:
-                    return await _stream(request, call, transcript, options.include_usage)
-                async for reply in call:
-                    transcript.chunk(reply)
-                return web.json_response(transcript.response())
+                    return await fanout.stream(request, calls, transcripts, options.include_usage)
+                await fanout.collect(calls, transcripts)
+                return web.json_response(response(transcripts))
             except grpc.aio.AioRpcError as error:
                 return _json(*from_rpc_error(error, chat))
             finally:
-                call.cancel()  # a no-op once the call finished; frees the request otherwise
+                for call in calls:
+                    call.cancel()  # a no-op once the call finished; frees the request otherwise
         finally:
             self.inflight.discard(task)
+
+    def _transcripts(
+        self,
+        parsed: CompletionRequest | ChatRequest,
+        response_id: str,
+        served: generation_pb2.ModelInfo,
+        echoes: list[str] | None,
+    ) -> list[Transcript]:
+        """One transcript per choice, in ``index`` order (prompt-major for a batch); ``echoes``: each
+        prompt's text when the request echoes them."""
+        chat = isinstance(parsed, ChatRequest)
+        options, created = parsed.options, int(time.time())
+        labels = TokenLabels(self.pieces, options.return_tokens_as_token_ids)
+        prompts = [None] if chat else parsed.prompts
+        return [
+            Transcript(
+                chat,
+                response_id,
+                options.model or served.id,
+                created,
+                parsed.sampling.logprobs,
+                options.return_token_ids,
+                prompt if isinstance(prompt, tuple) else None,
+                index=p * options.n + j,
+                labels=labels,
+                echo=None if echoes is None else echoes[p],
+                counts_prompt=j == 0,
+            )
+            for p, prompt in enumerate(prompts)
+            for j in range(options.n)
+        ]
+
+    def _echoes(self, parsed: CompletionRequest) -> list[str] | None:
+        """With ``echo``, each prompt's text, in prompt order; token ids are decoded with the
+        model's tokenizer (RequestError naming ``echo`` without one)."""
+        if not parsed.echo:
+            return None
+        texts = []
+        for prompt in parsed.prompts:
+            if not isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise RequestError(
+                        "echo", "echo: token-id prompts cannot be echoed: the router has no tokenizer"
+                    )
+                # An id outside the vocabulary is left out here: the router refuses the prompt naming it.
+                vocab = self.tokenizer.vocab_size
+                prompt = self.tokenizer.decode([t for t in prompt if t < vocab])
+            texts.append(prompt)
+        return texts
 
     def _check_tenant(self, request: web.Request, body: dict, asserted: str) -> None:
         """AuthRefused (403) when the token binds a tenant and the request asserts another; the
@@ -192,30 +255,6 @@ class _Api:
                 raise RequestError("model", "model: the router serves no model")
             self.served = reply.models[0]
         return self.served
-
-
-async def _stream(request: web.Request, call, transcript: Transcript, include_usage: bool):
-    replies = call.__aiter__()
-    reply = await anext(replies, None)  # refusals surface here, before any byte is sent
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    try:
-        while reply is not None:
-            await _event(response, transcript.chunk(reply))
-            reply = await anext(replies, None)
-        if include_usage and transcript.usage is not None:
-            await _event(response, transcript.usage_chunk())
-        await response.write(b"data: [DONE]\n\n")
-    except grpc.aio.AioRpcError as error:
-        await _event(response, from_rpc_error(error, transcript.chat)[1])
-    except ConnectionResetError:
-        return response  # the client went away; the caller cancels the call
-    await response.write_eof()
-    return response
-
-
-async def _event(response: web.StreamResponse, data: dict) -> None:
-    await response.write(b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n")
 
 
 def _json(status: int, body: dict) -> web.Response:

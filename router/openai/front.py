@@ -7,9 +7,11 @@ import threading
 import grpc
 from aiohttp import web
 
+from common.tokenizer import Tokenizer
 from router.authentication import Authenticator
 
 from .app import build_app
+from .schema import DEFAULT_MAX_N
 
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
@@ -20,6 +22,8 @@ class OpenAIFront:
     """Serves the OpenAI-compatible HTTP API, calling the router's gRPC API at ``grpc_target``.
 
     ``authenticator``: the bearer-token check of every route but ``/health`` (None: none).
+    ``tokenizer``: the model's (log-prob tokens by their text, ``echo`` of token ids; None: neither).
+    ``max_n``: the largest ``n`` a request may ask for (``RouterConfig.max_n``).
     ``ssl_context``: serve HTTPS with it (``router/tls.py``; None: plain HTTP). ``grpc_target`` is
     always reached in plaintext: loopback, or the router's private Unix socket when it has TLS.
     Serving starts in the constructor (``port`` 0 picks a free port; ``.port`` is the bound one)
@@ -38,8 +42,12 @@ class OpenAIFront:
         port: int = 0,
         authenticator: Authenticator | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        tokenizer: Tokenizer | None = None,
+        max_n: int = DEFAULT_MAX_N,
     ):
         self.authenticator = authenticator
+        self.tokenizer = tokenizer
+        self.max_n = max_n
         self.ssl_context = ssl_context
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-front", daemon=True)
@@ -66,7 +74,7 @@ class OpenAIFront:
         self._channel = grpc.aio.insecure_channel(grpc_target)
         # handler_cancellation: a client that disconnects cancels its handler, hence its gRPC call.
         self._runner = web.AppRunner(
-            build_app(self._channel, self.authenticator),
+            build_app(self._channel, self.authenticator, self.tokenizer, self.max_n),
             handler_cancellation=True,
             shutdown_timeout=_SHUTDOWN_GRACE_S,
             access_log=None,

@@ -1,11 +1,15 @@
-"""The router's ``GenerateResponse`` stream -> OpenAI response and chunk objects.
+"""The router's ``GenerateResponse`` streams -> OpenAI response and chunk objects.
 
-The gRPC API streams token ids and text deltas but has no per-token decode, so a token's string in
-``logprobs`` is ``"token_id:<id>"`` (vLLM's ``return_tokens_as_token_ids`` convention) and chat
-``bytes`` is null. In legacy completion logprobs, ``text_offset`` of a token is where the text of
-the streamed message that carried it begins (exact when each message carries one token).
+One ``Transcript`` per choice (a request with several prompts or ``n > 1`` has several, each with
+its ``index``); ``response`` and ``usage_chunk`` join them. A token in ``logprobs`` is named by its
+piece of text (``TokenLabels``: the model's tokenizer, ``common/tokenizer/token_bytes.py``), chat
+``bytes`` being the piece's raw bytes; with vLLM's ``return_tokens_as_token_ids`` (or a router
+without a tokenizer) it is ``"token_id:<id>"``. In legacy completion logprobs, ``text_offset`` of a
+token is where the text of the streamed message that carried it begins (exact when each message
+carries one token).
 """
 
+from common.tokenizer.token_bytes import TokenBytes
 from proto.baton.v1 import generation_pb2
 
 _FINISH = {
@@ -17,7 +21,31 @@ _LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 
 def token_name(token_id: int) -> str:
+    """vLLM's ``return_tokens_as_token_ids`` form of a token."""
     return f"token_id:{token_id}"
+
+
+class TokenLabels:
+    """How a response names tokens: their text and bytes from ``pieces``; ``token_id:<id>`` when
+    ``as_ids`` (``bytes`` are then that name's, as vLLM sends them) or when there is no piece (no
+    tokenizer, or an id of the model's vocabulary that its tokenizer lacks: ``bytes`` None)."""
+
+    def __init__(self, pieces: TokenBytes | None, as_ids: bool = False):
+        self.pieces = pieces
+        self.as_ids = as_ids
+
+    def text(self, token_id: int) -> str:
+        text = None if self.as_ids or self.pieces is None else self.pieces.text(token_id)
+        return token_name(token_id) if text is None else text
+
+    def bytes(self, token_id: int) -> list[int] | None:
+        if self.as_ids:
+            return list(token_name(token_id).encode())
+        piece = None if self.pieces is None else self.pieces.piece(token_id)
+        return None if piece is None else list(piece)
+
+
+_ID_LABELS = TokenLabels(None)
 
 
 def _logprob(value: float) -> float:
@@ -35,6 +63,11 @@ class Transcript:
         logprobs: None when the request asked for none, else the number of top alternatives.
         return_token_ids: add ``token_ids`` (and ``prompt_token_ids`` when given) to the choice.
         prompt_ids: the prompt's token ids when the client sent them.
+        index: the choice's ``index`` (OpenAI's ``prompt_index * n + j``).
+        labels: how log-prob entries name tokens (default: ``token_id:<id>``).
+        echo: the prompt's text, written before the choice's text (completions' ``echo``), or None.
+        counts_prompt: whether ``response`` / ``usage_chunk`` count this choice's prompt tokens: one
+            choice per prompt does, as OpenAI counts a prompt once whatever ``n``.
     """
 
     def __init__(
@@ -46,8 +79,17 @@ class Transcript:
         logprobs: int | None,
         return_token_ids: bool,
         prompt_ids: tuple[int, ...] | None,
+        *,
+        index: int = 0,
+        labels: TokenLabels = _ID_LABELS,
+        echo: str | None = None,
+        counts_prompt: bool = True,
     ):
         self.chat = chat
+        self.index = index
+        self.labels = labels
+        self.echo = echo
+        self.counts_prompt = counts_prompt
         self.head = {"id": response_id, "object": "", "created": created, "model": model}
         self.logprobs = logprobs
         self.return_token_ids = return_token_ids
@@ -73,9 +115,9 @@ class Transcript:
             delta = {"role": "assistant"} if first else {}
             if message.text or first:
                 delta["content"] = message.text
-            choice = {"index": 0, "delta": delta}
+            choice = {"index": self.index, "delta": delta}
         else:
-            choice = {"index": 0, "text": message.text}
+            choice = {"index": self.index, "text": message.text}
         choice["logprobs"] = logprobs
         choice["finish_reason"] = self.finish_reason if message.finish_reason else None
         if self.return_token_ids:
@@ -84,27 +126,32 @@ class Transcript:
                 choice["prompt_token_ids"] = list(self.prompt_ids)
         return self._object("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
+    def echo_chunk(self) -> dict:
+        """The streamed chunk of ``echo``: the prompt's text, before the first generated one."""
+        choice = {"index": self.index, "text": self.echo or "", "logprobs": None, "finish_reason": None}
+        return self._object("text_completion", [choice])
+
     def usage_chunk(self) -> dict:
         """The chunk after the last one when ``stream_options.include_usage``: no choices, usage."""
-        chunk = self._object("chat.completion.chunk" if self.chat else "text_completion", [])
-        chunk["usage"] = self.usage
-        return chunk
+        return usage_chunk([self])
 
     def response(self) -> dict:
         """The whole (non-streamed) response, once every message went through ``chunk``."""
+        return response([self])
+
+    def choice(self) -> dict:
+        """This choice in the whole (non-streamed) response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}}
+            choice = {"index": self.index, "message": {"role": "assistant", "content": self.text}}
         else:
-            choice = {"index": 0, "text": self.text}
+            choice = {"index": self.index, "text": (self.echo or "") + self.text}
         choice["logprobs"] = self._merged_logprobs()
         choice["finish_reason"] = self.finish_reason
         if self.return_token_ids:
             choice["token_ids"] = list(self.token_ids)
             if self.prompt_ids is not None:
                 choice["prompt_token_ids"] = list(self.prompt_ids)
-        response = self._object("chat.completion" if self.chat else "text_completion", [choice])
-        response["usage"] = self.usage
-        return response
+        return choice
 
     def _object(self, kind: str, choices: list) -> dict:
         return {**self.head, "object": kind, "choices": choices}
@@ -116,14 +163,17 @@ class Transcript:
         n = len(ids)  # the router sends one logprob per token (and one top list when asked)
         values = (list(message.logprobs) + [_LOGPROB_FLOOR] * n)[:n]
         tops = ([[(t.token_id, t.logprob) for t in top.top] for top in message.top_logprobs] + [[]] * n)[:n]
+        name = self.labels.text
         if self.chat:
-            part = {"content": [_chat_entry(t, v, top) for t, v, top in zip(ids, values, tops, strict=True)]}
+            part = {
+                "content": [self._chat_entry(t, v, top) for t, v, top in zip(ids, values, tops, strict=True)]
+            }
         else:
             part = {
-                "tokens": [token_name(t) for t in ids],
+                "tokens": [name(t) for t in ids],
                 "token_logprobs": [_logprob(v) for v in values],
                 "top_logprobs": [
-                    {token_name(t): _logprob(v), **{token_name(i): _logprob(p) for i, p in top}}
+                    {name(t): _logprob(v), **{name(i): _logprob(p) for i, p in top}}
                     for t, v, top in zip(ids, values, tops, strict=True)
                 ],
                 "text_offset": [offset] * n,
@@ -140,13 +190,56 @@ class Transcript:
                 merged.setdefault(key, []).extend(values)
         return merged or ({"content": []} if self.chat else _empty_legacy())
 
+    def _chat_entry(self, token_id: int, value: float, top: list[tuple[int, float]]) -> dict:
+        return {
+            **self._chat_token(token_id, value),
+            "top_logprobs": [self._chat_token(i, p) for i, p in top],
+        }
 
-def _chat_entry(token_id: int, value: float, top: list[tuple[int, float]]) -> dict:
+    def _chat_token(self, token_id: int, value: float) -> dict:
+        labels = self.labels
+        return {"token": labels.text(token_id), "logprob": _logprob(value), "bytes": labels.bytes(token_id)}
+
+
+def response(transcripts: list["Transcript"]) -> dict:
+    """The whole (non-streamed) response of every choice, once each stream went through ``chunk``;
+    ``usage`` summed over them (``_summed_usage``)."""
+    first = transcripts[0]
+    body = first._object(
+        "chat.completion" if first.chat else "text_completion", [t.choice() for t in transcripts]
+    )
+    body["usage"] = _summed_usage(transcripts)
+    return body
+
+
+def usage_chunk(transcripts: list["Transcript"]) -> dict:
+    """The chunk after the last one when ``stream_options.include_usage``: no choices, the summed usage."""
+    first = transcripts[0]
+    chunk = first._object("chat.completion.chunk" if first.chat else "text_completion", [])
+    chunk["usage"] = _summed_usage(transcripts)
+    return chunk
+
+
+def _summed_usage(transcripts: list["Transcript"]) -> dict | None:
+    """Completion tokens of every choice; prompt (and cached) tokens of the choices that count their
+    prompt, one per prompt. None until every choice finished."""
+    if any(t.usage is None for t in transcripts):
+        return None
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "cached_tokens_host": 0}
+    for t in transcripts:
+        total["completion_tokens"] += t.usage["completion_tokens"]
+        if t.counts_prompt:
+            total["prompt_tokens"] += t.usage["prompt_tokens"]
+            for key in ("cached_tokens", "cached_tokens_host"):
+                total[key] += t.usage["prompt_tokens_details"][key]
     return {
-        "token": token_name(token_id),
-        "logprob": _logprob(value),
-        "bytes": None,
-        "top_logprobs": [{"token": token_name(i), "logprob": _logprob(p), "bytes": None} for i, p in top],
+        "prompt_tokens": total["prompt_tokens"],
+        "completion_tokens": total["completion_tokens"],
+        "total_tokens": total["prompt_tokens"] + total["completion_tokens"],
+        "prompt_tokens_details": {
+            "cached_tokens": total["cached_tokens"],
+            "cached_tokens_host": total["cached_tokens_host"],
+        },
     }
 
 

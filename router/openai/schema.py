@@ -17,6 +17,9 @@ from common.sampling_params import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_LOGPROB
 from . import fields
 from .fields import RequestError
 
+DEFAULT_MAX_N = 16  # ``n``'s bound unless the router's ``--max-n`` says otherwise
+MAX_PROMPTS = 64  # prompts in one /v1/completions batch: each becomes its own generation
+_SEED_MODULUS = 2**63  # choice j samples with (seed + j) mod this: distinct, reproducible, in range
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
@@ -45,7 +48,9 @@ class Sampling:
 class Options:
     """What both endpoints share besides sampling. ``model`` empty: the cluster's only model;
     ``timeout`` (seconds, an extension) becomes the gRPC deadline; ``no_migration`` (an extension):
-    fail instead of moving the stream when its decode worker is lost (``GenerateRequest.no_migration``)."""
+    fail instead of moving the stream when its decode worker is lost (``GenerateRequest.no_migration``).
+    ``n``: independent samples of each prompt (``choice_seed`` gives each its seed);
+    ``return_tokens_as_token_ids`` (vLLM's flag): log-prob tokens as ``token_id:<id>``, not their text."""
 
     model: str
     stream: bool
@@ -55,15 +60,19 @@ class Options:
     tenant: str
     timeout: float | None
     no_migration: bool = False
+    n: int = 1
+    return_tokens_as_token_ids: bool = False
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """``POST /v1/completions``: ``prompt`` is a text or token ids."""
+    """``POST /v1/completions``: ``prompts`` holds one or more prompts (``MAX_PROMPTS`` at most), each
+    a text or token ids; ``echo``: each choice's text starts with its prompt's text."""
 
     options: Options
-    prompt: str | tuple[int, ...]
+    prompts: tuple[str | tuple[int, ...], ...]
     sampling: Sampling
+    echo: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,19 +90,33 @@ class ChatRequest:
     sampling: Sampling
 
 
-def parse_completion(body: Mapping[str, Any], headers: Mapping[str, str]) -> CompletionRequest:
-    """Validate a completions body. Raises RequestError naming the field."""
-    fields.only(body, "echo", (False,), "not supported")
-    fields.only(body, "best_of", (1,), "values other than 1 are not supported")
+def parse_completion(
+    body: Mapping[str, Any], headers: Mapping[str, str], max_n: int = DEFAULT_MAX_N
+) -> CompletionRequest:
+    """Validate a completions body (``n`` at most ``max_n``). Raises RequestError naming the field."""
     fields.only(body, "suffix", ("",), "not supported")
     logprobs = fields.integer(body, "logprobs", None, 0, MAX_LOGPROBS)
-    return CompletionRequest(
-        _options(body, headers), _prompt(body.get("prompt")), _sampling(body, "max_tokens", 16, logprobs)
-    )
+    echo = fields.boolean(body, "echo")
+    if echo and logprobs is not None:
+        raise RequestError(
+            "echo",
+            "echo: not supported together with logprobs (the prompt's log-probs are not available "
+            "from the workers); drop one of them",
+        )
+    options = _options(body, headers, max_n)
+    best_of = fields.integer(body, "best_of", None, 1)
+    if best_of is not None and best_of != options.n:
+        raise RequestError(
+            "best_of", f"best_of: only best_of equal to n ({options.n}) is supported, got {best_of}"
+        )
+    prompts = _prompts(body.get("prompt"))
+    return CompletionRequest(options, prompts, _sampling(body, "max_tokens", 16, logprobs), echo)
 
 
-def parse_chat(body: Mapping[str, Any], headers: Mapping[str, str]) -> ChatRequest:
-    """Validate a chat completions body. Raises RequestError naming the field."""
+def parse_chat(
+    body: Mapping[str, Any], headers: Mapping[str, str], max_n: int = DEFAULT_MAX_N
+) -> ChatRequest:
+    """Validate a chat completions body (``n`` at most ``max_n``). Raises RequestError naming the field."""
     fields.only(body, "tools", ([],), "not supported yet")
     fields.only(body, "functions", ([],), "not supported yet")
     fields.only(body, "tool_choice", ("none", "auto"), "not supported yet")
@@ -104,10 +127,15 @@ def parse_chat(body: Mapping[str, Any], headers: Mapping[str, str]) -> ChatReque
         raise RequestError("top_logprobs", "top_logprobs: needs logprobs: true")
     length_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     sampling = _sampling(body, length_field, None, (top or 0) if want_logprobs else None)
-    return ChatRequest(_options(body, headers), _messages(body.get("messages")), sampling)
+    return ChatRequest(_options(body, headers, max_n), _messages(body.get("messages")), sampling)
 
 
-def _options(body: Mapping[str, Any], headers: Mapping[str, str]) -> Options:
+def choice_seed(seed: int | None, j: int) -> int | None:
+    """The seed of the ``j``-th sample of a prompt: ``seed + j`` (wrapping below 2**63), None unseeded."""
+    return None if seed is None else (seed + j) % _SEED_MODULUS
+
+
+def _options(body: Mapping[str, Any], headers: Mapping[str, str], max_n: int) -> Options:
     stream = fields.boolean(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = False
@@ -120,7 +148,9 @@ def _options(body: Mapping[str, Any], headers: Mapping[str, str]) -> Options:
             include_usage = fields.boolean(stream_options, "include_usage")
         except RequestError as error:
             raise RequestError("stream_options.include_usage", f"stream_options.{error.message}") from None
-    fields.only(body, "n", (1,), "only n=1 is supported")
+    n = fields.integer(
+        body, "n", 1, 1, max_n, what=f"must be an integer in [1, {max_n}] (the router's --max-n)"
+    )
     fields.string(body, "user")  # OpenAI's end-user label: unused, but still a bounded string
     return Options(
         model=fields.string(body, "model"),
@@ -131,6 +161,8 @@ def _options(body: Mapping[str, Any], headers: Mapping[str, str]) -> Options:
         tenant=fields.string(body, "tenant", headers.get("x-tenant", "")),
         timeout=fields.number(body, "timeout", None, 0.0, 86400.0, low_open=True),
         no_migration=fields.boolean(body, "no_migration"),
+        n=n,
+        return_tokens_as_token_ids=fields.boolean(body, "return_tokens_as_token_ids"),
     )
 
 
@@ -203,20 +235,30 @@ def _repetition_penalty(value: Any) -> float:
     return float(value)
 
 
-def _prompt(prompt: Any) -> str | tuple[int, ...]:
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        if len(prompt) > 1:
-            raise RequestError(
-                "prompt", f"prompt: a batch of {len(prompt)} prompts is not supported; send one per request"
-            )
-        prompt = prompt[0]
+def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:
+    """A text, token ids, or a batch: a list of texts or a list of token-id lists (not mixed)."""
     if prompt is None:
         raise RequestError("prompt", "prompt: required")
+    if not (isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt)):
+        return (_prompt(prompt, "prompt"),)  # a text, or one prompt's token ids
+    if len(prompt) > MAX_PROMPTS:
+        raise RequestError(
+            "prompt", f"prompt: a batch of {len(prompt)} prompts, more than the limit of {MAX_PROMPTS}"
+        )
+    if len({type(p) for p in prompt}) > 1:
+        raise RequestError(
+            "prompt", "prompt: a batch is a list of texts or a list of token-id lists, not both"
+        )
+    # The field is named ``prompt`` either way: the router's errors name it so, and clients look for it.
+    return tuple(_prompt(p, "prompt") for p in prompt)
+
+
+def _prompt(prompt: Any, name: str) -> str | tuple[int, ...]:
     if isinstance(prompt, str):  # the router caps it in bytes; here: valid Unicode, bounded
-        return fields.text(prompt, "prompt", MAX_PROMPT_BYTES)
-    ids = fields.token_ids(prompt, "prompt")
+        return fields.text(prompt, name, MAX_PROMPT_BYTES)
+    ids = fields.token_ids(prompt, name)
     if not ids:
-        raise RequestError("prompt", "prompt: must not be empty")
+        raise RequestError(name, f"{name}: must not be empty")
     return ids
 
 

@@ -1,8 +1,15 @@
-"""Parsed OpenAI requests -> the router's ``GenerateRequest``."""
+"""Parsed OpenAI requests -> the router's ``GenerateRequest`` messages, one per choice.
+
+A request with ``P`` prompts and ``n`` samples each becomes ``P * n`` generations, in choice order
+(OpenAI's ``index = prompt_index * n + j``); sample ``j`` is seeded with ``seed + j``
+(``schema.choice_seed``). Each has its own ``request_id``: ``<id>-<index>`` when there are several.
+"""
+
+import dataclasses
 
 from proto.baton.v1 import generation_pb2
 
-from .schema import ChatRequest, CompletionRequest, Options, Sampling
+from .schema import ChatRequest, CompletionRequest, Options, Sampling, choice_seed
 
 
 def sampling_to_pb(sampling: Sampling, default_max_tokens: int) -> generation_pb2.SamplingParameters:
@@ -28,27 +35,62 @@ def sampling_to_pb(sampling: Sampling, default_max_tokens: int) -> generation_pb
     return message
 
 
-def completion_to_pb(request: CompletionRequest, request_id: str) -> generation_pb2.GenerateRequest:
-    """A completions request: ``prompt`` goes as text or as token ids."""
+def completion_calls(request: CompletionRequest, request_id: str) -> list[generation_pb2.GenerateRequest]:
+    """Every choice's generation: each prompt ``n`` times, prompt-major."""
+    n = request.options.n
+    calls = []
+    for p, prompt in enumerate(request.prompts):
+        for j in range(n):
+            calls.append(completion_to_pb(request, _call_id(request_id, p * n + j, request), prompt, j))
+    return calls
+
+
+def chat_calls(
+    request: ChatRequest, request_id: str, max_model_len: int
+) -> list[generation_pb2.GenerateRequest]:
+    """Every choice's generation: the conversation ``n`` times."""
+    return [
+        chat_to_pb(request, _call_id(request_id, j, request), max_model_len, j)
+        for j in range(request.options.n)
+    ]
+
+
+def completion_to_pb(
+    request: CompletionRequest, request_id: str, prompt: str | tuple[int, ...] | None = None, j: int = 0
+) -> generation_pb2.GenerateRequest:
+    """One generation of a completions request: ``prompt`` (default: the first) as text or token ids,
+    sample ``j`` of it."""
+    prompt = request.prompts[0] if prompt is None else prompt
     message = _common(request.options, request_id)
-    message.sampling.CopyFrom(sampling_to_pb(request.sampling, 16))
-    if isinstance(request.prompt, str):
-        message.text = request.prompt
+    message.sampling.CopyFrom(sampling_to_pb(_sample(request.sampling, j), 16))
+    if isinstance(prompt, str):
+        message.text = prompt
     else:
-        message.token_ids.ids.extend(request.prompt)
+        message.token_ids.ids.extend(prompt)
     return message
 
 
-def chat_to_pb(request: ChatRequest, request_id: str, max_model_len: int) -> generation_pb2.GenerateRequest:
-    """A chat request: the router applies the chat template. Without ``max_tokens`` the completion may
-    run to ``max_model_len`` (OpenAI's default; the engine stops at the model length)."""
+def chat_to_pb(
+    request: ChatRequest, request_id: str, max_model_len: int, j: int = 0
+) -> generation_pb2.GenerateRequest:
+    """Sample ``j`` of a chat request: the router applies the chat template. Without ``max_tokens`` the
+    completion may run to ``max_model_len`` (OpenAI's default; the engine stops at the model length)."""
     message = _common(request.options, request_id)
-    message.sampling.CopyFrom(sampling_to_pb(request.sampling, max_model_len))
+    message.sampling.CopyFrom(sampling_to_pb(_sample(request.sampling, j), max_model_len))
     message.chat.add_generation_prompt = True
     message.chat.messages.extend(
         generation_pb2.ChatMessage(role=m.role, content=m.content) for m in request.messages
     )
     return message
+
+
+def _sample(sampling: Sampling, j: int) -> Sampling:
+    return sampling if j == 0 else dataclasses.replace(sampling, seed=choice_seed(sampling.seed, j))
+
+
+def _call_id(request_id: str, index: int, request: CompletionRequest | ChatRequest) -> str:
+    several = request.options.n > 1 or len(getattr(request, "prompts", ())) > 1
+    return f"{request_id}-{index}" if several else request_id
 
 
 def _common(options: Options, request_id: str) -> generation_pb2.GenerateRequest:

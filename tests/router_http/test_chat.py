@@ -3,6 +3,8 @@ non-streaming, the first chunk carries the role, logprobs in the chat format."""
 
 import pytest
 
+from common.tokenizer import Tokenizer
+from common.tokenizer.token_bytes import TokenBytes
 from proto.baton.v1 import generation_pb2
 from tests.router_http.client import post, stream
 
@@ -68,9 +70,16 @@ def test_chat_logprobs_shapes(cluster, streamed):
     else:
         choice = post(cluster.port, "/v1/chat/completions", body).body["choices"][0]
         ids, content = choice["token_ids"], choice["logprobs"]["content"]
-    assert [e["token"] for e in content] == [f"token_id:{t}" for t in ids] and len(ids) == 4
+    pieces = TokenBytes(Tokenizer.from_pretrained(cluster.model))
+    # A token's text and bytes; an id of the model's vocabulary beyond the tokenizer's has neither.
+    assert [e["token"] for e in content] == [pieces.text(t) or f"token_id:{t}" for t in ids] and len(ids) == 4
+    assert [e["bytes"] for e in content] == [
+        None if pieces.piece(t) is None else list(pieces.piece(t)) for t in ids
+    ]
     for entry in content:
-        assert sorted(entry) == ["bytes", "logprob", "token", "top_logprobs"] and entry["bytes"] is None
+        assert sorted(entry) == ["bytes", "logprob", "token", "top_logprobs"]
+        for top in entry["top_logprobs"]:
+            assert top["bytes"] is None or bytes(top["bytes"]).decode("utf-8", "replace") == top["token"]
         assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
         values = [t["logprob"] for t in entry["top_logprobs"]]
         assert values == sorted(values, reverse=True)

@@ -1,0 +1,105 @@
+"""A request's choices as concurrent gRPC ``Generate`` calls: collected whole, or streamed as SSE.
+
+Every choice (each prompt of a batch, each of ``n`` samples) is its own call to the router, all sent
+together. ``n`` samples of one prompt share its blocks through the workers' prefix cache, but each is
+still its own request: this is not yet one prefill forked into ``n`` decodes.
+
+Streamed, the first message of every call is awaited before the response starts, so a refusal of
+any of them (400, 429, ...) keeps its HTTP status; after that the choices' chunks interleave as they
+arrive, each with its ``index``, and one ``[DONE]`` ends the stream. An error after the start is one
+``data: {"error": ...}`` event, and the stream ends. The caller cancels every call when the handler
+ends (done, failed, or cancelled because the client went away), which frees the requests at the
+router and the workers; the tasks reading them here are cancelled and awaited on every path.
+"""
+
+import asyncio
+import json
+from collections.abc import Awaitable, Sequence
+
+import grpc
+from aiohttp import web
+
+from .errors import from_rpc_error
+from .responses import Transcript, usage_chunk
+
+_QUEUED_PER_CALL = 4  # messages read ahead per call while the client is slower than the workers
+_END = object()
+
+
+async def collect(calls: Sequence, transcripts: Sequence[Transcript]) -> None:
+    """Read every call to its end into its transcript. Raises the first call's ``AioRpcError``."""
+
+    async def read(call, transcript: Transcript) -> None:
+        async for reply in call:
+            transcript.chunk(reply)
+
+    await _together([read(c, t) for c, t in zip(calls, transcripts, strict=True)])
+
+
+async def stream(
+    request: web.Request, calls: Sequence, transcripts: Sequence[Transcript], include_usage: bool
+) -> web.StreamResponse:
+    """The SSE response of every call: ``echo`` chunks first, then chunks as the calls send them."""
+    replies = [call.__aiter__() for call in calls]
+    firsts = await _together([anext(r, None) for r in replies])  # refusals surface here
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    queue: asyncio.Queue = asyncio.Queue(maxsize=_QUEUED_PER_CALL * len(calls))
+    live = [i for i, first in enumerate(firsts) if first is not None]  # the others already ended
+    pumps = [asyncio.ensure_future(_pump(i, replies[i], queue)) for i in live]
+    try:
+        for transcript in transcripts:
+            if transcript.echo is not None:
+                await _event(response, transcript.echo_chunk())
+        for transcript, first in zip(transcripts, firsts, strict=True):
+            if first is not None:
+                await _event(response, transcript.chunk(first))
+        running = len(live)
+        while running:
+            i, item = await queue.get()
+            if item is _END:
+                running -= 1
+            elif isinstance(item, grpc.aio.AioRpcError):
+                raise item
+            else:
+                await _event(response, transcripts[i].chunk(item))
+        if include_usage and all(t.usage is not None for t in transcripts):
+            await _event(response, usage_chunk(list(transcripts)))
+        await response.write(b"data: [DONE]\n\n")
+    except grpc.aio.AioRpcError as error:
+        await _event(response, from_rpc_error(error, transcripts[0].chat)[1])
+    except ConnectionResetError:
+        return response  # the client went away; the caller cancels the calls
+    finally:
+        await _cancel(pumps)
+    await response.write_eof()
+    return response
+
+
+async def _pump(i: int, replies, queue: asyncio.Queue) -> None:
+    """Call ``i``'s messages after its first into ``queue``, then ``_END`` (or the call's error)."""
+    try:
+        while (reply := await anext(replies, None)) is not None:
+            await queue.put((i, reply))
+        await queue.put((i, _END))
+    except grpc.aio.AioRpcError as error:
+        await queue.put((i, error))
+
+
+async def _together(awaitables: list[Awaitable]) -> list:
+    """Await all; on the first failure (or a cancellation) cancel and await the rest, then raise."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        await _cancel(tasks)
+
+
+async def _cancel(tasks: list[asyncio.Future]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _event(response: web.StreamResponse, data: dict) -> None:
+    await response.write(b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n")
