@@ -45,6 +45,21 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
     parser.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    parser.add_argument(
+        "--presence-penalty", type=float, default=0.0, help="subtracted once per output token (0: off)"
+    )
+    parser.add_argument(
+        "--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence (default 0: off)"
+    )
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divides the logits of prompt and generated tokens (default 1: off)",
+    )
+    parser.add_argument(
+        "--logit-bias", default="", help="ID:BIAS,...: added to those tokens' logits (bias in [-100, 100])"
+    )
     parser.add_argument("--logprobs", action="store_true", help="include the logprob of each generated token")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     parser.add_argument(
@@ -67,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             logprobs=0 if args.logprobs else None,
             ignore_eos=args.ignore_eos,
+            presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
+            repetition_penalty=args.repetition_penalty,
+            logit_bias=_logit_bias(args.logit_bias),
         )
     except ValueError as error:  # "max_tokens: ..." -> "--max-tokens: ..."
         field, _, message = str(error).partition(":")
@@ -74,6 +93,20 @@ def run(args: argparse.Namespace) -> int:
     options = dataclasses.asdict(engine_config(args))
     with LLM(options.pop("model"), **options) as llm:  # with --tp etc.: its follower ranks stop at the end
         return _generate(args, llm, ids, prompts, adapters, params)
+
+
+def _logit_bias(text: str) -> dict[int, float]:
+    """``--logit-bias 5:2.5,7:-100`` -> ``{5: 2.5, 7: -100.0}``; ValueError naming ``logit_bias``."""
+    bias = {}
+    for item in filter(None, text.split(",")):
+        token, sep, value = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError(item)
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise ValueError(f"logit_bias: expected ID:BIAS pairs joined by commas, got {item!r}") from None
+    return bias
 
 
 def _generate(args: argparse.Namespace, llm: LLM, ids: list, prompts: list, adapters: list, params) -> int:

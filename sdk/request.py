@@ -43,6 +43,10 @@ def generate_request(
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
     logprobs: int | None = None,
+    logit_bias: Mapping[int, float] | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 0.0,
     session_id: str = "",
     tenant: str = "",
     request_id: str = "",
@@ -62,7 +66,14 @@ def generate_request(
         stop: strings that end the generation (not included in the text).
         stop_token_ids: token ids that end the generation.
         ignore_eos: keep going past the end-of-sequence token.
-        logprobs: None: none; 0: the sampled token's logprob; n: also the top n per token.
+        logprobs: None: none; 0: the sampled token's logprob; n: also the top n per token (of the
+            distribution after logit_bias and the penalties, before temperature).
+        logit_bias: token id -> bias added to its logit before sampling (server: [-100, 100], at
+            most 300 ids, inside the vocabulary).
+        presence_penalty, frequency_penalty: subtracted from a generated token's logit once / per
+            occurrence (server: [-2, 2]); 0 is off.
+        repetition_penalty: divides positive / multiplies negative logits of tokens in the prompt or
+            the output (server: > 0); 0 or 1 is off.
         session_id: affinity key; a session's turns go to the same workers.
         tenant: prefix-cache isolation key.
         request_id: the server assigns one when empty.
@@ -89,6 +100,10 @@ def generate_request(
         stop=_strings("stop", stop),
         stop_token_ids=_ids("stop_token_ids", stop_token_ids),
         ignore_eos=_bool("ignore_eos", ignore_eos),
+        logit_bias=_logit_bias(logit_bias),
+        presence_penalty=_number("presence_penalty", presence_penalty),
+        frequency_penalty=_number("frequency_penalty", frequency_penalty),
+        repetition_penalty=_number("repetition_penalty", repetition_penalty),
     )
     if seed is not None:
         sampling.seed = _uint("seed", seed, limit=_UINT64)
@@ -165,6 +180,20 @@ def _ids(name: str, ids) -> list[int]:
                 f"{name}: {token!r} at position {position} is not a token id (an integer in [0, 2**32))"
             )
         checked.append(value)
+    return checked
+
+
+def _logit_bias(value) -> dict[int, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(f"logit_bias: expected a dict of token id to bias, got {_kind(value)}")
+    checked = {}
+    for token, bias in value.items():
+        key = _as_int(token)
+        if key is None or not 0 <= key < _UINT32:
+            raise InvalidRequest(f"logit_bias: {token!r} is not a token id (an integer in [0, 2**32))")
+        checked[key] = _number(f"logit_bias[{key}]", bias)
     return checked
 
 

@@ -185,6 +185,17 @@ def test_generate_errors(k3_dir):
     assert result.returncode == 2 and "--prompt-ids: id 99999" in result.stderr
 
 
+def test_generate_takes_logit_bias_and_penalties(k3_dir):
+    prompt = ("--model", str(k3_dir), "--prompt-ids", "10,20,30,40", "--max-tokens", "4")
+    result = baton("generate", *prompt, "--logit-bias", "7:100", "--frequency-penalty", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert _generated_ids(result.stdout) == [7, 7, 7, 7]
+    result = baton("generate", *prompt, "--repetition-penalty", "0")
+    assert result.returncode == 2 and "--repetition-penalty: must be a finite number > 0" in result.stderr
+    result = baton("generate", *prompt, "--logit-bias", "7=1")
+    assert result.returncode == 2 and "--logit-bias: expected ID:BIAS pairs" in result.stderr
+
+
 def test_kernel_flags_are_checked_at_start(k3_dir, monkeypatch):
     result = baton("generate", "--model", str(k3_dir), "--prompt-ids", "1,2", "--kernels", "fast")
     assert result.returncode == 2 and "--kernels: invalid choice: 'fast'" in result.stderr

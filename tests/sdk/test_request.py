@@ -21,6 +21,10 @@ def test_every_argument_reaches_its_field():
         stop_token_ids=[2, 3],
         ignore_eos=True,
         logprobs=4,
+        logit_bias={7: -100, 3: 2.5},
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        repetition_penalty=1.25,
         session_id="s-1",
         tenant="acme",
         request_id="r-9",
@@ -34,6 +38,12 @@ def test_every_argument_reaches_its_field():
     assert sampling.min_p == pytest.approx(0.05)
     assert list(sampling.stop) == ["\n", "END"] and list(sampling.stop_token_ids) == [2, 3]
     assert sampling.ignore_eos
+    assert dict(sampling.logit_bias) == {7: -100.0, 3: 2.5}
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (
+        0.5,
+        -1.0,
+        1.25,
+    )
     assert (request.session_id, request.tenant, request.request_id, request.model) == (
         "s-1",
         "acme",
@@ -86,6 +96,12 @@ def test_prompt_ids_and_messages_fill_their_oneof():
         ({"prompt": "a", "ignore_eos": 1}, "ignore_eos"),
         ({"prompt": "a", "tenant": None}, "tenant"),
         ({"prompt": "a", "no_migration": "yes"}, "no_migration"),
+        ({"prompt": "a", "logit_bias": [(1, 2.0)]}, "logit_bias: expected a dict"),
+        ({"prompt": "a", "logit_bias": {"1": 2.0}}, "logit_bias: '1' is not a token id"),
+        ({"prompt": "a", "logit_bias": {-1: 2.0}}, "logit_bias: -1 is not a token id"),
+        ({"prompt": "a", "logit_bias": {1: "up"}}, "logit_bias[1]"),
+        ({"prompt": "a", "presence_penalty": "x"}, "presence_penalty"),
+        ({"prompt": "a", "repetition_penalty": None}, "repetition_penalty"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
@@ -96,8 +112,11 @@ def test_bad_shapes_are_rejected_naming_the_argument(kwargs, named):
 
 
 def test_values_are_left_to_the_server():
-    request = generate_request(prompt_ids=[], temperature=-3.0, top_p=7.0)  # the server rejects these
+    request = generate_request(  # the server rejects these
+        prompt_ids=[], temperature=-3.0, top_p=7.0, presence_penalty=9.0, logit_bias={5: 1000}
+    )
     assert request.sampling.temperature == -3.0 and list(request.token_ids.ids) == []
+    assert request.sampling.presence_penalty == 9.0 and dict(request.sampling.logit_bias) == {5: 1000.0}
 
 
 def test_tokenize_request_takes_text_or_messages():
