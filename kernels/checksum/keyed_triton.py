@@ -173,13 +173,12 @@ def keyed_spans_partials(
 def _launch(kernel, source: torch.Tensor, spans: tuple, key: int, block: int) -> torch.Tensor:
     """One program per piece of at most ``block`` elements of the spans (``(offsets, addresses,
     lengths)`` in ``source``'s elements): the pieces' partial sums."""
-    table = torch.stack(naive.cut_spans(*spans, block), 1)
+    table = torch.stack(naive.cut_spans(*spans, block, source.device), 1)
     partials = torch.zeros(len(table), dtype=torch.uint64, device=source.device)
     if len(table):
-        chunks = table.contiguous().pin_memory() if source.is_cuda else table.contiguous()
         kernel[(len(table),)](
             source,
-            chunks.to(source.device, non_blocking=True),
+            table,
             partials,
             as_int64(key),
             GOLDEN_C=GOLDEN,

@@ -135,15 +135,19 @@ def keyed_spans_checksum(
 
 
 def cut_spans(
-    offsets: torch.Tensor, addresses: torch.Tensor, nbytes: torch.Tensor, limit: int
+    offsets: torch.Tensor, addresses: torch.Tensor, nbytes: torch.Tensor, limit: int, device=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The spans cut into pieces of at most ``limit`` bytes, in order (empty spans dropped):
-    ``(offsets, addresses, nbytes)`` of the pieces."""
+    ``(offsets, addresses, nbytes)`` of the pieces, on ``device`` (default: the spans'). The spans
+    travel there in one copy and the host computes only how many pieces there are, so a cut on a GPU
+    needs no sync."""
     pieces = torch.div(nbytes + limit - 1, limit, rounding_mode="floor")
-    span = torch.repeat_interleave(torch.arange(len(nbytes)), pieces)
-    step = (
-        torch.arange(len(span)) - torch.repeat_interleave(torch.cumsum(pieces, 0) - pieces, pieces)
-    ) * limit
+    total = int(pieces.sum())
+    offsets, addresses, nbytes, pieces = torch.stack([offsets, addresses, nbytes, pieces]).to(
+        device or nbytes.device
+    )
+    span = torch.repeat_interleave(torch.arange(len(pieces), device=pieces.device), pieces, output_size=total)
+    step = (torch.arange(total, device=pieces.device) - (torch.cumsum(pieces, 0) - pieces)[span]) * limit
     return offsets[span] + step, addresses[span] + step, (nbytes[span] - step).clamp_(max=limit)
 
 
