@@ -3,7 +3,8 @@ makes greedy decoding emit the token, a large negative one bans it; every proces
 got equals the per-row reference applied to the raw logits and the request's tokens at that step,
 and greedy decoding follows it (frequency, presence, repetition on prompt tokens); a request's
 processed rows do not depend on its batch-mates (batch-invariant mode); penalised requests do not
-draft, so greedy output is the same with a draft model configured."""
+draft, so greedy output is the same with a draft model configured; a migrated request's resumed
+tokens count as output."""
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ import torch
 from common.sampling_params import SamplingParams
 from kernels.logit_penalties.naive import penalize_row
 from services.engine import LLM, model_runner
+from services.engine.engine_config import EngineConfig
+from services.engine.engine_core import EngineCore
 from tests.conftest import TEST_DEVICE
 from tests.engine.test_draft_model import draft_overrides
 
@@ -144,3 +147,38 @@ def test_a_bias_outside_the_vocabulary_is_refused_naming_the_field(llm):
     with pytest.raises(ValueError, match="logit_bias"):
         llm.generate(PROMPTS[:1], greedy(logit_bias={vocab: 1.0}))
     llm.engine.check_integrity()
+
+
+def test_a_resumed_requests_earlier_tokens_count_as_output(tiny_checkpoint):
+    """A migrated request (prompt + its first k tokens, ``resumed_tokens=k``) continues with the same
+    penalties: its first k tokens are output for frequency and presence, not prompt."""
+    config = EngineConfig(
+        model=str(tiny_checkpoint("k3")), device=TEST_DEVICE, dtype="float32", batch_invariant=True
+    )
+    core = EngineCore(config)
+
+    def run(prompt, params, request_id, resumed_tokens=0):
+        request = core.add_request(prompt, params, request_id, resumed_tokens=resumed_tokens)
+        while core.has_unfinished:
+            core.step()
+        return request
+
+    def params(max_tokens):
+        return SamplingParams(
+            temperature=0,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            logprobs=0,
+            frequency_penalty=1.0,
+            presence_penalty=0.5,
+        )
+
+    prompt, k = PROMPTS[0], 4
+    whole = run(prompt, params(10), "whole")
+    resumed = run(prompt + whole.output_ids[:k], params(10 - k), "resumed", resumed_tokens=k)
+    assert resumed.output_ids == whole.output_ids[k:]
+    assert resumed.logprobs == whole.logprobs[k:]  # the same float32 values
+    # Counted as prompt instead, the first k tokens are not penalised: other logprobs.
+    restarted = run(prompt + whole.output_ids[:k], params(10 - k), "restarted")
+    assert restarted.logprobs != whole.logprobs[k:]
+    core.check_integrity()
