@@ -33,12 +33,22 @@ class IncrementalDetokenizer:
     Args:
         tokenizer: the model's tokenizer.
         skip_special_tokens: drop special tokens from the text, as `Tokenizer.decode` does.
+        keep_token_ids: special tokens written out all the same (a tool-call parser's markers); the
+            invariant then holds for `decode` of the ids without the other special tokens.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        skip_special_tokens: bool = False,
+        keep_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self._tokenizer = tokenizer
-        self._skip_special_tokens = skip_special_tokens
-        self._skipped_ids = tokenizer.special_token_ids if skip_special_tokens else frozenset()
+        self._skipped_ids = (
+            tokenizer.special_token_ids - keep_token_ids if skip_special_tokens else frozenset()
+        )
+        # Skipped ids never enter the window, so kept ones are decoded by not skipping any there.
+        self._skip_special_tokens = skip_special_tokens and not keep_token_ids
         self._window: list[int] = []
         self._read = 0
 
