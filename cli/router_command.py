@@ -8,6 +8,7 @@ from pathlib import Path
 from router.server import RouterConfig, RouterServer
 
 from .cluster_secret_flag import add_cluster_secret_flag
+from .max_n_flag import add_max_n_flag
 from .rate_limit_flags import add_tenant_rate_limit_flags
 from .tls_flags import add_internal_tls_flags, add_router_tls_flags
 from .token_file import add_auth_token_file_flag
@@ -67,13 +68,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-running", type=int, default=256, help="requests in flight (default 256)")
     parser.add_argument("--max-queued", type=int, default=1024, help="requests waiting (default 1024)")
     parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument(
-        "--max-n",
-        type=int,
-        default=16,
-        metavar="N",
-        help="OpenAI front: the largest n (samples per prompt, one generation each; default 16)",
-    )
+    add_max_n_flag(parser)
     parser.add_argument(
         "--slo-ttft-ms", type=float, default=2000.0, metavar="MS", help="goodput: TTFT target (default 2000)"
     )

@@ -29,6 +29,7 @@ from services.worker_config import ROLES, WorkerConfig
 
 from .cache_command import check_reserve_pages
 from .cluster_secret_flag import add_cluster_secret_flag
+from .max_n_flag import add_max_n_flag, checked_max_n
 from .rate_limit_flags import add_tenant_rate_limit_flags
 from .tls_flags import add_internal_tls_flags, add_router_tls_flags
 from .token_file import add_auth_token_file_flag
@@ -49,6 +50,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_auth_token_file_flag(parser)
     add_tenant_rate_limit_flags(parser)
+    add_max_n_flag(parser)
     add_router_tls_flags(parser)
     add_cluster_secret_flag(
         parser,
@@ -182,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         parse_token_file(args.auth_token_file)  # a bad file fails here, before any worker starts
     tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)  # so do bad TLS files
     from_flags(args.tenant_rate_limit, args.tenant_burst)  # and a bad rate limit
+    checked_max_n(args)  # and a bad --max-n
     given_secret = read_cluster_secret(args.cluster_secret_file) if args.cluster_secret_file else ""
     internal = internal_tls(args.internal_tls_cert, args.internal_tls_key, args.internal_tls_ca)
     configs = worker_configs(args, args.redis_url)
@@ -267,6 +270,7 @@ def _serve_locally(
         cluster_secret_file=cluster_secret_file,
         tenant_rate_limit=args.tenant_rate_limit,
         tenant_burst=args.tenant_burst,
+        max_n=args.max_n,
         internal_tls_files=(args.internal_tls_cert, args.internal_tls_key, args.internal_tls_ca),
     )
     stop = threading.Event()

@@ -12,6 +12,7 @@ import grpc
 from common.cluster_secret import read_cluster_secret
 from common.internal_tls import insecure_or_internal_channel, internal_tls
 from common.rpc.cluster_secret_interceptor import with_cluster_secret
+from router.openai.schema import DEFAULT_MAX_N
 from router.server import RouterConfig, RouterServer
 from services.config_flags import worker_config_from_flags
 from services.worker_config import ROLES, WorkerConfig
@@ -95,7 +96,7 @@ class LocalCluster:
     serve`` always gives one); it is set on ``host_cache`` too. ``internal_tls_files``: ``(cert, key,
     CA)`` of the internal mutual TLS every process then serves and calls with (``common/internal_tls.py``;
     empty: plaintext). ``tenant_rate_limit``, ``tenant_burst``: the router's per-tenant request rate
-    limit (0: none).
+    limit (0: none). ``max_n``: the OpenAI front's largest ``n`` (``--max-n``).
 
     A worker (or the tier) that exits is reported and restarted on its port; the router keeps serving
     through the others meanwhile (and without the tier: its clients answer misses, then attach to the
@@ -130,6 +131,7 @@ class LocalCluster:
         cluster_secret_file: str = "",
         tenant_rate_limit: float = 0.0,
         tenant_burst: int = 0,
+        max_n: int = DEFAULT_MAX_N,
         internal_tls_files: tuple[str, str, str] = ("", "", ""),
     ):
         if not grace_period_s >= 0:
@@ -198,6 +200,7 @@ class LocalCluster:
                     **tls,
                     tenant_rate_limit=tenant_rate_limit,
                     tenant_burst=tenant_burst,
+                    max_n=max_n,
                     # the router refuses what no worker could take (--max-model-len reaches both)
                     max_model_len=min(w.config.engine.max_model_len for w in self.workers),
                     prefill=tuple(w.address for w in self.workers if w.role == "prefill"),

@@ -47,6 +47,7 @@ def cluster_config(
         tls_client_ca=args.tls_client_ca,
         tenant_rate_limit=args.tenant_rate_limit,
         tenant_burst=args.tenant_burst,
+        max_n=args.max_n,
     )
     return RayClusterConfig(
         router=router,

@@ -95,6 +95,7 @@ SET_MISTAKES = {
         "at '/router/admission/tenantRateLimit'",
     ),
     "tenant-burst": (["--set", "router.admission.tenantBurst=0"], "at '/router/admission/tenantBurst'"),
+    "max-n": (["--set", "router.maxN=0"], "at '/router/maxN'"),
 }
 
 
@@ -242,6 +243,8 @@ def test_the_router_gets_the_tenant_rate_limit_only_when_set():
         "--set-json", "router.admission.tenantRateLimit=2.5", "--set", "router.admission.tenantBurst=10"
     )
     assert "--tenant-rate-limit=2.5" in limited and "--tenant-burst=10" in limited
+    assert not [a for a in router_args() if a.startswith("--max-n")]
+    assert "--max-n=4" in router_args("--set", "router.maxN=4")
 
 
 TLS_MOUNT = "/var/run/baton/internal-tls"

@@ -9,6 +9,7 @@ from collections import defaultdict
 import openai
 import pytest
 
+from cli.main import main
 from common.tokenizer import Tokenizer
 from common.tokenizer.token_bytes import TokenBytes
 from tests.router_http.client import OpenStream, post, stream
@@ -230,3 +231,9 @@ def test_the_openai_sdk_reads_n_batches_echo_and_logprob_text(cluster, pieces):
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=model, prompt="x", n=17, max_tokens=1)
     assert refused.value.body["param"] == "n"
+
+
+def test_serve_refuses_a_bad_max_n_before_starting_anything(tiny_checkpoint, capsys):
+    model = str(tiny_checkpoint("kimi_linear"))
+    assert main(["serve", "--model", model, "--max-n", "0"]) == 2
+    assert "--max-n: must be >= 1, got 0" in capsys.readouterr().err
