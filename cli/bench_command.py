@@ -5,7 +5,8 @@ bound and transformers' model), ``kernels`` (per-op kernels at real shapes again
 router adds to a short request, against a direct call to the decode worker), ``faults``
 (``bench_faults_command``), ``fuzz`` (bad requests: never a 5xx, still serving), ``hicache`` (trace
 replays with vs without the host tier, and its load bandwidth: ``bench_hicache_command``) and ``spec``
-(speculative decoding against plain decoding: ``bench_spec_command``)."""
+(speculative decoding against plain decoding: ``bench_spec_command``), ``grammar`` (structured output's
+compile and per-token mask cost per grammar library: ``bench_grammar_command``)."""
 
 import argparse
 import json
@@ -37,6 +38,7 @@ from services.transfer.bandwidth import measure_bandwidth, measure_copy_bandwidt
 
 from .arguments import DTYPES, positive_int_list
 from .bench_faults_command import register_faults
+from .bench_grammar_command import register_grammar
 from .bench_hicache_command import register_hicache
 from .bench_model import add_model_flags, bench_model
 from .bench_spec_command import register_spec
@@ -137,6 +139,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     register_hicache(kinds)
     register_spec(kinds)
     register_trust(kinds)
+    register_grammar(kinds)
 
 
 def _register_pd(kinds: argparse._SubParsersAction) -> None:
