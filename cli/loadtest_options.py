@@ -14,18 +14,27 @@ FLAGS = {
     "scale": ("--scale", int, "K", "divide trace token counts by K, keeping its blocks (default 1)"),
     "max_input_tokens": ("--max-input-tokens", int, "N", "drop trace turns with longer prompts"),
     "salt": ("--salt", str, "TEXT", "mixed into trace prompts: a new salt gives uncached prompts"),
-    "sessions": ("--sessions", int, "N", "sessions to generate (synthetic 100, multiturn 8)"),
-    "input_len": ("--input-len", int, "N", "prompt length; shared_prefix: own suffix; multiturn: first"),
+    "sessions": ("--sessions", int, "N", "sessions to generate (synthetic 100, multiturn and tool_agent 8)"),
+    "input_len": (
+        "--input-len",
+        int,
+        "N",
+        "prompt length; shared_prefix: own suffix; multiturn: first; tool_agent: the task",
+    ),
     "output_len": ("--output-len", int, "N", "tokens to generate per request (default 32)"),
     "range_ratio": ("--range-ratio", float, "R", "synthetic lengths uniform in len*(1±R) (default 0)"),
-    "turns": ("--turns", int, "N", "multiturn: turns per session (default 4)"),
+    "turns": ("--turns", int, "N", "multiturn, tool_agent: turns per session (default 4)"),
     "turn_len": ("--turn-len", int, "N", "multiturn: ids added per later turn (default 64)"),
     "think_time": ("--think-time", float, "S", "multiturn: delay after a user message (default 1)"),
     "tool_every": ("--tool-every", int, "N", "multiturn: every Nth turn answers a tool call (default 2)"),
-    "tool_time": ("--tool-time", float, "S", "multiturn: delay of a tool call (default 0.5)"),
+    "tool_time": ("--tool-time", float, "S", "multiturn, tool_agent: delay of a tool call (default 0.5)"),
     "subagent_every": ("--subagent-every", int, "N", "multiturn: spawn subagents every N turns (0 never)"),
     "subagent_turns": ("--subagent-turns", int, "N", "multiturn: turns per subagent (default 2)"),
     "subagent_fanout": ("--subagent-fanout", int, "N", "multiturn: subagents spawned together (default 1)"),
+    "tokenizer": ("--tokenizer", str, "DIR", "tool_agent: the served model's folder (its chat template)"),
+    "result_median": ("--result-median", int, "N", "tool_agent: median tool-result tokens (default 600)"),
+    "result_sigma": ("--result-sigma", float, "S", "tool_agent: spread of log(result tokens) (default 1)"),
+    "result_max": ("--result-max", int, "N", "tool_agent: largest tool result in tokens (default 8192)"),
     "groups": ("--groups", int, "N", "shared_prefix: prefix groups (default 4)"),
     "prompts_per_group": ("--prompts-per-group", int, "N", "shared_prefix: prompts per group (default 8)"),
     "prefix_len": ("--prefix-len", int, "N", "shared_prefix: shared prefix length (default 256)"),
@@ -59,6 +68,17 @@ OPTIONS = {
         "subagent_turns": ("subagent_turns", 2),
         "subagent_fanout": ("subagent_fanout", 1),
     },
+    "tool_agent": {
+        "tokenizer": ("tokenizer", None),
+        "sessions": ("num_sessions", 8),
+        "turns": ("turns", 4),
+        "input_len": ("task_len", 128),
+        "output_len": ("output_len", 32),
+        "tool_time": ("tool_time_s", 0.5),
+        "result_median": ("result_median", 600),
+        "result_sigma": ("result_sigma", 1.0),
+        "result_max": ("result_max", 8192),
+    },
     "trace": {
         "trace": ("path", None),
         "scale": ("scale", 1),
@@ -66,7 +86,7 @@ OPTIONS = {
         "salt": ("salt", None),
     },
 }
-SEEDED = ("synthetic", "shared_prefix", "multiturn")
+SEEDED = ("synthetic", "shared_prefix", "multiturn", "tool_agent")
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +115,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
             raise ValueError(f"{flag}: not an option of --workload {kind}")
     if kind == "trace" and args.trace is None:
         raise ValueError("--trace: required by --workload trace")
+    if kind == "tool_agent" and args.tokenizer is None:
+        raise ValueError("--tokenizer: required by --workload tool_agent (the served model's folder)")
     options: dict = {"vocab": args.vocab}
     if kind in SEEDED:
         options["seed"] = args.seed

@@ -5,6 +5,7 @@
 - ``synthetic``: random prompts, one request per session (``synthetic.synthetic``).
 - ``shared_prefix``: groups of prompts sharing a system prefix (``shared_prefix.shared_prefix``).
 - ``multiturn``: growing agent conversations with think/tool pauses and subagents (``multiturn.multiturn``).
+- ``tool_agent``: agent runs calling tools, rendered by the model's chat template (``tool_agent.tool_agent``).
 - ``trace``: a Mooncake ``.jsonl`` or WEKA ``.json`` trace, detected from the file (``load_trace``).
 """
 
@@ -19,6 +20,7 @@ from loadtest.workloads.multiturn import multiturn
 from loadtest.workloads.shared_prefix import shared_prefix
 from loadtest.workloads.synthetic import synthetic
 from loadtest.workloads.tokens import DEFAULT_LOW_ID
+from loadtest.workloads.tool_agent import tool_agent
 from loadtest.workloads.weka import load_weka
 
 
@@ -83,6 +85,7 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "synthetic": synthetic,
     "shared_prefix": shared_prefix,
     "multiturn": multiturn,
+    "tool_agent": tool_agent,
     "trace": load_trace,
 }
 
@@ -125,5 +128,6 @@ __all__ = [
     "multiturn",
     "shared_prefix",
     "synthetic",
+    "tool_agent",
     "trace_format",
 ]
