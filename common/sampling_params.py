@@ -6,6 +6,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from common.structured_output import StructuredOutput
+
 # Temperatures below this are treated as greedy, as in vLLM: dividing logits by a tiny temperature
 # overflows float32 and the resulting distribution is an argmax anyway.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -55,6 +57,10 @@ class SamplingParams:
         repetition_penalty: > 0; the logit of every token that appears in the prompt or the output
             is divided by it when positive and multiplied by it when negative (> 1: fewer repeats).
             1 = off.
+        structured_output: None, or what the output must match (``common/structured_output.py``):
+            each step samples only tokens its grammar allows, EOS only where it accepts, and the
+            request stops when the grammar can go no further. Logprobs are then of the masked
+            distribution. Such requests do not draft and their steps run eagerly.
 
     Bias and penalties are applied in vLLM's order: bias, repetition, frequency, presence
     (``kernels.logit_penalties``). A migrated request's resumed tokens count as output.
@@ -77,6 +83,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -122,11 +129,21 @@ class SamplingParams:
         penalty = self.repetition_penalty
         if not _is_real(penalty) or not math.isfinite(penalty) or not penalty > 0:
             raise ValueError(f"repetition_penalty: must be a finite number > 0 (1 = off), got {penalty!r}")
+        constraint = self.structured_output
+        if constraint is not None and not isinstance(constraint, StructuredOutput):
+            raise ValueError(
+                f"structured_output: must be a StructuredOutput or None, got {type(constraint).__name__}"
+            )
 
     @property
     def greedy(self) -> bool:
         """True when the next token is the argmax of the logits (no randomness)."""
         return self.temperature < GREEDY_TEMPERATURE_EPS
+
+    @property
+    def constrained(self) -> bool:
+        """True when a grammar masks the logits before sampling (``structured_output``)."""
+        return self.structured_output is not None
 
     @property
     def processes_logits(self) -> bool:
