@@ -25,6 +25,7 @@ from .draft_handoff import draft_arrived, reserve_draft
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .request import Request
+from .sampling.grammar import GrammarCompiler
 from .scheduler import SampledToken, Scheduler, SchedulerOutput
 from .speculative.draft_compatibility import check_draft_compatible
 from .speculative.proposal import DraftProposer
@@ -124,6 +125,9 @@ class EngineCore:
         self.model_fingerprint = (
             checkpoint_fingerprint(config.model) if not prebuilt else f"built:{config.model}"
         )
+        # structured output: compiled grammars for this checkpoint's tokenizer (built at first use)
+        model_config = self.model.config
+        self.grammars = GrammarCompiler(config.model, model_config.vocab_size, model_config.eos_token_ids)
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, proposer
         )
@@ -192,6 +196,7 @@ class EngineCore:
         for token, _ in params.logit_bias:
             if token >= vocab:
                 raise ValueError(f"logit_bias: id {token} is outside the vocabulary [0, {vocab})")
+        grammar = self.grammars.matcher(params.structured_output) if params.constrained else None
         request = Request(
             request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
             prompt_ids=list(prompt_ids),
@@ -201,6 +206,7 @@ class EngineCore:
             tenant=tenant,
             adapter=adapter,
             num_resumed=resumed_tokens,
+            grammar=grammar,
         )
         return request
 

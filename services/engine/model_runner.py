@@ -15,6 +15,7 @@ from services.engine.parallel.split_step import SplitStep
 from .cache_manager import CacheManager
 from .cuda_graphs import DecodeGraphs
 from .request import Request
+from .sampling.grammar import apply_grammars
 from .sampling.penalties import apply_penalties
 from .scheduler import SampledToken, SchedulerOutput
 from .speculative.acceptance import Verified, verify, verify_greedy
@@ -85,9 +86,9 @@ class ModelRunner:
         picked = [requests[chunks[i].request_id] for i in sampling]
         params = [r.params for r in picked]
         positions = [r.sample_position for r in picked]
-        # Decode graphs are captured without adapters and sample inside the graph without logit bias
-        # or penalties: a step with any adapted or penalised row runs eagerly.
-        penalised = any(p.processes_logits for p in params)
+        # Decode graphs are captured without adapters and sample inside the graph without logit bias,
+        # penalties or a grammar's mask: a step with any adapted, penalised or constrained row runs eagerly.
+        penalised = any(p.processes_logits or p.constrained for p in params)
         if (
             self.graphs is not None
             and not any(adapters)
@@ -108,7 +109,7 @@ class ModelRunner:
                     self.ranks.take_down(f"rank 0's forward failed ({error!r})")
             if not sampling:
                 return {}
-            result = self.model.kernels.sampling.sample(apply_penalties(logits, picked), params, positions)
+            result = self.model.kernels.sampling.sample(_processed(logits, picked), params, positions)
         return {
             request.request_id: SampledToken(
                 token_id=result.token_ids[j], logprob=result.logprobs[j], top_logprobs=result.top_logprobs[j]
@@ -138,7 +139,7 @@ class ModelRunner:
         if plain:
             picked = [requests[output.chunks[i].request_id] for i in plain]
             sampled = self.model.kernels.sampling.sample(
-                apply_penalties(logits[: len(plain)], picked),
+                _processed(logits[: len(plain)], picked),
                 [r.params for r in picked],
                 [r.sample_position for r in picked],
             )
@@ -149,7 +150,7 @@ class ModelRunner:
         greedy: list[tuple[Request, torch.Tensor]] = []
         start = len(plain)
         for i, rows in zip(verifying, verify_rows, strict=True):
-            request = requests[output.chunks[i].request_id]  # never penalised: those do not draft
+            request = requests[output.chunks[i].request_id]  # never penalised or constrained: no drafts
             request_logits = logits[start : start + len(rows)]
             start += len(rows)
             if request.params.greedy:  # verified together below: one sampling call for the step
@@ -207,3 +208,9 @@ class ModelRunner:
         if self.adapters is None:
             raise ValueError(f"adapter: {request.adapter!r} requested but this runner has no adapters")
         return self.adapters.slot(request.adapter)
+
+
+def _processed(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """The rows to sample from: bias and penalties first, then the grammars' masks (a bias cannot
+    bring back a token the grammar forbids)."""
+    return apply_grammars(apply_penalties(logits, requests), requests)

@@ -210,14 +210,16 @@ class Scheduler:
 
     def draftable(self) -> list[Request]:
         """The running requests a proposer drafts for this step: every prompt token computed, at least
-        one token generated, not prefill-only (``hold_cache``), no logit bias or penalties (they
-        depend on the tokens before each position: such requests decode a token a step,
-        ``sampling/penalties.py``), and room for one draft under ``max_tokens`` and ``max_model_len``."""
+        one token generated, not prefill-only (``hold_cache``), no logit bias, penalties or grammar
+        (they depend on the tokens before each position: such requests decode a token a step,
+        ``sampling/penalties.py``, ``sampling/grammar.py``), and room for one draft under
+        ``max_tokens`` and ``max_model_len``."""
         return [
             request
             for request in self.running
             if request.output_ids
             and not request.params.processes_logits
+            and not request.params.constrained
             and request.num_computed >= len(request.prompt_ids)
             and not request.hold_cache
             and self._draft_room(request) > 0
@@ -385,6 +387,10 @@ class Scheduler:
         params = request.params
         if token in params.stop_token_ids or (token in request.stop_ids and not params.ignore_eos):
             return FinishReason.STOP
+        if request.grammar is not None:  # advanced by the sampled token; complete: nothing may follow
+            request.grammar.sync(request.generated_ids)
+            if request.grammar.done:
+                return FinishReason.STOP
         if len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
