@@ -3,18 +3,21 @@
 import secrets
 import time
 
-from common.limits import check_prompt_bytes, check_prompt_tokens, utf8_bytes
+from common.limits import FieldError, check_prompt_bytes, check_prompt_tokens, utf8_bytes
 from common.metrics import Metrics
 from common.model_info import ModelInfo
 from common.rpc.errors import status_for
 from common.sampling_pb import sampling_from_pb
 from common.stop_strings import stop_cut
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
+from common.tool_calls import has_tool_calls, tool_call_format
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 
 from .admission import Admission
+from .chat_tools import template_messages, template_tools
 from .dispatch import Dispatcher, time_left
 from .tenant_rate_limit import RateLimited, TenantRateLimit
+from .tool_call_stream import ToolCallStream
 from .validation import check_generate, check_tokenize
 
 _DEADLINE_SLACK_S = 0.05
@@ -76,6 +79,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                     status = generation_pb2.FinishReason.Name(message.finish_reason).removeprefix(
                         "FINISH_REASON_"
                     )
+                    status = "STOP" if status == "TOOL_CALLS" else status  # a stop, for the metrics
                     ended = True
                     self._count(message)
                 yield message
@@ -117,15 +121,20 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     def _generate(self, request, context):
         self._resolve_adapter(request)
+        calls = self._tool_call_stream(request.chat) if request.WhichOneof("prompt") == "chat" else None
         prompt_ids = self._prompt_ids(request)
         params = sampling_from_pb(request.sampling)  # validated here, before any worker is involved
         # The client's request_id is only a label, echoed back: workers key the request by an id of
         # our own, so one client can neither collide with nor reach (Release, abort) another's request.
         request_id = secrets.token_hex(16)
         label = request.request_id or request_id
-        detokenizer = (
-            IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True) if self.tokenizer else None
-        )
+        detokenizer = None
+        if self.tokenizer is not None:  # with tool calls, their marker tokens stay in the text to parse
+            markers = tool_call_format(self.config.family).markers if calls is not None else ()
+            keep = frozenset(i for i in map(self.tokenizer.token_to_id, markers) if i is not None)
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=True, keep_token_ids=keep
+            )
         text, stops, generated, route = "", tuple(params.stop), 0, generation_pb2.Route()
         messages = self.dispatcher.run(request_id, prompt_ids, request, context, route)
         try:
@@ -138,26 +147,43 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                         piece += detokenizer.flush()
                     hit = stop_cut(text + piece, stops)
                     if hit is not None:  # a stop string: end here (closing the stream stops decode)
-                        message.text = (text + piece)[len(text) : hit]
+                        piece = (text + piece)[len(text) : hit]
                         message.finish_reason = generation_pb2.FINISH_REASON_STOP
                         message.route.CopyFrom(route)
                         message.usage.prompt_tokens = len(prompt_ids)
                         message.usage.completion_tokens = generated
+                    text += piece  # stop strings are searched in the raw text, markers included
+                    if calls is not None:
+                        piece, deltas = calls.feed(piece, final=bool(message.finish_reason))
+                        message.tool_calls.extend(deltas)
+                        if message.finish_reason == generation_pb2.FINISH_REASON_STOP and calls.called:
+                            message.finish_reason = generation_pb2.FINISH_REASON_TOOL_CALLS
+                    message.text = piece
+                    if hit is not None:
                         yield message
                         return
-                    message.text, text = piece, text + piece
                 yield message
         finally:
             messages.close()
+
+    def _tool_call_stream(self, chat) -> ToolCallStream | None:
+        """The parser of a chat with tools (None without tools, or with ``MODE_NONE``). A family without
+        a tool-call parser refuses ``chat.tools``."""
+        if not chat.tools:
+            return None
+        if not has_tool_calls(self.config.family):
+            raise FieldError("chat.tools", f"model family {self.config.family!r} has no tool-call parser")
+        if chat.tool_choice.mode == generation_pb2.ToolChoice.MODE_NONE:
+            return None
+        return ToolCallStream(tool_call_format(self.config.family), chat.tool_choice, chat.single_tool_call)
 
     def Tokenize(self, request, context):
         if self.tokenizer is None:
             raise ValueError("text: this model has no tokenizer; send token ids")
         check_tokenize(request)
         if request.WhichOneof("input") == "chat":
-            ids = self.tokenizer.encode_chat(
-                _messages(request.chat), add_generation_prompt=request.chat.add_generation_prompt
-            )
+            chat = request.chat
+            ids = self.tokenizer.encode(self._chat_text(chat, chat.add_generation_prompt))
         else:
             ids = self.tokenizer.encode(request.text, add_special_tokens=True)
         return generation_pb2.TokenizeResponse(token_ids=ids)
@@ -190,6 +216,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             names = ", ".join(sorted(loaded)) or "none"
             raise ValueError(f"adapter: {request.adapter!r} is not loaded on any worker (loaded: {names})")
 
+    def _chat_text(self, chat, add_generation_prompt: bool) -> str:
+        """The chat rendered with its tools; with a forced ``tool_choice`` the generation prompt goes on
+        with the opening of a call (``ToolCallStream.prefix``)."""
+        text = self.tokenizer.apply_chat_template(
+            template_messages(chat), template_tools(chat), add_generation_prompt=add_generation_prompt
+        )
+        calls = self._tool_call_stream(chat)
+        return text + calls.prefix if calls is not None and add_generation_prompt else text
+
     def _prompt_ids(self, request) -> list[int]:
         kind = request.WhichOneof("prompt")
         if kind is None:
@@ -208,7 +243,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         elif kind == "text":
             ids = self.tokenizer.encode(request.text, add_special_tokens=True)
         else:  # rendered, then bounded by its bytes before the (costlier) tokenization
-            text = self.tokenizer.apply_chat_template(_messages(request.chat), add_generation_prompt=True)
+            text = self._chat_text(request.chat, add_generation_prompt=True)
             check_prompt_bytes(utf8_bytes(text, "chat"), "chat", self.max_token_bytes, self.max_model_len)
             ids = self.tokenizer.encode(text)
         if not ids:
@@ -221,7 +256,3 @@ def _deadline_passed(context) -> bool:
     """The call ended at its deadline: the client's own timer may cancel it a moment before ours."""
     remaining = context.time_remaining()
     return remaining is not None and remaining <= _DEADLINE_SLACK_S
-
-
-def _messages(chat) -> list[dict]:
-    return [{"role": m.role, "content": m.content} for m in chat.messages]

@@ -3,7 +3,7 @@
 What protobuf already guarantees is not checked again: a ``string`` field holds valid UTF-8 (bad
 bytes fail to parse, and the error interceptor answers INVALID_ARGUMENT), numbers fit their type.
 What is checked here: labels and stop strings within their size limits (``common/limits.py``),
-stop token ids and ``logit_bias`` ids inside the vocabulary, the chat's message count, and the
+stop token ids and ``logit_bias`` ids inside the vocabulary, the chat's message count and tools, and the
 prompt's byte size against the absolute cap and the cheap token bound. ``sampling_from_pb`` checks
 the sampling ranges (penalties, bias values).
 """
@@ -22,6 +22,8 @@ from common.limits import (
 )
 from common.sampling_params import MAX_LOGIT_BIAS
 from proto.baton.v1 import generation_pb2
+
+from .chat_tools import check_chat_tools
 
 
 def check_generate(
@@ -63,10 +65,11 @@ def check_tokenize(request: generation_pb2.TokenizeRequest) -> None:
 
 
 def chat_bytes(chat: generation_pb2.Chat) -> int:
-    """The UTF-8 bytes of a chat's contents together, after checking its message count and roles.
-    The rendered prompt holds more (the template's markup): this is what the client controls."""
+    """The UTF-8 bytes of a chat's contents together (tools and tool calls included), after checking its
+    message count, roles and tools (``chat_tools.py``). The rendered prompt holds more (the template's
+    markup): this is what the client controls."""
     check_count(len(chat.messages), "chat.messages", MAX_MESSAGES, "messages")
-    size = 0
+    size = check_chat_tools(chat)
     for i, message in enumerate(chat.messages):
         check_text(message.role, f"chat.messages[{i}].role", MAX_LABEL_CHARS)
         size += utf8_bytes(message.content, f"chat.messages[{i}].content")

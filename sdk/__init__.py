@@ -25,7 +25,7 @@ from .errors import (
 )
 from .request import generate_request, tokenize_request
 from .retry import RetryPolicy
-from .types import Completion, GenerationChunk, ModelInfo, Route, Usage
+from .types import Completion, GenerationChunk, ModelInfo, Route, ToolCall, ToolCallDelta, Usage
 
 __all__ = [
     "AsyncClient",
@@ -44,6 +44,8 @@ __all__ = [
     "ResourceExhausted",
     "RetryPolicy",
     "Route",
+    "ToolCall",
+    "ToolCallDelta",
     "Unauthenticated",
     "Unavailable",
     "Usage",

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from proto.baton.v1 import generation_pb2
 
+from .chat import chat_pb
 from .errors import InvalidRequest
 
 _UINT32 = 2**32
@@ -53,13 +54,17 @@ def generate_request(
     model: str = "",
     no_migration: bool = False,
     adapter: str = "",
+    tools: Iterable[dict] | None = None,
+    tool_choice: str | dict = "auto",
+    parallel_tool_calls: bool = True,
 ) -> generation_pb2.GenerateRequest:
     """One ``GenerateRequest``.
 
     Args:
         prompt, prompt_ids, messages: exactly one: text, token ids, or a chat as a list of
             ``{"role": ..., "content": ...}`` dicts (rendered with the model's template, with the
-            generation prompt added).
+            generation prompt added); OpenAI's shapes: an assistant turn may carry ``tool_calls``
+            (content None), a tool turn ``tool_call_id`` (``sdk/chat.py``).
         max_tokens: tokens to generate at most; 0 means the server's default.
         temperature: 0 is greedy. top_p: 0 means off. top_k: 0 is off. min_p: 0 is off.
         seed: same seed, same tokens whatever the batch; None lets the server choose.
@@ -82,6 +87,8 @@ def generate_request(
             UNAVAILABLE instead of letting the router continue the stream on another one.
         adapter: a LoRA adapter loaded on the workers (``list_models`` lists them); empty: the base
             model.
+        tools, tool_choice, parallel_tool_calls: a chat's functions, as OpenAI's fields (``sdk/chat.py``);
+            parsed calls come back in ``Completion.tool_calls`` / ``GenerationChunk.tool_calls``.
 
     Raises:
         InvalidRequest: an argument of the wrong type or shape, named in the message.
@@ -123,7 +130,17 @@ def generate_request(
     elif prompt_ids is not None:
         request.token_ids.ids.extend(_ids("prompt_ids", prompt_ids))
     else:
-        request.chat.CopyFrom(_chat(messages, add_generation_prompt=True))
+        request.chat.CopyFrom(
+            chat_pb(
+                messages,
+                add_generation_prompt=True,
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=parallel_tool_calls,
+            )
+        )
+    if messages is None and tools is not None:
+        raise InvalidRequest("tools: only with messages (a chat)")
     return request
 
 
@@ -133,6 +150,8 @@ def tokenize_request(
     messages: Iterable[dict] | None = None,
     add_generation_prompt: bool = True,
     model: str = "",
+    tools: Iterable[dict] | None = None,
+    tool_choice: str | dict = "auto",
 ) -> generation_pb2.TokenizeRequest:
     """One ``TokenizeRequest`` for exactly one of ``text`` or ``messages`` (a chat, as in
     ``generate_request``; ``add_generation_prompt`` appends the assistant turn's header)."""
@@ -142,8 +161,9 @@ def tokenize_request(
     if text is not None:
         request.text = _string("text", text)
     else:
+        add = _bool("add_generation_prompt", add_generation_prompt)
         request.chat.CopyFrom(
-            _chat(messages, add_generation_prompt=_bool("add_generation_prompt", add_generation_prompt))
+            chat_pb(messages, add_generation_prompt=add, tools=tools, tool_choice=tool_choice)
         )
     return request
 
@@ -151,22 +171,6 @@ def tokenize_request(
 def requested_logprobs(request: generation_pb2.GenerateRequest) -> int | None:
     """The request's ``logprobs`` setting: None (not requested), 0, or n."""
     return request.sampling.logprobs if request.sampling.HasField("logprobs") else None
-
-
-def _chat(messages, *, add_generation_prompt: bool) -> generation_pb2.Chat:
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
-        raise InvalidRequest(
-            f"messages: expected a list of {{'role', 'content'}} dicts, got {_kind(messages)}"
-        )
-    chat = generation_pb2.Chat(add_generation_prompt=add_generation_prompt)
-    for position, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not {"role", "content"} <= message.keys():
-            raise InvalidRequest(f"messages[{position}]: expected a dict with 'role' and 'content'")
-        role, content = message["role"], message["content"]
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise InvalidRequest(f"messages[{position}]: 'role' and 'content' must be strings")
-        chat.messages.add(role=role, content=content)
-    return chat
 
 
 def _ids(name: str, ids) -> list[int]:

@@ -15,7 +15,29 @@ _REASONS = {
     generation_pb2.FINISH_REASON_STOP: "stop",
     generation_pb2.FINISH_REASON_LENGTH: "length",
     generation_pb2.FINISH_REASON_ABORT: "abort",
+    generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call parsed from a chat's output: ``id`` (the model's, or ``call_<hex>``), the function's
+    ``name`` and its ``arguments`` as the JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A streamed piece of call ``index``: ``id`` and ``name`` on its first piece only, then pieces
+    of ``arguments`` (joined in order, they are the call's)."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True)
@@ -46,8 +68,10 @@ class GenerationChunk:
 
     ``logprobs`` has one entry per new token when logprobs were requested (else empty);
     ``top_logprobs`` one entry per new token when ``logprobs=n > 0``. ``finish_reason``
-    (``"stop"``, ``"length"`` or ``"abort"``; ``"unknown"`` for a reason newer than this SDK),
-    ``usage`` and ``route`` are set on the last chunk only, and ``None`` before it."""
+    (``"stop"``, ``"length"``, ``"abort"`` or ``"tool_calls"``; ``"unknown"`` for a reason newer
+    than this SDK), ``usage`` and ``route`` are set on the last chunk only, and ``None`` before it.
+    ``tool_calls``: a chat with tools, pieces of the calls parsed from the output (their markup is
+    then not in ``text``)."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -57,6 +81,7 @@ class GenerationChunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     route: Route | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,7 +90,8 @@ class Completion:
 
     ``logprobs`` is ``None`` unless requested; ``top_logprobs`` is ``None`` unless ``logprobs=n``
     with ``n > 0`` was requested. ``finish_reason``, ``usage`` and ``route`` come from the last
-    chunk (``None`` if the stream ended without one)."""
+    chunk (``None`` if the stream ended without one). ``tool_calls``: the calls parsed from a chat's
+    output, their pieces joined."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -75,12 +101,16 @@ class Completion:
     finish_reason: str | None
     usage: Usage | None
     route: Route | None
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[GenerationChunk], *, logprobs: int | None = None) -> "Completion":
         """Concatenate ``chunks`` in order. ``logprobs`` is the request's setting (None, 0 or n)."""
         request_id, tokens, values, tops, text, last = "", [], [], [], [], None
+        calls: dict[int, list[str]] = {}
         for chunk in chunks:
+            for piece in chunk.tool_calls:
+                calls.setdefault(piece.index, [piece.id, piece.name, ""])[2] += piece.arguments
             request_id = request_id or chunk.request_id
             tokens += chunk.token_ids
             values += chunk.logprobs
@@ -96,6 +126,7 @@ class Completion:
             finish_reason=last.finish_reason if last else None,
             usage=last.usage if last else None,
             route=last.route if last else None,
+            tool_calls=tuple(ToolCall(*calls[i]) for i in sorted(calls)),
         )
 
 
@@ -122,6 +153,7 @@ def chunk_from_pb(message: generation_pb2.GenerateResponse) -> GenerationChunk:
         finish_reason=_REASONS.get(message.finish_reason, "unknown") if final else None,
         usage=_usage_from_pb(message.usage) if final else None,
         route=_route_from_pb(message.route) if final else None,
+        tool_calls=tuple(ToolCallDelta(c.index, c.id, c.name, c.arguments) for c in message.tool_calls),
     )
 
 

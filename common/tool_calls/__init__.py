@@ -15,8 +15,10 @@ from common.tool_calls.parser import (
     parse_tool_calls,
 )
 from common.tool_calls.registry import has_tool_calls, tool_call_format
+from common.tool_calls.tools import MAX_TOOLS, tool_name_problem
 
 __all__ = [
+    "MAX_TOOLS",
     "ParsedOutput",
     "ToolCall",
     "ToolCallDelta",
@@ -26,4 +28,5 @@ __all__ = [
     "new_call_id",
     "parse_tool_calls",
     "tool_call_format",
+    "tool_name_problem",
 ]

@@ -74,6 +74,8 @@ def from_rpc_error(error: grpc.aio.AioRpcError, chat: bool) -> tuple[int, dict]:
         field, rest = match.groups()
         if field in _PROMPT_FIELDS:
             param = "messages" if chat else "prompt"
+        elif chat and field.startswith("chat."):  # chat.tools[1].name: the body's tools[1].name
+            param = field.removeprefix("chat.")
         else:
             param = field.removeprefix("sampling.")
         message = f"{param}: {rest}"

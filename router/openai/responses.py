@@ -16,6 +16,7 @@ _FINISH = {
     generation_pb2.FINISH_REASON_STOP: "stop",
     generation_pb2.FINISH_REASON_LENGTH: "length",
     generation_pb2.FINISH_REASON_ABORT: "abort",
+    generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 _LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -100,6 +101,7 @@ class Transcript:
         self.usage: dict | None = None
         self._logprob_parts: list[dict] = []
         self._chunks = 0
+        self.tool_calls: dict[int, dict] = {}  # index -> the call so far, in OpenAI's shape
 
     def chunk(self, message: generation_pb2.GenerateResponse) -> dict:
         """Record one streamed message and return its SSE chunk (``delta`` / ``text`` since the last)."""
@@ -115,6 +117,8 @@ class Transcript:
             delta = {"role": "assistant"} if first else {}
             if message.text or first:
                 delta["content"] = message.text
+            if message.tool_calls:
+                delta["tool_calls"] = self._call_deltas(message.tool_calls)
             choice = {"index": self.index, "delta": delta}
         else:
             choice = {"index": self.index, "text": message.text}
@@ -143,6 +147,9 @@ class Transcript:
         """This choice in the whole (non-streamed) response."""
         if self.chat:
             choice = {"index": self.index, "message": {"role": "assistant", "content": self.text}}
+            if self.tool_calls:  # OpenAI's content is null beside calls when the model wrote none
+                choice["message"]["content"] = self.text or None
+                choice["message"]["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         else:
             choice = {"index": self.index, "text": (self.echo or "") + self.text}
         choice["logprobs"] = self._merged_logprobs()
@@ -152,6 +159,24 @@ class Transcript:
             if self.prompt_ids is not None:
                 choice["prompt_token_ids"] = list(self.prompt_ids)
         return choice
+
+    def _call_deltas(self, pieces) -> list[dict]:
+        """A message's call pieces as ``delta.tool_calls`` entries (pieces of one call in a row joined),
+        recorded into ``tool_calls``. A call's first entry has ``id``, ``type`` and ``function.name``."""
+        entries: list[dict] = []
+        for piece in pieces:
+            call = self.tool_calls.get(piece.index)
+            if call is None:
+                call = {"id": piece.id, "type": "function", "function": {"name": piece.name, "arguments": ""}}
+                self.tool_calls[piece.index] = call
+                entries.append(
+                    {"index": piece.index, **call, "function": {"name": piece.name, "arguments": ""}}
+                )
+            elif not entries or entries[-1]["index"] != piece.index:
+                entries.append({"index": piece.index, "function": {"arguments": ""}})
+            call["function"]["arguments"] += piece.arguments
+            entries[-1]["function"]["arguments"] += piece.arguments
+        return entries
 
     def _object(self, kind: str, choices: list) -> dict:
         return {**self.head, "object": kind, "choices": choices}

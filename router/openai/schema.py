@@ -16,6 +16,7 @@ from common.sampling_params import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_LOGPROB
 
 from . import fields
 from .fields import RequestError
+from .tool_fields import Tool, ToolCall, tool_calls, tool_choice, tools
 
 DEFAULT_MAX_N = 16  # ``n``'s bound unless the router's ``--max-n`` says otherwise
 MAX_PROMPTS = 64  # prompts in one /v1/completions batch: each becomes its own generation
@@ -77,17 +78,28 @@ class CompletionRequest:
 
 @dataclass(frozen=True)
 class ChatMessage:
+    """``tool_calls``: an assistant turn's calls; ``tool_call_id`` / ``name``: a tool turn's."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """``POST /v1/chat/completions``: the router renders ``messages`` with the model's template."""
+    """``POST /v1/chat/completions``: the router renders ``messages`` (and ``tools``) with the model's
+    template. ``tool_choice``: ``auto``, ``none``, ``required``, or the name of the one function to
+    call; ``parallel_tool_calls`` False keeps the first parsed call only."""
 
     options: Options
     messages: tuple[ChatMessage, ...]
     sampling: Sampling
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
+    named_tool: bool = False  # tool_choice names a function (not one of the modes)
+    parallel_tool_calls: bool = True
 
 
 def parse_completion(
@@ -117,9 +129,12 @@ def parse_chat(
     body: Mapping[str, Any], headers: Mapping[str, str], max_n: int = DEFAULT_MAX_N
 ) -> ChatRequest:
     """Validate a chat completions body (``n`` at most ``max_n``). Raises RequestError naming the field."""
-    fields.only(body, "tools", ([],), "not supported yet")
-    fields.only(body, "functions", ([],), "not supported yet")
-    fields.only(body, "tool_choice", ("none", "auto"), "not supported yet")
+    fields.only(body, "functions", ([],), "the legacy function-calling fields are not supported; use tools")
+    fields.only(
+        body, "function_call", (), "the legacy function-calling fields are not supported; use tool_choice"
+    )
+    declared = tools(body.get("tools"))
+    choice, named = tool_choice(body.get("tool_choice"), declared)
     fields.only(body, "response_format", ({"type": "text"},), "only {'type': 'text'} is supported")
     want_logprobs = fields.boolean(body, "logprobs")
     top = fields.integer(body, "top_logprobs", None, 0, MAX_LOGPROBS)
@@ -127,7 +142,15 @@ def parse_chat(
         raise RequestError("top_logprobs", "top_logprobs: needs logprobs: true")
     length_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     sampling = _sampling(body, length_field, None, (top or 0) if want_logprobs else None)
-    return ChatRequest(_options(body, headers, max_n), _messages(body.get("messages")), sampling)
+    return ChatRequest(
+        _options(body, headers, max_n),
+        _messages(body.get("messages")),
+        sampling,
+        tools=declared,
+        tool_choice=choice,
+        named_tool=named,
+        parallel_tool_calls=fields.boolean(body, "parallel_tool_calls", True),
+    )
 
 
 def choice_seed(seed: int | None, j: int) -> int | None:
@@ -282,12 +305,21 @@ def _message(message: Any, where: str) -> ChatMessage:
         raise RequestError(
             f"{where}.role", f"{where}.role: must be one of {sorted(_ROLES)}, got {fields.quote(role)}"
         )
-    if message.get("tool_calls"):
-        raise RequestError(f"{where}.tool_calls", f"{where}.tool_calls: not supported yet")
+    calls = tool_calls(message.get("tool_calls"), f"{where}.tool_calls") if role == "assistant" else ()
+    if role != "assistant" and message.get("tool_calls"):
+        raise RequestError(
+            f"{where}.tool_calls", f"{where}.tool_calls: only assistant messages carry tool calls"
+        )
     content = message.get("content")
     if content is None and role == "assistant":
         content = ""
-    return ChatMessage(_ROLES[role], _content(content, f"{where}.content"))
+    return ChatMessage(
+        _ROLES[role],
+        _content(content, f"{where}.content"),
+        calls,
+        tool_call_id=fields.string(message, "tool_call_id") if role == "tool" else "",
+        name=fields.string(message, "name") if role == "tool" else "",
+    )
 
 
 def _content(content: Any, where: str) -> str:

@@ -77,10 +77,27 @@ def chat_to_pb(
     completion may run to ``max_model_len`` (OpenAI's default; the engine stops at the model length)."""
     message = _common(request.options, request_id)
     message.sampling.CopyFrom(sampling_to_pb(_sample(request.sampling, j), max_model_len))
-    message.chat.add_generation_prompt = True
-    message.chat.messages.extend(
-        generation_pb2.ChatMessage(role=m.role, content=m.content) for m in request.messages
+    chat = message.chat
+    chat.add_generation_prompt = True
+    for m in request.messages:
+        chat.messages.add(
+            role=m.role, content=m.content, tool_call_id=m.tool_call_id, name=m.name
+        ).tool_calls.extend(
+            generation_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls
+        )
+    chat.tools.extend(
+        generation_pb2.Tool(name=t.name, description=t.description, parameters=t.parameters)
+        for t in request.tools
     )
+    mode = generation_pb2.ToolChoice.Mode
+    if request.named_tool:
+        chat.tool_choice.mode, chat.tool_choice.function_name = (
+            mode.Value("MODE_FUNCTION"),
+            request.tool_choice,
+        )
+    else:
+        chat.tool_choice.mode = mode.Value(f"MODE_{request.tool_choice.upper()}")
+    chat.single_tool_call = not request.parallel_tool_calls
     return message
 
 

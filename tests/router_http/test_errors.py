@@ -93,7 +93,13 @@ BAD_REQUESTS = [
         "messages[2].content[0].type",
         "messages[2].content[0].type: only 'text' parts are supported, got 'image_url'",
     ),
-    ("chat", {"messages": USER, "tools": [{"type": "function"}]}, "tools", "tools: not supported yet"),
+    (
+        "chat",
+        {"messages": USER, "tools": [{"type": "function"}]},
+        "tools[0].function",
+        "tools[0].function: must be an object",
+    ),
+    ("chat", {"messages": USER, "functions": [{"name": "f"}]}, "functions", "functions: the legacy"),
     ("chat", {"messages": USER, "top_logprobs": 2}, "top_logprobs", "top_logprobs: needs logprobs: true"),
     (
         "chat",

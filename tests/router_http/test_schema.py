@@ -83,7 +83,7 @@ def test_chat_messages_and_defaults():
     "body, param",
     [
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]}, "messages[0].tool_calls"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]}, "messages[0].tool_calls[0]"),
         ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
         ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
