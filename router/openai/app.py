@@ -6,7 +6,7 @@ request answers with the first gRPC message, so refusals (400, 429, ...) keep th
 an error after that is one ``data: {"error": ...}`` event, and the stream ends. When the client
 goes away (or the front stops) the handler is cancelled and so are its gRPC calls, which frees the
 requests at the router and the workers. A request with several choices (a batch of prompts, ``n``)
-is one call per choice, sent together (``fanout.py``).
+is one call per choice (``fanout.py``: a prompt's first sample first, its siblings on the cached prefix).
 
 With an ``Authenticator`` every route but ``/health`` needs ``Authorization: Bearer`` (``auth.py``:
 401 otherwise; 403 when a tenant-bound token comes with another ``tenant`` / ``X-Tenant``), and the
@@ -174,11 +174,18 @@ class _Api:
             response_id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
             transcripts = self._transcripts(parsed, response_id, served, echoes)
             metadata = grpc_metadata(request)
-            calls = [self.stub.Generate(m, timeout=options.timeout, metadata=metadata) for m in messages]
+            _share_sessions(messages, options.n, request_id)
+            calls: list = []
             try:
+                replies, firsts = await fanout.open_calls(
+                    calls,
+                    lambda m: self.stub.Generate(m, timeout=options.timeout, metadata=metadata),
+                    messages,
+                    [i % options.n == 0 for i in range(len(messages))],
+                )
                 if options.stream:
-                    return await fanout.stream(request, calls, transcripts, options.include_usage)
-                await fanout.collect(calls, transcripts)
+                    return await fanout.stream(request, replies, firsts, transcripts, options.include_usage)
+                await fanout.collect(replies, firsts, transcripts)
                 return web.json_response(response(transcripts))
             except grpc.aio.AioRpcError as error:
                 return _json(*from_rpc_error(error, chat))
@@ -255,6 +262,15 @@ class _Api:
                 raise RequestError("model", "model: the router serves no model")
             self.served = reply.models[0]
         return self.served
+
+
+def _share_sessions(messages: list, n: int, request_id: str) -> None:
+    """Give the ``n`` samples of each prompt (consecutive in ``messages``) one session id, the client's
+    if it sent one: the router then sends the siblings where the first sample's prompt is cached."""
+    for first in range(0, len(messages), n):
+        session = messages[first].session_id or f"{request_id}-{first // n}"
+        for message in messages[first : first + n]:
+            message.session_id = session
 
 
 def _json(status: int, body: dict) -> web.Response:

@@ -1,8 +1,11 @@
 """A request's choices as concurrent gRPC ``Generate`` calls: collected whole, or streamed as SSE.
 
-Every choice (each prompt of a batch, each of ``n`` samples) is its own call to the router, all sent
-together. ``n`` samples of one prompt share its blocks through the workers' prefix cache, but each is
-still its own request: this is not yet one prefill forked into ``n`` decodes.
+Every choice (each prompt of a batch, each of ``n`` samples) is its own call to the router
+(``open_calls``): the first sample of every prompt is sent first, and the other ``n - 1`` once it has
+sent its first message, i.e. once its prompt is prefilled and in the workers' prefix cache; they carry
+its session id, so the router sends them to the same workers, where only the prompt's last partial block
+is computed again. One prefill, ``n`` decodes, at the cost of the siblings' first token waiting for the
+first sample's. Each sample is still its own request at the router (admission, rate limits).
 
 Streamed, the first message of every call is awaited before the response starts, so a refusal of
 any of them (400, 429, ...) keeps its HTTP status; after that the choices' chunks interleave as they
@@ -14,7 +17,8 @@ router and the workers; the tasks reading them here are cancelled and awaited on
 
 import asyncio
 import json
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -26,25 +30,53 @@ _QUEUED_PER_CALL = 4  # messages read ahead per call while the client is slower 
 _END = object()
 
 
-async def collect(calls: Sequence, transcripts: Sequence[Transcript]) -> None:
-    """Read every call to its end into its transcript. Raises the first call's ``AioRpcError``."""
+async def open_calls(
+    calls: list, start: Callable[[Any], Any], messages: Sequence, leaders: Sequence[bool]
+) -> tuple[list, list]:
+    """Start a call per message (``start(message)``, each appended to ``calls`` as it starts, so the
+    caller can cancel them on any path): the ``leaders`` first, the others once every leader has sent its
+    first message. Returns each call's reply iterator and first message (None: it ended without one).
+    Raises the first refusal's ``AioRpcError``."""
+    replies: list = [None] * len(messages)
+    firsts: list = [None] * len(messages)
+    for wave in (True, False):
+        chosen = [i for i, leader in enumerate(leaders) if leader is wave]
+        for i in chosen:
+            call = start(messages[i])
+            calls.append(call)
+            replies[i] = call.__aiter__()
+        for i, first in zip(chosen, await _together([anext(replies[i], None) for i in chosen]), strict=True):
+            firsts[i] = first
+    return replies, firsts
 
-    async def read(call, transcript: Transcript) -> None:
-        async for reply in call:
+
+async def collect(replies: Sequence, firsts: Sequence, transcripts: Sequence[Transcript]) -> None:
+    """Read every call to its end into its transcript (``open_calls``' replies and first messages).
+    Raises the first call's ``AioRpcError``."""
+
+    async def read(reply_iterator, first, transcript: Transcript) -> None:
+        if first is None:
+            return
+        transcript.chunk(first)
+        async for reply in reply_iterator:
             transcript.chunk(reply)
 
-    await _together([read(c, t) for c, t in zip(calls, transcripts, strict=True)])
+    await _together([read(*choice) for choice in zip(replies, firsts, transcripts, strict=True)])
 
 
 async def stream(
-    request: web.Request, calls: Sequence, transcripts: Sequence[Transcript], include_usage: bool
+    request: web.Request,
+    replies: Sequence,
+    firsts: Sequence,
+    transcripts: Sequence[Transcript],
+    include_usage: bool,
 ) -> web.StreamResponse:
-    """The SSE response of every call: ``echo`` chunks first, then chunks as the calls send them."""
-    replies = [call.__aiter__() for call in calls]
-    firsts = await _together([anext(r, None) for r in replies])  # refusals surface here
+    """The SSE response of every call (``open_calls``' replies and first messages, read before the
+    response starts so that refusals keep their status): ``echo`` chunks first, then chunks as the calls
+    send them."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    queue: asyncio.Queue = asyncio.Queue(maxsize=_QUEUED_PER_CALL * len(calls))
+    queue: asyncio.Queue = asyncio.Queue(maxsize=_QUEUED_PER_CALL * len(replies))
     live = [i for i, first in enumerate(firsts) if first is not None]  # the others already ended
     pumps = [asyncio.ensure_future(_pump(i, replies[i], queue)) for i in live]
     try:

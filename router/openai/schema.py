@@ -13,9 +13,11 @@ from typing import Any
 
 from common.limits import MAX_MESSAGES, MAX_PROMPT_BYTES, MAX_STOP_TOKEN_IDS
 from common.sampling_params import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_LIMIT
+from common.structured_output import StructuredOutput
 
 from . import fields
 from .fields import RequestError
+from .response_format import parse_response_format
 from .tool_fields import Tool, ToolCall, tool_calls, tool_choice, tools
 
 DEFAULT_MAX_N = 16  # ``n``'s bound unless the router's ``--max-n`` says otherwise
@@ -43,6 +45,7 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    structured_output: StructuredOutput | None = None  # response_format
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,6 @@ def parse_chat(
     )
     declared = tools(body.get("tools"))
     choice, named = tool_choice(body.get("tool_choice"), declared)
-    fields.only(body, "response_format", ({"type": "text"},), "only {'type': 'text'} is supported")
     want_logprobs = fields.boolean(body, "logprobs")
     top = fields.integer(body, "top_logprobs", None, 0, MAX_LOGPROBS)
     if top is not None and not want_logprobs:
@@ -212,6 +214,7 @@ def _sampling(body: Mapping[str, Any], length_field: str, default_length, logpro
         presence_penalty=fields.number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         frequency_penalty=fields.number(body, "frequency_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         repetition_penalty=_repetition_penalty(body.get("repetition_penalty")),
+        structured_output=parse_response_format(body.get("response_format")),
     )
 
 

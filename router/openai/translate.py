@@ -7,6 +7,7 @@ A request with ``P`` prompts and ``n`` samples each becomes ``P * n`` generation
 
 import dataclasses
 
+from common.sampling_pb import structured_to_pb
 from proto.baton.v1 import generation_pb2
 
 from .schema import ChatRequest, CompletionRequest, Options, Sampling, choice_seed
@@ -32,6 +33,7 @@ def sampling_to_pb(sampling: Sampling, default_max_tokens: int) -> generation_pb
         message.seed = sampling.seed
     if sampling.logprobs is not None:
         message.logprobs = sampling.logprobs
+    structured_to_pb(sampling.structured_output, message)
     return message
 
 

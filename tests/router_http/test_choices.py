@@ -4,6 +4,7 @@ bytes, streamed and whole; a client leaving a fanned-out stream frees every gene
 ``openai`` SDK reads all of it."""
 
 import json
+import urllib.request
 from collections import defaultdict
 
 import openai
@@ -63,6 +64,25 @@ def test_n_samples_are_the_seeded_single_requests_seed_plus_j(cluster):
     usage = reply.body["usage"]  # the prompt counted once, as OpenAI does for n
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(PROMPTS[0]), 18)
     assert usage["total_tokens"] == len(PROMPTS[0]) + 18
+
+
+def _cached_tokens(cluster) -> float:
+    text = urllib.request.urlopen(
+        f"http://127.0.0.1:{cluster.router.metrics_port}/metrics", timeout=10
+    ).read()
+    (line,) = [x for x in text.decode().splitlines() if x.startswith("baton_cached_prompt_tokens_total ")]
+    return float(line.split()[1])
+
+
+def test_n_samples_share_one_prefill_of_their_prompt(cluster):
+    """The first sample is prefilled alone; its siblings, sent once it has its first token, find the
+    prompt's whole blocks cached (the engine's blocks are 16 tokens: 48 of this 50-token prompt)."""
+    prompt = list(range(300, 350))
+    before = _cached_tokens(cluster)
+    reply = post(cluster.port, "/v1/completions", {**SAMPLED, "prompt": prompt, "seed": 11, "n": 3})
+    assert reply.status == 200 and len(reply.body["choices"]) == 3
+    assert _cached_tokens(cluster) - before >= 2 * 48  # both siblings hit the first sample's blocks
+    assert reply.body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the first: a cold prefill
 
 
 def test_greedy_n_gives_identical_choices(cluster):
