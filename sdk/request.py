@@ -6,6 +6,7 @@ error, or silently get wrong, like a bare string given as ``stop``); values such
 ranges are the server's to validate. A bad argument raises ``InvalidRequest`` naming it.
 """
 
+import json
 import operator
 from collections.abc import Iterable, Mapping
 
@@ -48,6 +49,7 @@ def generate_request(
     presence_penalty: float = 0.0,
     frequency_penalty: float = 0.0,
     repetition_penalty: float = 0.0,
+    structured_output: Mapping[str, object] | None = None,
     session_id: str = "",
     tenant: str = "",
     request_id: str = "",
@@ -79,6 +81,10 @@ def generate_request(
             occurrence (server: [-2, 2]); 0 is off.
         repetition_penalty: divides positive / multiplies negative logits of tokens in the prompt or
             the output (server: > 0); 0 or 1 is off.
+        structured_output: what the output must match, one key: ``{"json_schema": schema}`` (a dict,
+            or its JSON text), ``{"json_object": True}``, ``{"regex": pattern}`` (fullmatched) or
+            ``{"grammar": lark_text}``; enforced while sampling (the server refuses a spec it cannot
+            compile, naming ``sampling.structured_output.<kind>``). None: unconstrained.
         session_id: affinity key; a session's turns go to the same workers.
         tenant: prefix-cache isolation key.
         request_id: the server assigns one when empty.
@@ -116,6 +122,8 @@ def generate_request(
         sampling.seed = _uint("seed", seed, limit=_UINT64)
     if logprobs is not None:
         sampling.logprobs = _uint("logprobs", logprobs)
+    if structured_output is not None:
+        _structured_output(structured_output, sampling.structured_output)
     request = generation_pb2.GenerateRequest(
         sampling=sampling,
         session_id=_string("session_id", session_id),
@@ -185,6 +193,27 @@ def _ids(name: str, ids) -> list[int]:
             )
         checked.append(value)
     return checked
+
+
+_STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "grammar")
+
+
+def _structured_output(value, message: generation_pb2.StructuredOutput) -> None:
+    """``structured_output``'s one key written into ``message``; InvalidRequest naming it otherwise."""
+    if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in _STRUCTURED_KINDS:
+        raise InvalidRequest(
+            f"structured_output: expected a dict with one key of {', '.join(_STRUCTURED_KINDS)}, got "
+            f"{_kind(value) if not isinstance(value, Mapping) else sorted(map(str, value))}"
+        )
+    (kind, spec), = value.items()
+    if kind == "json_object":
+        if spec is not True:
+            raise InvalidRequest(f"structured_output.json_object: expected True, got {_kind(spec)}")
+        message.json_object = True
+        return
+    if kind == "json_schema" and isinstance(spec, Mapping):
+        spec = json.dumps(spec)
+    setattr(message, kind, _string(f"structured_output.{kind}", spec))
 
 
 def _logit_bias(value) -> dict[int, float]:
