@@ -205,7 +205,7 @@ def _structured_output(value, message: generation_pb2.StructuredOutput) -> None:
             f"structured_output: expected a dict with one key of {', '.join(_STRUCTURED_KINDS)}, got "
             f"{_kind(value) if not isinstance(value, Mapping) else sorted(map(str, value))}"
         )
-    (kind, spec), = value.items()
+    ((kind, spec),) = value.items()
     if kind == "json_object":
         if spec is not True:
             raise InvalidRequest(f"structured_output.json_object: expected True, got {_kind(spec)}")
