@@ -177,6 +177,20 @@ def test_a_named_tool_choice_prefills_the_call(cluster, scripted, tokenizer):
     )
 
 
+def test_tool_choice_required_prefills_a_call_opening(cluster, scripted, tokenizer):
+    count, prompts = scripted(
+        f"functions.get_weather:0<|tool_call_argument_begin|>{ARGS}<|tool_call_end|><|tool_calls_section_end|>"
+    )
+    [choice] = post(cluster.port, "/v1/chat/completions", _body(count, tool_choice="required")).body[
+        "choices"
+    ]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == [ARGS]
+    assert tokenizer.decode(prompts[-1]).endswith(
+        "<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>"
+    )
+
+
 def test_the_call_and_its_result_are_rendered_in_the_next_turn(cluster, scripted, tokenizer):
     count, prompts = scripted("It is 22C in Paris.<|im_end|>")
     call = {
