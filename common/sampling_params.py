@@ -60,7 +60,7 @@ class SamplingParams:
         structured_output: None, or what the output must match (``common/structured_output.py``):
             each step samples only tokens its grammar allows, EOS only where it accepts, and the
             request stops when the grammar can go no further. Logprobs are then of the masked
-            distribution. Such requests do not draft and their steps run eagerly.
+            distribution. Such requests do not draft.
 
     Bias and penalties are applied in vLLM's order: bias, repetition, frequency, presence
     (``kernels.logit_penalties``). A migrated request's resumed tokens count as output.

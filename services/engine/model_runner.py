@@ -17,6 +17,7 @@ from .cuda_graphs import DecodeGraphs
 from .request import Request
 from .sampling.grammar import apply_grammars
 from .sampling.penalties import apply_penalties
+from .sampling.sampler import SampleOutput
 from .scheduler import SampledToken, SchedulerOutput
 from .speculative.acceptance import Verified, verify, verify_greedy
 
@@ -86,16 +87,14 @@ class ModelRunner:
         picked = [requests[chunks[i].request_id] for i in sampling]
         params = [r.params for r in picked]
         positions = [r.sample_position for r in picked]
-        # Decode graphs are captured without adapters and sample inside the graph without logit bias,
-        # penalties or a grammar's mask: a step with any adapted, penalised or constrained row runs eagerly.
-        penalised = any(p.processes_logits or p.constrained for p in params)
-        if (
-            self.graphs is not None
-            and not any(adapters)
-            and not penalised
-            and self.graphs.can_replay(steps, len(sampling))
-        ):
+        # Decode graphs are captured without adapters (a step with an adapted row runs eagerly) and
+        # sample every row from its raw logits: rows with logit bias, penalties or a grammar's mask are
+        # sampled again from the graph's logits after processing, the others keep the graph's tokens.
+        if self.graphs is not None and not any(adapters) and self.graphs.can_replay(steps, len(sampling)):
             result = self.graphs.replay(steps, params, positions)
+            processed = [j for j, p in enumerate(params) if p.processes_logits or p.constrained]
+            if processed:
+                result = self._resampled(result, self.graphs.logits(len(steps)), processed, picked, positions)
         else:
             ends = list(itertools.accumulate(len(step.token_ids) for step in steps))
             logit_rows = [ends[i] - 1 for i in sampling]
@@ -116,6 +115,32 @@ class ModelRunner:
             )
             for j, request in enumerate(picked)
         }
+
+    def _resampled(
+        self,
+        result: SampleOutput,
+        logits: torch.Tensor,
+        rows: list[int],
+        picked: list[Request],
+        positions: list[int],
+    ) -> SampleOutput:
+        """A replayed step's ``result`` with ``rows`` sampled again from their logits rows
+        (the graph's static ``logits``, a row per sequence in step order) processed by their requests'
+        bias, penalties and grammars: the tokens and log-probs of the eager path, whose forward the
+        graph's equals."""
+        requests = [picked[j] for j in rows]
+        index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+        again = self.model.kernels.sampling.sample(
+            _processed(logits.index_select(0, index), requests),
+            [r.params for r in requests],
+            [positions[j] for j in rows],
+        )
+        merged = SampleOutput(list(result.token_ids), list(result.logprobs), list(result.top_logprobs))
+        for k, j in enumerate(rows):
+            merged.token_ids[j] = again.token_ids[k]
+            merged.logprobs[j] = again.logprobs[k]
+            merged.top_logprobs[j] = again.top_logprobs[k]
+        return merged
 
     def _verify_step(
         self, output: SchedulerOutput, requests: dict[str, Request], steps: list[SequenceStep], adapted: bool

@@ -10,8 +10,9 @@ token bitmask of those rows applied to their logits before sampling.
 EOS is in the mask only where the grammar accepts (llguidance's tokenizer knows the checkpoint's EOS
 ids). Compiled grammars are cached by their spec: a request gets a copy of a pristine matcher.
 
-Like the penalties (``penalties.py``), a step with a constrained row runs eagerly rather than replaying
-the decode CUDA graph (the graphs sample inside themselves), and constrained requests do not draft
+Like the penalties (``penalties.py``), a decode step with a constrained row still replays its CUDA graph
+(which samples every row from the raw logits); the runner samples that row again from the graph's logits
+after masking (``ModelRunner._resampled``). Constrained requests do not draft
 (``Scheduler.draftable``): a verify's later positions would need the masks after each draft. Rows
 are independent: the other rows of a step are converted to float32 and otherwise untouched.
 """
