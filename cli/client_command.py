@@ -107,6 +107,8 @@ def _as_json(completion: Completion) -> dict:
             "completion": usage.completion_tokens,
             "cached": usage.cached_tokens,
             "cached_host": usage.cached_tokens_host,
+            "drafted": usage.draft_tokens,
+            "accepted_drafts": usage.accepted_draft_tokens,
         }
         if usage
         else None,

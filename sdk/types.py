@@ -43,12 +43,16 @@ class ToolCallDelta:
 @dataclass(frozen=True)
 class Usage:
     """Token counts of one request; ``cached_tokens`` of the prompt came from the prefix cache,
-    ``cached_tokens_host`` of those from a worker's host tier (HiCache) rather than its GPU pool."""
+    ``cached_tokens_host`` of those from a worker's host tier (HiCache) rather than its GPU pool;
+    ``draft_tokens`` the speculative drafts the decode worker verified, ``accepted_draft_tokens`` of
+    those accepted into the output (0 and 0 without speculative decoding)."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     cached_tokens_host: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,8 @@ def _usage_from_pb(usage: generation_pb2.Usage) -> Usage:
         completion_tokens=usage.completion_tokens,
         cached_tokens=usage.cached_tokens,
         cached_tokens_host=usage.cached_tokens_host,
+        draft_tokens=usage.draft_tokens,
+        accepted_draft_tokens=usage.accepted_draft_tokens,
     )
 
 

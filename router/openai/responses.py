@@ -251,13 +251,16 @@ def _summed_usage(transcripts: list["Transcript"]) -> dict | None:
     if any(t.usage is None for t in transcripts):
         return None
     total = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "cached_tokens_host": 0}
+    drafts = {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
     for t in transcripts:
         total["completion_tokens"] += t.usage["completion_tokens"]
+        for key, value in t.usage.get("completion_tokens_details", {}).items():
+            drafts[key] += value
         if t.counts_prompt:
             total["prompt_tokens"] += t.usage["prompt_tokens"]
             for key in ("cached_tokens", "cached_tokens_host"):
                 total[key] += t.usage["prompt_tokens_details"][key]
-    return {
+    summed = {
         "prompt_tokens": total["prompt_tokens"],
         "completion_tokens": total["completion_tokens"],
         "total_tokens": total["prompt_tokens"] + total["completion_tokens"],
@@ -266,6 +269,9 @@ def _summed_usage(transcripts: list["Transcript"]) -> dict | None:
             "cached_tokens_host": total["cached_tokens_host"],
         },
     }
+    if any("completion_tokens_details" in t.usage for t in transcripts):
+        summed["completion_tokens_details"] = drafts
+    return summed
 
 
 def _empty_legacy() -> dict:
@@ -273,7 +279,9 @@ def _empty_legacy() -> dict:
 
 
 def _usage(usage: generation_pb2.Usage) -> dict:
-    return {
+    """OpenAI's usage object; ``completion_tokens_details`` only where speculative decoding drafted for
+    the request: its drafts accepted into the output and rejected, as OpenAI counts a prediction's."""
+    body = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
@@ -282,3 +290,9 @@ def _usage(usage: generation_pb2.Usage) -> dict:
             "cached_tokens_host": usage.cached_tokens_host,
         },
     }
+    if usage.draft_tokens:
+        body["completion_tokens_details"] = {
+            "accepted_prediction_tokens": usage.accepted_draft_tokens,
+            "rejected_prediction_tokens": usage.draft_tokens - usage.accepted_draft_tokens,
+        }
+    return body

@@ -43,6 +43,8 @@ class RequestDelta:
     num_generated_tokens: int  # all tokens generated so far, these included
     num_cached_tokens: int
     num_cached_tokens_host: int  # of num_cached_tokens, loaded from the host tier
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified so far
+    num_accepted_draft_tokens: int = 0  # of those, accepted into the output
 
 
 class EngineLoop:
@@ -172,6 +174,8 @@ class EngineLoop:
                     num_generated_tokens=len(request.output_ids),
                     num_cached_tokens=request.num_cached_tokens,
                     num_cached_tokens_host=request.num_cached_tokens_host,
+                    num_draft_tokens=request.num_draft_tokens,
+                    num_accepted_draft_tokens=request.num_accepted_draft_tokens,
                 )
             )
             self._sent[request_id] = len(request.output_ids)

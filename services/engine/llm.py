@@ -223,6 +223,8 @@ class LLM:
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             num_cached_tokens=request.num_cached_tokens,
             num_cached_tokens_host=request.num_cached_tokens_host,
+            num_draft_tokens=request.num_draft_tokens,
+            num_accepted_draft_tokens=request.num_accepted_draft_tokens,
         )
 
 

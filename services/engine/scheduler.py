@@ -352,6 +352,8 @@ class Scheduler:
             if reason is not None:
                 break
         kept = len(request.output_ids) - before  # a stop may drop the last accepted drafts
+        request.num_draft_tokens += chunk.num_draft
+        request.num_accepted_draft_tokens += min(verified.num_accepted, kept)
         if self.cache.rollback_mode == "states":  # the state after each draft was kept: take the last
             accepted = min(verified.num_accepted, kept)
             self.cache.commit_drafts(request, accepted)

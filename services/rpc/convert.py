@@ -30,6 +30,8 @@ def delta_to_pb(delta: RequestDelta) -> generation_pb2.GenerateResponse:
         message.usage.completion_tokens = delta.num_generated_tokens
         message.usage.cached_tokens = delta.num_cached_tokens
         message.usage.cached_tokens_host = delta.num_cached_tokens_host
+        message.usage.draft_tokens = delta.num_draft_tokens
+        message.usage.accepted_draft_tokens = delta.num_accepted_draft_tokens
     return message
 
 

@@ -55,6 +55,9 @@ def test_greedy_with_a_draft_model_gives_plain_decodings_tokens(pair, family, ba
             assert ours.logprobs == theirs.logprobs  # float32 values held exactly: the same bits
     drafted, accepted = drafted_and_accepted(spec_llm)
     assert drafted > 0 and 0 <= accepted <= drafted
+    # each request's own counts (its usage's draft_tokens / accepted_draft_tokens) add up to the engine's
+    assert sum(o.num_draft_tokens for o in spec) == drafted
+    assert sum(o.num_accepted_draft_tokens for o in spec) == accepted
     assert spec_llm.engine.proposer.seats == {}  # every request released its draft cache
 
 
@@ -67,6 +70,8 @@ def test_the_target_drafting_for_itself_is_accepted_in_full(pair):
     assert [o.logprobs for o in spec] == [o.logprobs for o in plain]
     drafted, accepted = drafted_and_accepted(spec_llm)
     assert drafted > 0 and accepted == drafted
+    assert all(0 < o.num_accepted_draft_tokens == o.num_draft_tokens for o in spec)
+    assert all(o.num_draft_tokens == 0 for o in plain)
     # 12 tokens each: the first from the prefill, then verifies of 4 drafts + 1 (fewer near the end).
     assert spec_llm.engine.spec_counters.counts().verifies <= len(PROMPTS) * 3
 

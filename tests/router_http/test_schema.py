@@ -192,3 +192,33 @@ def test_logit_bias_and_penalties_reach_the_message_and_the_engines_params():
     assert params.logit_bias == ((3, 2.5), (7, -100.0)) and params.processes_logits
     plain = sampling_from_pb(completion_to_pb(parse_completion({"prompt": "x"}, {}), "r").sampling)
     assert plain.repetition_penalty == 1.0 and not plain.processes_logits  # unset: off
+
+
+def test_speculative_drafts_are_completion_tokens_details_summed_over_choices():
+    """A request its decode worker drafted for reports its drafts accepted into the output and rejected
+    (OpenAI's prediction counts); one that drafted nothing has no ``completion_tokens_details``."""
+    from router.openai.responses import Transcript, response
+
+    def finished(index: int, drafted: int, accepted: int) -> Transcript:
+        transcript = Transcript(
+            False, "cmpl-1", "m", 0, None, False, None, index=index, counts_prompt=index == 0
+        )
+        final = generation_pb2.GenerateResponse(
+            token_ids=[5], finish_reason=generation_pb2.FINISH_REASON_LENGTH
+        )
+        final.usage.prompt_tokens, final.usage.completion_tokens = 3, 9
+        final.usage.draft_tokens, final.usage.accepted_draft_tokens = drafted, accepted
+        transcript.chunk(final)
+        return transcript
+
+    plain = finished(0, 0, 0)
+    assert "completion_tokens_details" not in plain.response()["usage"]
+    drafted = finished(0, 12, 7)
+    details = {"accepted_prediction_tokens": 7, "rejected_prediction_tokens": 5}
+    assert drafted.response()["usage"]["completion_tokens_details"] == details
+    together = response([drafted, finished(1, 4, 4), finished(2, 0, 0)])["usage"]
+    assert together["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 11,
+        "rejected_prediction_tokens": 5,
+    }
+    assert together["completion_tokens"] == 27 and together["prompt_tokens"] == 3

@@ -30,12 +30,17 @@ def chunk(token_ids, text="", logprobs=(), top=(), request_id="req-1") -> pb.Gen
 def final(
     token_ids=(), text="", logprobs=(), reason=pb.FINISH_REASON_LENGTH, prompt=3, cached=1, cached_host=1
 ):
-    """The last message: finish reason, usage (``cached_host`` of the ``cached`` tokens from a host tier)
-    and route (prefill ``p:1``, decode ``d:2``, nixl, 4096 B)."""
+    """The last message: finish reason, usage (``cached_host`` of the ``cached`` tokens from a host tier;
+    4 drafts verified, 3 accepted) and route (prefill ``p:1``, decode ``d:2``, nixl, 4096 B)."""
     message = chunk(token_ids, text, logprobs)
     message.finish_reason = reason
     usage = pb.Usage(
-        prompt_tokens=prompt, completion_tokens=5, cached_tokens=cached, cached_tokens_host=cached_host
+        prompt_tokens=prompt,
+        completion_tokens=5,
+        cached_tokens=cached,
+        cached_tokens_host=cached_host,
+        draft_tokens=4,
+        accepted_draft_tokens=3,
     )
     message.usage.CopyFrom(usage)
     message.route.CopyFrom(

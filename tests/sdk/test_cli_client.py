@@ -22,7 +22,14 @@ def test_json_output_has_the_documented_shape(server, capsys):
         "logprobs": [-0.5, -0.25, -0.125, -1.0, -2.0],
         "text": "Hello you",
         "finish_reason": "length",
-        "usage": {"prompt": 3, "completion": 5, "cached": 1, "cached_host": 1},
+        "usage": {
+            "prompt": 3,
+            "completion": 5,
+            "cached": 1,
+            "cached_host": 1,
+            "drafted": 4,
+            "accepted_drafts": 3,
+        },
         "route": {"prefill": "p:1", "decode": "d:2", "transfer_backend": "nixl", "transfer_bytes": 4096},
     }
     (request,) = server.script.requests["Generate"]

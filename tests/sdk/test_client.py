@@ -9,7 +9,14 @@ from sdk import Client, Completion, DeadlineExceeded, GenerationChunk, InvalidRe
 from tests.sdk.conftest import FAST_RETRY
 from tests.sdk.scripted_server import STORY, final, pb, wait_past_deadline
 
-USAGE = Usage(prompt_tokens=3, completion_tokens=5, cached_tokens=1, cached_tokens_host=1)
+USAGE = Usage(
+    prompt_tokens=3,
+    completion_tokens=5,
+    cached_tokens=1,
+    cached_tokens_host=1,
+    draft_tokens=4,
+    accepted_draft_tokens=3,
+)
 ROUTE = Route(prefill_worker="p:1", decode_worker="d:2", transfer_backend="nixl", transfer_bytes=4096)
 
 

@@ -59,6 +59,8 @@ def test_the_draft_rows_go_in_the_same_handoff_and_tokens_stay_the_plain_engines
     decoded = list(decode.Decode(request, timeout=120))
     assert list(lease) == []
     tokens = [t for message in decoded for t in message.token_ids]
+    usage = decoded[-1].usage  # the decode worker's drafts for this request, in its final usage
+    assert usage.draft_tokens > 0 and 0 <= usage.accepted_draft_tokens <= usage.draft_tokens
     want = LLM(str(target), dtype="float32").generate(
         [PROMPT], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     )[0]
