@@ -24,6 +24,32 @@ _SPAN_BLOCK = 2048  # bytes per program of a span checksum
 
 
 @triton.jit
+def _splitmix(index, key, GOLDEN_C: tl.constexpr, MIX1_C: tl.constexpr, MIX2_C: tl.constexpr):
+    """splitmix64 of the uint64 ``index * golden + key`` (wrapping), elementwise."""
+    z = index * GOLDEN_C + key.to(tl.uint64)
+    z = (z ^ (z >> 30)) * MIX1_C
+    z = (z ^ (z >> 27)) * MIX2_C
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _weighed_pairs(pair, z):
+    """Each uint64 pair of words, its low word weighed by ``z``'s low half, its high word by the high."""
+    low = 0xFFFFFFFF
+    return (pair & low) * (z & low) + (pair >> 32) * (z >> 32)
+
+
+@triton.jit
+def _piece(chunks, program, BLOCK: tl.constexpr):
+    """Program ``program``'s piece of a span table ``[pieces, 3]`` (offset, address, length): its offset,
+    address, the lanes and which of them it covers."""
+    offset = tl.load(chunks + program * 3)
+    address = tl.load(chunks + program * 3 + 1)
+    at = tl.arange(0, BLOCK)
+    return offset, address, at, at < tl.load(chunks + program * 3 + 2)
+
+
+@triton.jit
 def _keyed_rows_kernel(
     pairs,
     rows,
@@ -45,12 +71,7 @@ def _keyed_rows_kernel(
     row = tl.load(rows + position).to(tl.int64)
     pair = tl.load(pairs + row * stride_row + offsets, mask=mask, other=0).to(tl.uint64)
     index = (start_pair + position.to(tl.int64) * pairs_per_row + offsets).to(tl.uint64)
-    z = index * GOLDEN_C + key.to(tl.uint64)
-    z = (z ^ (z >> 30)) * MIX1_C
-    z = (z ^ (z >> 27)) * MIX2_C
-    z = z ^ (z >> 31)
-    low = 0xFFFFFFFF
-    hashed = (pair & low) * (z & low) + (pair >> 32) * (z >> 32)
+    hashed = _weighed_pairs(pair, _splitmix(index, key, GOLDEN_C, MIX1_C, MIX2_C))
     tl.store(partials + program, tl.sum(tl.where(mask, hashed, 0), axis=0))
 
 
@@ -106,18 +127,9 @@ def _keyed_pair_spans_kernel(
     BLOCK: tl.constexpr,
 ):
     program = tl.program_id(0).to(tl.int64)
-    offset = tl.load(chunks + program * 3)
-    address = tl.load(chunks + program * 3 + 1)
-    length = tl.load(chunks + program * 3 + 2)
-    at = tl.arange(0, BLOCK)
-    mask = at < length
+    offset, address, at, mask = _piece(chunks, program, BLOCK)
     pair = tl.load(pairs + offset + at, mask=mask, other=0).to(tl.uint64)
-    z = (address + at).to(tl.uint64) * GOLDEN_C + key.to(tl.uint64)
-    z = (z ^ (z >> 30)) * MIX1_C
-    z = (z ^ (z >> 27)) * MIX2_C
-    z = z ^ (z >> 31)
-    low = 0xFFFFFFFF
-    hashed = (pair & low) * (z & low) + (pair >> 32) * (z >> 32)
+    hashed = _weighed_pairs(pair, _splitmix((address + at).to(tl.uint64), key, GOLDEN_C, MIX1_C, MIX2_C))
     tl.store(partials + program, tl.sum(tl.where(mask, hashed, 0), axis=0))
 
 
@@ -133,18 +145,11 @@ def _keyed_spans_kernel(
     BLOCK: tl.constexpr,
 ):
     program = tl.program_id(0).to(tl.int64)
-    offset = tl.load(chunks + program * 3)
-    address = tl.load(chunks + program * 3 + 1)
-    length = tl.load(chunks + program * 3 + 2)
-    at = tl.arange(0, BLOCK)
-    mask = at < length
+    offset, address, at, mask = _piece(chunks, program, BLOCK)
     byte = tl.load(source + offset + at, mask=mask, other=0).to(tl.uint64)
     where = (address + at).to(tl.uint64)
     word = where >> 2
-    z = (word >> 1) * GOLDEN_C + key.to(tl.uint64)
-    z = (z ^ (z >> 30)) * MIX1_C
-    z = (z ^ (z >> 27)) * MIX2_C
-    z = z ^ (z >> 31)
+    z = _splitmix(word >> 1, key, GOLDEN_C, MIX1_C, MIX2_C)
     weight = tl.where((word & 1) == 1, z >> 32, z & 0xFFFFFFFF)
     hashed = (byte << ((where & 3) * 8)) * weight
     tl.store(partials + program, tl.sum(tl.where(mask, hashed, 0), axis=0))
