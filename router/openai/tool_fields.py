@@ -6,19 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.limits import MAX_PROMPT_BYTES
-from common.tool_calls import MAX_TOOLS, tool_name_problem
+from common.tool_calls import MAX_TOOLS, ToolCall, tool_name_problem
 
 from . import fields
 from .fields import RequestError
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A call in an assistant message sent back: ``arguments`` the JSON text."""
-
-    id: str
-    name: str
-    arguments: str
 
 
 @dataclass(frozen=True)
