@@ -74,6 +74,11 @@ def tool_parameters(tool: generation_pb2.Tool, where: str) -> dict:
     return value
 
 
+def template_parameters(chat: generation_pb2.Chat) -> dict[str, dict]:
+    """Each declared tool's parameters schema by name (``{}``: none given). Raises FieldError."""
+    return {tool.name: tool_parameters(tool, f"chat.tools[{i}]") for i, tool in enumerate(chat.tools)}
+
+
 def template_messages(chat: generation_pb2.Chat) -> list[dict]:
     """The messages as the chat template reads them: ``tool_calls`` in OpenAI's shape, ``tool_call_id``."""
     messages = []

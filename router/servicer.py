@@ -11,10 +11,11 @@ from common.sampling_pb import sampling_from_pb
 from common.stop_strings import stop_cut
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from common.tool_calls import has_tool_calls, tool_call_format
+from common.tool_calls.call_grammar import forced_call_grammar
 from proto.baton.v1 import generation_pb2, generation_pb2_grpc
 
 from .admission import Admission
-from .chat_tools import template_messages, template_tools
+from .chat_tools import template_messages, template_parameters, template_tools
 from .dispatch import Dispatcher, time_left
 from .tenant_rate_limit import RateLimited, TenantRateLimit
 from .tool_call_stream import ToolCallStream
@@ -122,6 +123,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def _generate(self, request, context):
         self._resolve_adapter(request)
         calls = self._tool_call_stream(request.chat) if request.WhichOneof("prompt") == "chat" else None
+        if calls is not None and calls.forced:
+            self._constrain_forced_call(request)
         prompt_ids = self._prompt_ids(request)
         params = sampling_from_pb(request.sampling)  # validated here, before any worker is involved
         # The client's request_id is only a label, echoed back: workers key the request by an id of
@@ -165,6 +168,27 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 yield message
         finally:
             messages.close()
+
+    def _constrain_forced_call(self, request) -> None:
+        """A forced ``tool_choice`` (required or named): the call's arguments must follow the function's
+        parameters schema, so the request's structured output becomes the call's grammar
+        (``common/tool_calls/call_grammar.py``; the prompt already ends with the call's opening)."""
+        if request.sampling.HasField("structured_output"):
+            raise FieldError(
+                "sampling.structured_output",
+                "a forced chat.tool_choice constrains the output to the call; leave structured output out",
+            )
+        if self.tokenizer is None:
+            raise FieldError("chat.tool_choice", "forcing a call needs the model's tokenizer")
+        chat = request.chat
+        named = chat.tool_choice.mode == generation_pb2.ToolChoice.MODE_FUNCTION
+        grammar = forced_call_grammar(
+            tool_call_format(self.config.family),
+            template_parameters(chat),
+            chat.tool_choice.function_name if named else None,
+            self.tokenizer.token_to_id,
+        )
+        request.sampling.structured_output.grammar = grammar
 
     def _tool_call_stream(self, chat) -> ToolCallStream | None:
         """The parser of a chat with tools (None without tools, or with ``MODE_NONE``). A family without

@@ -1,10 +1,10 @@
 """One chat generation's output split into content and parsed tool calls, message by message.
 
 Built for a chat with tools whose ``tool_choice`` is not ``MODE_NONE`` (with ``MODE_NONE`` the tools are
-rendered but the output stays text). ``MODE_REQUIRED`` / ``MODE_FUNCTION``: without constrained
-decoding the model cannot be forced, so the assistant turn is prefilled with the opening of a call
-(``prefix``, appended to the rendered prompt) and the parser starts from it: the model writes the
-rest of the call (its name too, for ``MODE_REQUIRED``). That call's first delta (id, name) goes out
+rendered but the output stays text). ``MODE_REQUIRED`` / ``MODE_FUNCTION``: the assistant turn is
+prefilled with the opening of a call (``prefix``, appended to the rendered prompt) and the parser starts
+from it; the model writes the rest of the call (its name too, for ``MODE_REQUIRED``), constrained by the
+call's grammar (``common/tool_calls/call_grammar.py``, set by the router's servicer). That call's first delta (id, name) goes out
 with the first message.
 """
 
@@ -24,6 +24,11 @@ class ToolCallStream:
         self._parser = ToolCallParser(fmt)
         self._single = single
         self._pending: list[ToolCallDelta] = self._parser.feed(self.prefix)[1]
+
+    @property
+    def forced(self) -> bool:
+        """Whether the chat forces a call (``tool_choice`` required or named): its opening is prefilled."""
+        return bool(self.prefix)
 
     @property
     def called(self) -> bool:

@@ -16,11 +16,6 @@ def _deepseek_head(head: str) -> tuple[str | None, str] | None:
     return (None, name) if name else None
 
 
-def _deepseek_prefix(name: str | None) -> str:
-    head = "" if name is None else f"{name}<｜tool▁sep｜>"
-    return "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>" + head
-
-
 DEEPSEEK_FORMAT = ToolCallFormat(
     name="deepseek",
     section_begin="<｜tool▁calls▁begin｜>",
@@ -29,5 +24,5 @@ DEEPSEEK_FORMAT = ToolCallFormat(
     call_end="<｜tool▁call▁end｜>",
     section_end="<｜tool▁calls▁end｜>",
     read_head=_deepseek_head,
-    call_prefix=_deepseek_prefix,
+    call_head=lambda name: name,
 )

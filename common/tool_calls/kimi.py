@@ -24,11 +24,6 @@ def _kimi_head(head: str) -> tuple[str | None, str] | None:
     return head, match.group("name")
 
 
-def _kimi_prefix(name: str | None) -> str:
-    head = "" if name is None else f"functions.{name}:0<|tool_call_argument_begin|>"
-    return "<|tool_calls_section_begin|><|tool_call_begin|>" + head
-
-
 KIMI_FORMAT = ToolCallFormat(
     name="kimi",
     section_begin="<|tool_calls_section_begin|>",
@@ -37,5 +32,5 @@ KIMI_FORMAT = ToolCallFormat(
     call_end="<|tool_call_end|>",
     section_end="<|tool_calls_section_end|>",
     read_head=_kimi_head,
-    call_prefix=_kimi_prefix,
+    call_head=lambda name: f"functions.{name}:0",
 )

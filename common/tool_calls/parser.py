@@ -51,9 +51,7 @@ class ToolCallFormat:
         read_head: the text between ``call_begin`` and ``head_end`` -> ``(id or None, name)``, or None
             when it is not a call head (the call then falls back to content). A None id: the format
             carries none, ``new_call_id`` makes one.
-        call_prefix: the text that opens a call of the named function (None: any function), as a
-            generation prompt's continuation: the assistant turn prefilled so the model writes the
-            rest of the call (``tool_choice`` required or named, without constrained decoding).
+        call_head: the head the format writes for a call of the named function (its id or its name).
     """
 
     name: str
@@ -63,7 +61,14 @@ class ToolCallFormat:
     call_end: str
     section_end: str
     read_head: Callable[[str], tuple[str | None, str] | None]
-    call_prefix: Callable[[str | None], str]
+    call_head: Callable[[str], str]
+
+    def call_prefix(self, name: str | None) -> str:
+        """The text that opens a call of the named function (None: any function, its head left to the
+        model), as a generation prompt's continuation: the assistant turn prefilled so the model writes
+        the rest of the call (``tool_choice`` required or named)."""
+        head = "" if name is None else self.call_head(name) + self.head_end
+        return self.section_begin + self.call_begin + head
 
     @property
     def markers(self) -> tuple[str, ...]:

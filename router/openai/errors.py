@@ -76,6 +76,8 @@ def from_rpc_error(error: grpc.aio.AioRpcError, chat: bool) -> tuple[int, dict]:
             param = "messages" if chat else "prompt"
         elif chat and field.startswith("chat."):  # chat.tools[1].name: the body's tools[1].name
             param = field.removeprefix("chat.")
+        elif field.startswith("sampling.structured_output"):  # what the body's response_format became
+            param = "response_format"
         else:
             param = field.removeprefix("sampling.")
         message = f"{param}: {rest}"
