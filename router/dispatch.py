@@ -13,6 +13,10 @@ decode; either way the output is unchanged. Only pairs whose handoff layouts map
 the chosen sender's layout (the decode worker refuses one it cannot take), and when no pair maps at all
 the request is prefilled on decode (``conditional``) or refused naming the field (``always``).
 
+A request with ``prompt_logprobs`` also has its prompt scored by the decode worker that decodes it
+(``DecodeWorker.Score``, sent as soon as that worker is chosen, so it runs while the prompt is prefilled);
+the scores go out with the first message.
+
 Every worker call is tied to the client's call (``when_call_ends``: a non-blocking cancel), and the
 reservation is a lease: the Reserve stream stays open until the Decode call takes the reservation
 over. So a client that leaves at any point, or this process dying, ends every worker call, and the
@@ -162,7 +166,8 @@ class Dispatcher:
         self.pool.assigned(decode, len(prompt_ids))
         local = _local_prefill(prompt_ids, request, resumed_tokens)
         decode_request = workers_pb2.DecodeRequest(request_id=request_id, local_prefill=local)
-        yield from self._decode(decode, decode_request, context, route)
+        scores = _start_score(decode, prompt_ids, request, context)
+        yield from self._decode(decode, decode_request, context, route, scores=scores)
 
     def _least_loaded_decode(self, session_id: str) -> Worker:
         """The decode worker a local request goes to (the session's own first, then by load).
@@ -188,6 +193,7 @@ class Dispatcher:
         resumed_tokens,
     ):
         route.decode_worker = decode.name
+        scores = _start_score(decode, prompt_ids, request, context)  # scored while the prompt is prefilled
         local = _local_prefill(prompt_ids, request, resumed_tokens)
         if reserved.prefill_locally:
             self.metrics.local_prefills.labels(self._local_reason(len(prompt_ids), reserved)).inc()
@@ -207,20 +213,30 @@ class Dispatcher:
                 route.transfer_backend = reserved.endpoint.backend
                 route.transfer_bytes = first.transfer_bytes
                 prefilled = (first.cached_tokens, first.cached_tokens_host)
-        yield from self._decode(decode, decode_request, context, route, prefilled)
+        yield from self._decode(decode, decode_request, context, route, prefilled, scores)
 
     def _decode(
-        self, decode: Worker, decode_request, context, route, prefilled: tuple[int, int] | None = None
+        self,
+        decode: Worker,
+        decode_request,
+        context,
+        route,
+        prefilled: tuple[int, int] | None = None,
+        scores: tuple[list[int], object] | None = None,
     ):
         """The decode worker's stream for ``decode_request``; the last message gets the route. When a
         prefill worker computed the prompt, ``prefilled`` is its ``(cached_tokens, cached_tokens_host)``
         and replaces the decode worker's usage numbers: the prompt tokens nobody computed (the blocks
         the decode worker kept at Reserve saved transfer, not compute). Otherwise the decode worker
-        computed it and its own usage stands."""
+        computed it and its own usage stands. ``scores``: the prompt and its running ``Score`` call
+        (``_start_score``), whose answer goes into the first message."""
         call = decode.stub.Decode(decode_request, timeout=time_left(context))
         when_call_ends(context, call.cancel)  # the client left: the decode worker frees the request
         try:
             for message in call:
+                if scores is not None:
+                    self._add_scores(decode, message, *scores)
+                    scores = None
                 if message.finish_reason:
                     message.route.prefill_worker = route.prefill_worker
                     message.route.transfer_backend = route.transfer_backend
@@ -235,6 +251,22 @@ class Dispatcher:
             raise failure from None
         finally:
             call.cancel()  # a no-op once the stream ended; stops the worker when the caller left early
+
+    def _add_scores(self, decode: Worker, message, prompt_ids: list[int], score_call) -> None:
+        """The prompt's ids and its ``Score`` answer into ``message`` (the stream's first).
+
+        Raises:
+            ValueError, TimeoutError, TransferError: the Score call failed (as ``_failed`` maps it).
+        """
+        try:
+            scored = score_call.result()
+        except grpc.FutureCancelledError:
+            raise TransferError("the request was cancelled while its prompt was scored") from None
+        except grpc.RpcError as error:
+            raise self._failed(decode, error) from None
+        message.prompt_token_ids.extend(prompt_ids)
+        message.prompt_logprobs.extend(scored.logprobs)
+        message.prompt_top_logprobs.extend(scored.top_logprobs)
 
     def _local_reason(self, prompt_tokens: int, reserved) -> str:
         if self.disaggregation == "never":
@@ -362,6 +394,21 @@ def time_left(context) -> float | None:
     timeout on an outgoing call would overflow into an immediate DEADLINE_EXCEEDED)."""
     remaining = context.time_remaining()
     return None if remaining is None or remaining > _NO_DEADLINE_S else remaining
+
+
+def _start_score(decode: Worker, prompt_ids: list[int], request, context) -> tuple[list[int], object] | None:
+    """With ``prompt_logprobs``: ``(prompt_ids, the decode worker's running Score call)``, else None."""
+    if not request.HasField("prompt_logprobs"):
+        return None
+    score = workers_pb2.ScoreRequest(
+        prompt_ids=prompt_ids,
+        tenant=request.tenant,
+        adapter=request.adapter,
+        top_logprobs=request.prompt_logprobs,
+    )
+    call = decode.stub.Score.future(score, timeout=time_left(context))
+    when_call_ends(context, call.cancel)
+    return prompt_ids, call
 
 
 def _local_prefill(prompt_ids: list[int], request, resumed_tokens: int) -> workers_pb2.LocalPrefill:

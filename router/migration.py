@@ -62,6 +62,7 @@ class Migrator:
         max_tokens = sampling_from_pb(request.sampling).max_tokens
         streamed: list[int] = []  # tokens already passed to the caller, in order
         attempt, moves, moving = request, 0, False
+        answered = False  # a first message (with any prompt log-probs) reached the caller
         while True:
             worker_id = request_id if not moves else f"{request_id}.m{moves}"
             messages = self.dispatcher.run(
@@ -74,6 +75,7 @@ class Migrator:
                         self.metrics.migrations.labels("migrated").inc()
                         moving = False
                     streamed.extend(message.token_ids)
+                    answered = True
                     if message.finish_reason and resumed:
                         _whole_usage(message.usage, len(prompt_ids), resumed)
                     yield message
@@ -101,15 +103,18 @@ class Migrator:
             finally:
                 messages.close()
             moves, moving = moves + 1, True
-            attempt = _rest_of(request, left)
+            attempt = _rest_of(request, left, keep_prompt_logprobs=not answered)
             route.Clear()  # the next attempt fills in its own workers
 
 
-def _rest_of(request, max_tokens: int):
-    """``request`` with only ``max_tokens`` (>= 1) left to generate."""
+def _rest_of(request, max_tokens: int, keep_prompt_logprobs: bool):
+    """``request`` with only ``max_tokens`` (>= 1) left to generate; its ``prompt_logprobs`` only while
+    the caller has not had them (the next attempt's prompt then is still the request's own)."""
     rest = generation_pb2.GenerateRequest()
     rest.CopyFrom(request)
     rest.sampling.max_tokens = max_tokens
+    if not keep_prompt_logprobs:
+        rest.ClearField("prompt_logprobs")
     return rest
 
 

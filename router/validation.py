@@ -3,7 +3,8 @@
 What protobuf already guarantees is not checked again: a ``string`` field holds valid UTF-8 (bad
 bytes fail to parse, and the error interceptor answers INVALID_ARGUMENT), numbers fit their type.
 What is checked here: labels and stop strings within their size limits (``common/limits.py``),
-stop token ids and ``logit_bias`` ids inside the vocabulary, the chat's message count and tools, and the
+stop token ids and ``logit_bias`` ids inside the vocabulary, ``prompt_logprobs`` within
+``MAX_LOGPROBS``, the chat's message count and tools, and the
 prompt's byte size against the absolute cap and the cheap token bound. ``sampling_from_pb`` checks
 the sampling ranges (penalties, bias values).
 """
@@ -20,7 +21,7 @@ from common.limits import (
     check_text,
     utf8_bytes,
 )
-from common.sampling_params import MAX_LOGIT_BIAS
+from common.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS
 from proto.baton.v1 import generation_pb2
 
 from .chat_tools import check_chat_tools
@@ -47,6 +48,10 @@ def check_generate(
     for token in sorted(sampling.logit_bias):
         if token >= vocab_size:
             raise FieldError("sampling.logit_bias", f"id {token} is outside the vocabulary [0, {vocab_size})")
+    if request.HasField("prompt_logprobs") and request.prompt_logprobs > MAX_LOGPROBS:
+        raise FieldError(
+            "prompt_logprobs", f"must be between 0 and {MAX_LOGPROBS} or unset, got {request.prompt_logprobs}"
+        )
     kind = request.WhichOneof("prompt")
     if kind == "text":
         check_prompt_bytes(utf8_bytes(request.text, "text"), "text", max_token_bytes, max_model_len)

@@ -206,7 +206,7 @@ class _Api:
         prompt's text when the request echoes them."""
         chat = isinstance(parsed, ChatRequest)
         options, created = parsed.options, int(time.time())
-        labels = TokenLabels(self.pieces, options.return_tokens_as_token_ids)
+        labels = TokenLabels(self.pieces, options.return_tokens_as_token_ids, self.tokenizer)
         prompts = [None] if chat else parsed.prompts
         return [
             Transcript(
@@ -220,6 +220,7 @@ class _Api:
                 index=p * options.n + j,
                 labels=labels,
                 echo=None if echoes is None else echoes[p],
+                echo_only=not chat and parsed.echo_only,
                 counts_prompt=j == 0,
             )
             for p, prompt in enumerate(prompts)

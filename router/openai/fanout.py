@@ -72,17 +72,17 @@ async def stream(
     include_usage: bool,
 ) -> web.StreamResponse:
     """The SSE response of every call (``open_calls``' replies and first messages, read before the
-    response starts so that refusals keep their status): ``echo`` chunks first, then chunks as the calls
-    send them."""
+    response starts so that refusals keep their status): ``echo`` chunks first (with the prompt's
+    log-probs when asked), then chunks as the calls send them."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     queue: asyncio.Queue = asyncio.Queue(maxsize=_QUEUED_PER_CALL * len(replies))
     live = [i for i, first in enumerate(firsts) if first is not None]  # the others already ended
     pumps = [asyncio.ensure_future(_pump(i, replies[i], queue)) for i in live]
     try:
-        for transcript in transcripts:
-            if transcript.echo is not None:
-                await _event(response, transcript.echo_chunk())
+        for transcript, first in zip(transcripts, firsts, strict=True):
+            if transcript.echo is not None:  # with the prompt's log-probs, which came in the first message
+                await _event(response, transcript.echo_chunk(first))
         for transcript, first in zip(transcripts, firsts, strict=True):
             if first is not None:
                 await _event(response, transcript.chunk(first))

@@ -6,9 +6,17 @@ piece of text (``TokenLabels``: the model's tokenizer, ``common/tokenizer/token_
 ``bytes`` being the piece's raw bytes; with vLLM's ``return_tokens_as_token_ids`` (or a router
 without a tokenizer) it is ``"token_id:<id>"``. In legacy completion logprobs, ``text_offset`` of a
 token is where the text of the streamed message that carried it begins (exact when each message
-carries one token).
+carries one token), counted from the start of the choice's text.
+
+``echo`` with ``logprobs`` (completions): the entries start with the prompt's tokens, from the first
+message's ``prompt_token_ids`` / ``prompt_logprobs`` / ``prompt_top_logprobs``, as OpenAI's legacy API
+and vLLM give them: the first prompt token's ``token_logprobs`` and ``top_logprobs`` are null (nothing
+comes before it), and a prompt token's ``text_offset`` is where it starts in the echoed text
+(``TokenLabels.text_offsets``: the prompt's ids decoded one by one; a text prompt's added special
+tokens, such as a BOS, have no text there).
 """
 
+from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from common.tokenizer.token_bytes import TokenBytes
 from proto.baton.v1 import generation_pb2
 
@@ -29,11 +37,30 @@ def token_name(token_id: int) -> str:
 class TokenLabels:
     """How a response names tokens: their text and bytes from ``pieces``; ``token_id:<id>`` when
     ``as_ids`` (``bytes`` are then that name's, as vLLM sends them) or when there is no piece (no
-    tokenizer, or an id of the model's vocabulary that its tokenizer lacks: ``bytes`` None)."""
+    tokenizer, or an id of the model's vocabulary that its tokenizer lacks: ``bytes`` None).
+    ``tokenizer`` (the one ``pieces`` come from) places an echoed prompt's tokens in its text."""
 
-    def __init__(self, pieces: TokenBytes | None, as_ids: bool = False):
+    def __init__(self, pieces: TokenBytes | None, as_ids: bool = False, tokenizer: Tokenizer | None = None):
         self.pieces = pieces
         self.as_ids = as_ids
+        self.tokenizer = tokenizer
+
+    def text_offsets(self, ids: list[int], skip_special_tokens: bool) -> list[int]:
+        """Where each of ``ids`` starts in their decoded text (``Tokenizer.decode``, special tokens
+        skipped or not): a token of no text (a skipped special token, the first half of a character)
+        starts where the next text does. Without a tokenizer: the running length of the names."""
+        offsets, at = [], 0
+        if self.tokenizer is None:
+            for token in ids:
+                offsets.append(at)
+                at += len(self.text(token))
+            return offsets
+        vocab = self.tokenizer.vocab_size  # the model's ids past the tokenizer's have no text
+        detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=skip_special_tokens)
+        for token in ids:
+            offsets.append(at)
+            at += len(detokenizer.push(token)) if token < vocab else 0
+        return offsets
 
     def text(self, token_id: int) -> str:
         text = None if self.as_ids or self.pieces is None else self.pieces.text(token_id)
@@ -67,6 +94,8 @@ class Transcript:
         index: the choice's ``index`` (OpenAI's ``prompt_index * n + j``).
         labels: how log-prob entries name tokens (default: ``token_id:<id>``).
         echo: the prompt's text, written before the choice's text (completions' ``echo``), or None.
+        echo_only: ``echo`` with ``max_tokens`` 0: the generated token is dropped (text, ids,
+            log-probs, completion tokens) and the choice ends with ``length``.
         counts_prompt: whether ``response`` / ``usage_chunk`` count this choice's prompt tokens: one
             choice per prompt does, as OpenAI counts a prompt once whatever ``n``.
     """
@@ -84,12 +113,15 @@ class Transcript:
         index: int = 0,
         labels: TokenLabels = _ID_LABELS,
         echo: str | None = None,
+        echo_only: bool = False,
         counts_prompt: bool = True,
     ):
         self.chat = chat
         self.index = index
         self.labels = labels
         self.echo = echo
+        self.echo_only = echo_only
+        self._prompt_part: dict | None = None  # the echoed prompt's log-probs, once they came
         self.counts_prompt = counts_prompt
         self.head = {"id": response_id, "object": "", "created": created, "model": model}
         self.logprobs = logprobs
@@ -106,7 +138,10 @@ class Transcript:
     def chunk(self, message: generation_pb2.GenerateResponse) -> dict:
         """Record one streamed message and return its SSE chunk (``delta`` / ``text`` since the last)."""
         first, self._chunks = self._chunks == 0, self._chunks + 1
-        offset = len(self.text)
+        self._take_prompt(message)
+        if self.echo_only:
+            message = _prompt_only(message)
+        offset = len(self.echo or "") + len(self.text)
         self.text += message.text
         self.token_ids.extend(message.token_ids)
         logprobs = self._logprobs_of(message, offset)
@@ -130,9 +165,13 @@ class Transcript:
                 choice["prompt_token_ids"] = list(self.prompt_ids)
         return self._object("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
-    def echo_chunk(self) -> dict:
-        """The streamed chunk of ``echo``: the prompt's text, before the first generated one."""
-        choice = {"index": self.index, "text": self.echo or "", "logprobs": None, "finish_reason": None}
+    def echo_chunk(self, first: generation_pb2.GenerateResponse | None = None) -> dict:
+        """The streamed chunk of ``echo``: the prompt's text, before the first generated one; with
+        ``logprobs``, the prompt's log-probs too (from ``first``, the call's first message)."""
+        if first is not None:
+            self._take_prompt(first)
+        logprobs = self._prompt_part if self.logprobs is not None else None
+        choice = {"index": self.index, "text": self.echo or "", "logprobs": logprobs, "finish_reason": None}
         return self._object("text_completion", [choice])
 
     def usage_chunk(self) -> dict:
@@ -186,8 +225,7 @@ class Transcript:
             return None
         ids = list(message.token_ids)
         n = len(ids)  # the router sends one logprob per token (and one top list when asked)
-        values = (list(message.logprobs) + [_LOGPROB_FLOOR] * n)[:n]
-        tops = ([[(t.token_id, t.logprob) for t in top.top] for top in message.top_logprobs] + [[]] * n)[:n]
+        values, tops = _aligned(n, message.logprobs, message.top_logprobs)
         name = self.labels.text
         if self.chat:
             part = {
@@ -206,11 +244,34 @@ class Transcript:
         self._logprob_parts.append(part)
         return part
 
+    def _take_prompt(self, message) -> None:
+        """Record the echoed prompt's log-probs from ``message``, once (the first message has them)."""
+        if self._prompt_part is not None or self.echo is None or self.logprobs is None:
+            return
+        if not message.prompt_token_ids:
+            return
+        ids = list(message.prompt_token_ids)
+        values, tops = _aligned(len(ids) - 1, message.prompt_logprobs, message.prompt_top_logprobs)
+        name = self.labels.text
+        # a text prompt's echo is the client's text (no added special tokens); token ids' their decoding
+        offsets = self.labels.text_offsets(ids, skip_special_tokens=self.prompt_ids is None)
+        self._prompt_part = {
+            "tokens": [name(t) for t in ids],
+            "token_logprobs": [None] + [_logprob(v) for v in values],
+            "top_logprobs": [None]
+            + [
+                {name(t): _logprob(v), **{name(i): _logprob(p) for i, p in top}}
+                for t, v, top in zip(ids[1:], values, tops, strict=True)
+            ],
+            "text_offset": [min(offset, len(self.echo)) for offset in offsets],
+        }
+
     def _merged_logprobs(self) -> dict | None:
         if self.logprobs is None:
             return None
         merged: dict[str, list] = {}
-        for part in self._logprob_parts:
+        parts = [self._prompt_part] if self._prompt_part is not None else []
+        for part in parts + self._logprob_parts:
             for key, values in part.items():
                 merged.setdefault(key, []).extend(values)
         return merged or ({"content": []} if self.chat else _empty_legacy())
@@ -272,6 +333,26 @@ def _summed_usage(transcripts: list["Transcript"]) -> dict | None:
     if any("completion_tokens_details" in t.usage for t in transcripts):
         summed["completion_tokens_details"] = drafts
     return summed
+
+
+def _aligned(n: int, logprobs, top_logprobs) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """``n`` log-probs and ``n`` top lists from a message's repeated fields (padded when short)."""
+    values = (list(logprobs) + [_LOGPROB_FLOOR] * n)[:n]
+    tops = ([[(t.token_id, t.logprob) for t in top.top] for top in top_logprobs] + [[]] * n)[:n]
+    return values, tops
+
+
+def _prompt_only(message: generation_pb2.GenerateResponse) -> generation_pb2.GenerateResponse:
+    """An ``echo_only`` choice's view of ``message``: nothing generated; the last one ends the choice
+    with ``length`` (``max_tokens`` 0 reached) and counts no completion tokens."""
+    kept = generation_pb2.GenerateResponse(request_id=message.request_id)
+    if message.finish_reason:
+        kept.finish_reason = generation_pb2.FINISH_REASON_LENGTH
+        kept.usage.CopyFrom(message.usage)
+        kept.usage.completion_tokens = 0
+        kept.usage.draft_tokens = kept.usage.accepted_draft_tokens = 0
+        kept.route.CopyFrom(message.route)
+    return kept
 
 
 def _empty_legacy() -> dict:

@@ -71,12 +71,16 @@ class Options:
 @dataclass(frozen=True)
 class CompletionRequest:
     """``POST /v1/completions``: ``prompts`` holds one or more prompts (``MAX_PROMPTS`` at most), each
-    a text or token ids; ``echo``: each choice's text starts with its prompt's text."""
+    a text or token ids; ``echo``: each choice's text starts with its prompt's text (and with
+    ``logprobs`` its log-probs cover the prompt's tokens first); ``echo_only``: ``echo`` with
+    ``max_tokens`` 0, each choice the prompt alone (one token is generated and dropped, as vLLM does:
+    the workers have no prefill-only request)."""
 
     options: Options
     prompts: tuple[str | tuple[int, ...], ...]
     sampling: Sampling
     echo: bool = False
+    echo_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,9 @@ def parse_completion(
     fields.only(body, "suffix", ("",), "not supported")
     logprobs = fields.integer(body, "logprobs", None, 0, MAX_LOGPROBS)
     echo = fields.boolean(body, "echo")
-    if echo and logprobs is not None:
-        raise RequestError(
-            "echo",
-            "echo: not supported together with logprobs (the prompt's log-probs are not available "
-            "from the workers); drop one of them",
-        )
+    echo_only = echo and type(body.get("max_tokens")) is int and body["max_tokens"] == 0
+    if echo_only:  # lm-eval's loglikelihood call: the prompt's log-probs, nothing generated
+        body = {**body, "max_tokens": 1}
     options = _options(body, headers, max_n)
     best_of = fields.integer(body, "best_of", None, 1)
     if best_of is not None and best_of != options.n:
@@ -125,7 +126,8 @@ def parse_completion(
             "best_of", f"best_of: only best_of equal to n ({options.n}) is supported, got {best_of}"
         )
     prompts = _prompts(body.get("prompt"))
-    return CompletionRequest(options, prompts, _sampling(body, "max_tokens", 16, logprobs), echo)
+    sampling = _sampling(body, "max_tokens", 16, logprobs)
+    return CompletionRequest(options, prompts, sampling, echo, echo_only)
 
 
 def parse_chat(

@@ -65,6 +65,8 @@ def completion_to_pb(
     prompt = request.prompts[0] if prompt is None else prompt
     message = _common(request.options, request_id)
     message.sampling.CopyFrom(sampling_to_pb(_sample(request.sampling, j), 16))
+    if request.echo and request.sampling.logprobs is not None:
+        message.prompt_logprobs = request.sampling.logprobs  # the echoed prompt's, with its top n
     if isinstance(prompt, str):
         message.text = prompt
     else:

@@ -21,7 +21,7 @@ from common.errors import TransferError
 from common.metrics import Metrics
 from common.rpc.callbacks import when_call_ends
 from common.sampling_pb import sampling_from_pb
-from proto.baton.v1 import workers_pb2, workers_pb2_grpc
+from proto.baton.v1 import generation_pb2, workers_pb2, workers_pb2_grpc
 from services.adapter_rpcs import AdapterRpcs
 from services.engine.engine_service import EngineService
 from services.engine.handoff import handoff_tag, part_tag
@@ -286,6 +286,20 @@ class DecodeServicer(AdapterRpcs, workers_pb2_grpc.DecodeWorkerServicer):
         if released is not None:
             released.result()  # freed before the answer: the caller may reuse the room at once
         return workers_pb2.ReleaseResponse()
+
+    def Score(self, request, context):
+        scored = self.engine.score_prompt(list(request.prompt_ids), request.top_logprobs, request.adapter)
+        return workers_pb2.ScoreResponse(
+            logprobs=[token.logprob for token in scored],
+            top_logprobs=[
+                generation_pb2.TokenLogprobs(
+                    top=[generation_pb2.TopLogprob(token_id=i, logprob=p) for i, p in token.top_logprobs]
+                )
+                for token in scored
+            ]
+            if request.top_logprobs
+            else [],
+        )
 
     def Stats(self, request, context):
         return self.stats.latest()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from common.sampling_params import SamplingParams
+from common.sampling_params import MAX_LOGPROBS, SamplingParams
 from services.transfer import TransferBackend, TransferEndpoint
 
 from .adapters.lora_adapter import LoraAdapter
@@ -49,6 +49,7 @@ from .handoff_checksum import checksum_key
 from .parallel.group_handoff import GroupHandoff, check_sender, handoff_side, not_a_target
 from .parallel.rank_handoff import LandedCheck, RankSent, landed_checksum
 from .scheduler import SampledToken
+from .scoring import ScoredToken, ScoreItem, score_ranked
 
 DeltaStream = queue.Queue  # of RequestDelta: a request's new tokens, the last one with its finish reason
 
@@ -271,6 +272,28 @@ class EngineService:
             )
         )
 
+    def score_prompt(self, prompt_ids: list[int], top_n: int = 0, adapter: str = "") -> list[ScoredToken]:
+        """The log-prob of every prompt token from the second on, each with its row's ``top_n`` most
+        likely alternatives, from one prefill on private pools between steps (``scoring.score_ranked``:
+        the serving pools, the prefix cache and the requests in flight are not touched). The first
+        token has none (nothing before it), so a prompt of ``L`` tokens gives ``L - 1``.
+
+        Raises:
+            ValueError: an empty prompt, one over ``max_model_len``, a token outside the vocabulary,
+                an adapter not loaded (naming the field), or a parallel engine (scoring runs on one rank).
+        """
+        if not prompt_ids:
+            raise ValueError("prompt_ids: needs at least one token")
+        if not 0 <= top_n <= MAX_LOGPROBS:
+            raise ValueError(f"top_logprobs: must be between 0 and {MAX_LOGPROBS}, got {top_n}")
+
+        def score(engine: EngineCore) -> list[ScoredToken]:
+            item = _prompt_item(engine, prompt_ids, adapter)
+            table = engine.adapters.table
+            return score_ranked(engine.model, [item], table, engine.config.max_num_batched_tokens, top_n)[0]
+
+        return self.loop.call(score, read_only=True)
+
     def abort(self, request_id: str) -> Future:
         """Queue aborting ``request_id`` (whatever it is: waiting, running, reserved); does not wait."""
         return self.loop.submit(lambda engine: engine.abort(request_id))
@@ -419,6 +442,21 @@ def prefill_here(prompt_tokens: int, cached_tokens: int, max_uncached: int, bloc
     the last, partial one), is cheaper to prefill here than to hand off."""
     uncached = prompt_tokens - cached_tokens
     return uncached <= max_uncached or (cached_tokens > 0 and uncached <= block_size)
+
+
+def _prompt_item(engine: EngineCore, prompt_ids: list[int], adapter: str) -> ScoreItem:
+    """A prompt as the ``ScoreItem`` of its own tokens after the first; ValueError naming the field."""
+    config = engine.config
+    if config.world_size > 1:
+        raise ValueError(f"prompt_ids: scoring runs on one rank, this engine has {config.world_size}")
+    if len(prompt_ids) > config.max_model_len:
+        raise ValueError(f"prompt_ids: {len(prompt_ids)} tokens exceed max_model_len {config.max_model_len}")
+    vocab = engine.model.config.vocab_size
+    bad = next((k for k, token in enumerate(prompt_ids) if not 0 <= token < vocab), None)
+    if bad is not None:
+        token = prompt_ids[bad]
+        raise ValueError(f"prompt_ids: id {token} at position {bad} is outside the vocabulary [0, {vocab})")
+    return ScoreItem(tuple(prompt_ids[:1]), tuple(prompt_ids[1:]), engine.adapters.slot(adapter))
 
 
 def _adapters(engine: EngineCore) -> list[LoraAdapter]:

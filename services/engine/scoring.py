@@ -13,6 +13,11 @@ the engine's numerics, kernels and adapter table, and each log-prob is the sampl
 step, the chunking or the cache the context came through, so a scored token's log-prob has the bits
 the engine reported when it generated that token after the same prompt (``baton mismatch --mode
 scorer``).
+
+``score_ranked`` also returns each row's ``top_n`` most likely tokens (a prompt's log-probs with their
+alternatives: the decode worker's ``Score`` RPC, OpenAI's ``echo`` with ``logprobs``), taken from the
+same float32 row as the scored token (``top_n_logprobs``, the sampler's own), so a scored token that is
+also among the alternatives has the same bits in both.
 """
 
 import dataclasses
@@ -25,7 +30,7 @@ from services.engine.adapters.lora_adapter import LoraAdapter
 from services.engine.cache.contiguous_cache import ContiguousCache
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.step_metadata import build_step_metadata
-from services.engine.sampling.sampler import raw_logprobs
+from services.engine.sampling.sampler import raw_logprobs, top_n_logprobs
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,15 @@ class ScoreItem:
     adapter: int = 0
 
 
-@torch.no_grad()
+@dataclass(frozen=True)
+class ScoredToken:
+    """One scored token: its log-prob and its row's ``top_n`` most likely ``(token id, log-prob)``
+    pairs, value descending then id ascending (empty when ``top_n`` is 0)."""
+
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
 def score_tokens(
     model: CausalLM, items: list[ScoreItem], adapters: Mapping[int, LoraAdapter], max_step_tokens: int
 ) -> list[list[float]]:
@@ -49,12 +62,28 @@ def score_tokens(
         adapters: slot -> adapter for every nonzero ``ScoreItem.adapter`` (``AdapterRegistry.table``).
         max_step_tokens: tokens per step; a longer sequence takes a step alone.
     """
-    out: list[list[float]] = [[] for _ in items]
+    ranked = score_ranked(model, items, adapters, max_step_tokens, 0)
+    return [[token.logprob for token in scored] for scored in ranked]
+
+
+@torch.no_grad()
+def score_ranked(
+    model: CausalLM,
+    items: list[ScoreItem],
+    adapters: Mapping[int, LoraAdapter],
+    max_step_tokens: int,
+    top_n: int,
+) -> list[list[ScoredToken]]:
+    """As ``score_tokens``, each scored token with its row's ``top_n`` alternatives (``top_n`` >= 0;
+    above the vocabulary: all of it). The log-probs have the bits ``score_tokens`` returns."""
+    if top_n < 0:
+        raise ValueError(f"top_n: must be >= 0, got {top_n}")
+    out: list[list[ScoredToken]] = [[] for _ in items]
     for group in _steps(items, max_step_tokens):
-        for index, logprobs in zip(
-            group, _score_step(model, [items[i] for i in group], adapters), strict=True
+        for index, scored in zip(
+            group, _score_step(model, [items[i] for i in group], adapters, top_n), strict=True
         ):
-            out[index] = logprobs
+            out[index] = scored
     return out
 
 
@@ -73,8 +102,8 @@ def _steps(items: list[ScoreItem], budget: int) -> list[list[int]]:
 
 
 def _score_step(
-    model: CausalLM, items: list[ScoreItem], adapters: Mapping[int, LoraAdapter]
-) -> list[list[float]]:
+    model: CausalLM, items: list[ScoreItem], adapters: Mapping[int, LoraAdapter], top_n: int
+) -> list[list[ScoredToken]]:
     weight = model.lm_head.weight
     sequences = [list(item.prompt_ids + item.token_ids) for item in items]
     model.check_ids(torch.tensor([t for s in sequences for t in s], device=weight.device))
@@ -99,7 +128,14 @@ def _score_step(
     logits = model.forward_step(meta, cache, {slot: adapters[slot] for slot in used} or None)
     out, row = [], 0
     for item in items:
-        values = [raw_logprobs(logits[row + k])[token].item() for k, token in enumerate(item.token_ids)]
-        out.append(values)
+        out.append([_scored(logits[row + k], token, top_n) for k, token in enumerate(item.token_ids)])
         row += len(item.token_ids)
     return out
+
+
+def _scored(logits_row: torch.Tensor, token: int, top_n: int) -> ScoredToken:
+    """One row's token and alternatives, both from one ``raw_logprobs`` row (the sampler's float32
+    log-softmax of that row alone: a batched one could round differently with the batch)."""
+    raw = raw_logprobs(logits_row)
+    top = tuple(top_n_logprobs(raw, top_n)) if top_n else ()
+    return ScoredToken(raw[token].item(), top)

@@ -95,6 +95,8 @@ def test_the_secret_opens_every_service_and_health_stays_open(secured):
         stub = stub_class(with_cluster_secret(channels[role], secret))
         assert stub.CheckIntegrity(workers_pb2.IntegrityRequest(), timeout=10).ok
         assert stub.Stats(workers_pb2.StatsRequest(), timeout=10).worker == f"{role}-0"
+        if role == "decode":  # a prompt scored: the secret opens the method, not only its refusal
+            assert len(stub.Score(workers_pb2.ScoreRequest(prompt_ids=[5, 6, 7]), timeout=30).logprobs) == 2
     # The worker's own client of the tier sends it: the attach is answered (without: the tier is down).
     client = HostCacheClient(addresses["cache"], cluster_secret=secret)
     assert client.attach("layout-a", 4096, 0) is not None and client.available
