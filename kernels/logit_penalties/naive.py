@@ -66,7 +66,7 @@ def penalize_batch(
     frequency: torch.Tensor,
     repetition: torch.Tensor,
 ) -> torch.Tensor:
-    """The reference of ``batched.penalize_batch`` (same signature): ``penalize_row`` per row.
+    """The reference of ``batched.penalize_rows`` over ``batched.token_counts``: ``penalize_row`` per row.
 
     Args:
         logits: ``[R, V]`` any float dtype.

@@ -59,6 +59,8 @@ class Request:
     num_resumed: int = 0
     # structured output: the request's grammar matcher (``sampling/grammar.py``), None when unconstrained
     grammar: object | None = None
+    # bias and penalties: its output-token counts and seen tokens (``sampling/penalties.py``), None until used
+    token_counts: object | None = None
     hold_cache: bool = False  # prefill side: keep blocks and slot after finishing, for the handoff
     arrival_time: float = field(default_factory=time.monotonic)
     queue_seconds: float | None = None  # arrival to first scheduled step; None until then

@@ -10,10 +10,13 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
+from kernels.logit_penalties.batched import token_counts
 from kernels.logit_penalties.naive import penalize_row
 from services.engine import LLM, model_runner
 from services.engine.engine_config import EngineConfig
 from services.engine.engine_core import EngineCore
+from services.engine.request import Request
+from services.engine.sampling.penalties import TokenCounts
 from tests.conftest import TEST_DEVICE
 from tests.engine.test_draft_model import draft_overrides
 
@@ -182,3 +185,16 @@ def test_a_resumed_requests_earlier_tokens_count_as_output(tiny_checkpoint):
     restarted = run(prompt + whole.output_ids[:k], params(10 - k), "restarted")
     assert restarted.logprobs != whole.logprobs[k:]
     core.check_integrity()
+
+
+def test_tables_grown_token_by_token_equal_tables_built_at_once():
+    """The engine's ``TokenCounts`` adds each step's tokens to the tables of the prompt's."""
+    request = Request(request_id="r", prompt_ids=[3, 3, 7], params=greedy(), stop_ids=frozenset())
+    state = TokenCounts(request, 40, torch.device("cpu"))
+    for token in [7, 9, 9, 1]:
+        request.output_ids.append(token)
+        state.sync(request)
+    rows, ids = torch.zeros(7, dtype=torch.int64), torch.tensor([3, 3, 7, 7, 9, 9, 1])
+    counts, seen = token_counts(1, 40, rows, ids, torch.tensor([False] * 3 + [True] * 4))
+    assert torch.equal(state.counts, counts[0]) and torch.equal(state.seen, seen[0])
+    assert state.counts[9] == 2 and state.counts[3] == 0 and bool(state.seen[3])

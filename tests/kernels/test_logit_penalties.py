@@ -1,6 +1,7 @@
-"""Logit bias and penalties: the batched torch form equals the per-row float32 reference bitwise
-(ragged token lists, repeats, bias, every rule on and off per row), a row's result does not depend on
-its batch-mates, and the reference itself against hand-computed values."""
+"""Logit bias and penalties: the batched torch form (the token tables, then the rules over them) equals
+the per-row float32 reference bitwise (ragged token lists, repeats, bias, every rule on and off per row),
+a row's result does not depend on its batch-mates, and the reference itself against hand-computed
+values."""
 
 import pytest
 import torch
@@ -49,11 +50,16 @@ def _case(rows: int, seed: int):
     )
 
 
+def _batched(logits, token_rows, token_ids, in_output, *rest) -> torch.Tensor:
+    counts, seen = batched.token_counts(logits.shape[0], logits.shape[1], token_rows, token_ids, in_output)
+    return batched.penalize_rows(logits, counts, seen, *rest)
+
+
 @pytest.mark.parametrize("rows, seed", [(1, 0), (5, 1), (17, 2)], ids=["1row", "5rows", "17rows"])
 def test_batched_equals_the_per_row_reference_bitwise(rows, seed):
     args = _case(rows, seed)
     want = naive.penalize_batch(*args)
-    got = batched.penalize_batch(*args)
+    got = _batched(*args)
     assert got.dtype == torch.float32
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     assert not torch.equal(got, args[0])  # the case changes something
@@ -62,10 +68,10 @@ def test_batched_equals_the_per_row_reference_bitwise(rows, seed):
 def test_a_row_alone_equals_the_same_row_in_a_batch():
     args = _case(9, 3)
     logits, token_rows, token_ids, in_output, bias_rows, bias_ids, bias_values, *per_row = args
-    together = batched.penalize_batch(*args)
+    together = _batched(*args)
     for r in range(9):
         mine, biased = token_rows == r, bias_rows == r
-        alone = batched.penalize_batch(
+        alone = _batched(
             logits[r : r + 1],
             token_rows[mine] * 0,
             token_ids[mine],

@@ -1,9 +1,14 @@
 """A step's logit bias and penalties: the rows whose requests ask for them, processed on the device
 before sampling (``kernels.logit_penalties``); the other rows are not touched and cost nothing.
 
-The sampler then samples from, and reports logprobs of, the processed rows (before temperature):
-vLLM v0's "processed logprobs". A migrated request's resumed tokens (the prompt's last
+Each penalised request keeps its ``TokenCounts`` (``request.token_counts``): its output-token counts
+and the tokens it has seen (prompt and output), ``[V]`` each on the logits' device (5 bytes a vocabulary
+entry), built from the prompt at its first step and grown by the tokens generated since, so a step's
+host work does not grow with the sequence. A migrated request's resumed tokens (the prompt's last
 ``num_resumed``) were its output elsewhere, so they count as output here too.
+
+The sampler then samples from, and reports logprobs of, the processed rows (before temperature):
+vLLM v0's "processed logprobs".
 
 Speculative decoding does not draft for these requests (``Scheduler.draftable``): the penalties of
 a verify position would depend on the drafts before it, so they always decode one token a step.
@@ -11,9 +16,35 @@ a verify position would depend on the drafts before it, so they always decode on
 
 import torch
 
-from kernels.logit_penalties.batched import penalize_batch
+from kernels.logit_penalties.batched import penalize_rows
 
 from ..request import Request
+
+
+class TokenCounts:
+    """One request's output-token counts (float32) and seen tokens (bool), ``[vocab]`` on ``device``;
+    ``sync`` adds the output tokens generated since the last call."""
+
+    def __init__(self, request: Request, vocab: int, device: torch.device):
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+        self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        split = len(request.prompt_ids) - request.num_resumed
+        self.seen[self._on_device(request.prompt_ids[:split])] = True
+        self._add(request.prompt_ids[split:])
+        self.consumed = 0  # of ``request.output_ids``
+
+    def sync(self, request: Request) -> None:
+        self._add(request.output_ids[self.consumed :])
+        self.consumed = len(request.output_ids)
+
+    def _add(self, tokens: list[int]) -> None:
+        if tokens:
+            ids = self._on_device(tokens)
+            self.counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
+            self.seen[ids] = True
+
+    def _on_device(self, tokens: list[int]) -> torch.Tensor:
+        return torch.tensor(tokens, dtype=torch.int64).to(self.counts.device, non_blocking=True)
 
 
 def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -25,20 +56,15 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tens
     chosen = [i for i, request in enumerate(requests) if request.params.processes_logits]
     if not chosen:
         return logits
-    device = logits.device
-    token_rows: list[int] = []
-    token_ids: list[int] = []
-    in_output: list[bool] = []
-    bias_rows: list[int] = []
-    bias_ids: list[int] = []
-    bias_values: list[float] = []
+    device, vocab = logits.device, logits.shape[1]
+    counts, seen, bias_rows, bias_ids, bias_values = [], [], [], [], []
     for row, i in enumerate(chosen):
         request = requests[i]
-        split = len(request.prompt_ids) - request.num_resumed
-        tokens = request.prompt_ids + request.output_ids
-        token_rows += [row] * len(tokens)
-        token_ids += tokens
-        in_output += [False] * split + [True] * (len(tokens) - split)
+        if request.token_counts is None:
+            request.token_counts = TokenCounts(request, vocab, device)
+        request.token_counts.sync(request)
+        counts.append(request.token_counts.counts)
+        seen.append(request.token_counts.seen)
         for token, bias in request.params.logit_bias:
             bias_rows.append(row)
             bias_ids.append(token)
@@ -48,11 +74,10 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tens
     def on_device(values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-    processed = penalize_batch(
+    processed = penalize_rows(
         logits[chosen],
-        on_device(token_rows, torch.int64),
-        on_device(token_ids, torch.int64),
-        on_device(in_output, torch.bool),
+        torch.stack(counts),
+        torch.stack(seen),
         on_device(bias_rows, torch.int64),
         on_device(bias_ids, torch.int64),
         on_device(bias_values, torch.float32),
