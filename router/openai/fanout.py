@@ -80,31 +80,34 @@ async def stream(
     live = [i for i, first in enumerate(firsts) if first is not None]  # the others already ended
     pumps = [asyncio.ensure_future(_pump(i, replies[i], queue)) for i in live]
     try:
-        for transcript, first in zip(transcripts, firsts, strict=True):
-            if transcript.echo is not None:  # with the prompt's log-probs, which came in the first message
-                await _event(response, transcript.echo_chunk(first))
-        for transcript, first in zip(transcripts, firsts, strict=True):
-            if first is not None:
-                await _event(response, transcript.chunk(first))
-        running = len(live)
-        while running:
-            i, item = await queue.get()
-            if item is _END:
-                running -= 1
-            elif isinstance(item, grpc.aio.AioRpcError):
-                raise item
-            else:
-                await _event(response, transcripts[i].chunk(item))
-        if include_usage and all(t.usage is not None for t in transcripts):
-            await _event(response, usage_chunk(list(transcripts)))
-        await response.write(b"data: [DONE]\n\n")
-    except grpc.aio.AioRpcError as error:
-        await _event(response, from_rpc_error(error, transcripts[0].chat)[1])
+        try:
+            for transcript, first in zip(transcripts, firsts, strict=True):
+                if (
+                    transcript.echo is not None
+                ):  # with the prompt's log-probs, which came in the first message
+                    await _event(response, transcript.echo_chunk(first))
+            for transcript, first in zip(transcripts, firsts, strict=True):
+                if first is not None:
+                    await _event(response, transcript.chunk(first))
+            running = len(live)
+            while running:
+                i, item = await queue.get()
+                if item is _END:
+                    running -= 1
+                elif isinstance(item, grpc.aio.AioRpcError):
+                    raise item
+                else:
+                    await _event(response, transcripts[i].chunk(item))
+            if include_usage and all(t.usage is not None for t in transcripts):
+                await _event(response, usage_chunk(list(transcripts)))
+            await response.write(b"data: [DONE]\n\n")
+        except grpc.aio.AioRpcError as error:
+            await _event(response, from_rpc_error(error, transcripts[0].chat)[1])
+        await response.write_eof()
     except ConnectionResetError:
-        return response  # the client went away; the caller cancels the calls
+        pass  # the client went away, mid-stream or once it had [DONE]; the caller cancels the calls
     finally:
         await _cancel(pumps)
-    await response.write_eof()
     return response
 
 
