@@ -4,8 +4,8 @@ Built for a chat with tools whose ``tool_choice`` is not ``MODE_NONE`` (with ``M
 rendered but the output stays text). ``MODE_REQUIRED`` / ``MODE_FUNCTION``: the assistant turn is
 prefilled with the opening of a call (``prefix``, appended to the rendered prompt) and the parser starts
 from it; the model writes the rest of the call (its name too, for ``MODE_REQUIRED``), constrained by the
-call's grammar (``common/tool_calls/call_grammar.py``, set by the router's servicer). That call's first delta (id, name) goes out
-with the first message.
+call's grammar (``common/tool_calls/call_grammar.py``, set by the router's servicer). That call's
+first delta (id, name) goes out with the first message.
 """
 
 from common.tool_calls import ToolCallDelta, ToolCallFormat, ToolCallParser
