@@ -20,6 +20,7 @@ def test_services_and_methods():
         "CheckIntegrity",
         "WatchLoad",
         *ADAPTER_METHODS,
+        "Score",
     ]
     assert [m.name for m in prefill.methods] == [
         "Prefill",
