@@ -25,7 +25,16 @@ from .errors import (
 )
 from .request import generate_request, tokenize_request
 from .retry import RetryPolicy
-from .types import Completion, GenerationChunk, ModelInfo, Route, ToolCall, ToolCallDelta, Usage
+from .types import (
+    Completion,
+    GenerationChunk,
+    ModelInfo,
+    PromptLogprobs,
+    Route,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 __all__ = [
     "AsyncClient",
@@ -39,6 +48,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidRequest",
     "ModelInfo",
+    "PromptLogprobs",
     "NotFound",
     "PermissionDenied",
     "ResourceExhausted",

@@ -45,6 +45,7 @@ def generate_request(
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
     logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
     logit_bias: Mapping[int, float] | None = None,
     presence_penalty: float = 0.0,
     frequency_penalty: float = 0.0,
@@ -75,6 +76,9 @@ def generate_request(
         ignore_eos: keep going past the end-of-sequence token.
         logprobs: None: none; 0: the sampled token's logprob; n: also the top n per token (of the
             distribution after logit_bias and the penalties, before temperature).
+        prompt_logprobs: None: none; n: each prompt token's log-prob given the tokens before it (from
+            the second token on) and its top n alternatives (server: n <= 20), in the first chunk
+            (``GenerationChunk.prompt_logprobs``, ``Completion.prompt_logprobs``).
         logit_bias: token id -> bias added to its logit before sampling (server: [-100, 100], at
             most 300 ids, inside the vocabulary).
         presence_penalty, frequency_penalty: subtracted from a generated token's logit once / per
@@ -149,6 +153,8 @@ def generate_request(
         )
     if messages is None and tools is not None:
         raise InvalidRequest("tools: only with messages (a chat)")
+    if prompt_logprobs is not None:
+        request.prompt_logprobs = _uint("prompt_logprobs", prompt_logprobs)
     return request
 
 

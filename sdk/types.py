@@ -67,6 +67,17 @@ class Route:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """A prompt's scores: ``token_ids`` the prompt as the server tokenized it; ``logprobs[i]`` the
+    log-prob of ``token_ids[i + 1]`` given the tokens before it; ``top_logprobs[i]`` its top
+    ``(token id, logprob)`` alternatives (empty tuples when none were asked for)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: TopLogprobs
+
+
+@dataclass(frozen=True)
 class GenerationChunk:
     """One streamed message: the tokens and text new since the previous chunk.
 
@@ -75,7 +86,8 @@ class GenerationChunk:
     (``"stop"``, ``"length"``, ``"abort"`` or ``"tool_calls"``; ``"unknown"`` for a reason newer
     than this SDK), ``usage`` and ``route`` are set on the last chunk only, and ``None`` before it.
     ``tool_calls``: a chat with tools, pieces of the calls parsed from the output (their markup is
-    then not in ``text``)."""
+    then not in ``text``). ``prompt_logprobs``: with ``prompt_logprobs`` requested, on the first chunk
+    only (else None)."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -86,6 +98,7 @@ class GenerationChunk:
     usage: Usage | None = None
     route: Route | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +108,7 @@ class Completion:
     ``logprobs`` is ``None`` unless requested; ``top_logprobs`` is ``None`` unless ``logprobs=n``
     with ``n > 0`` was requested. ``finish_reason``, ``usage`` and ``route`` come from the last
     chunk (``None`` if the stream ended without one). ``tool_calls``: the calls parsed from a chat's
-    output, their pieces joined."""
+    output, their pieces joined. ``prompt_logprobs``: the prompt's scores, when requested."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -106,16 +119,18 @@ class Completion:
     usage: Usage | None
     route: Route | None
     tool_calls: tuple[ToolCall, ...] = ()
+    prompt_logprobs: PromptLogprobs | None = None
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[GenerationChunk], *, logprobs: int | None = None) -> "Completion":
         """Concatenate ``chunks`` in order. ``logprobs`` is the request's setting (None, 0 or n)."""
-        request_id, tokens, values, tops, text, last = "", [], [], [], [], None
+        request_id, tokens, values, tops, text, last, scored = "", [], [], [], [], None, None
         calls: dict[int, list[str]] = {}
         for chunk in chunks:
             for piece in chunk.tool_calls:
                 calls.setdefault(piece.index, [piece.id, piece.name, ""])[2] += piece.arguments
             request_id = request_id or chunk.request_id
+            scored = scored or chunk.prompt_logprobs
             tokens += chunk.token_ids
             values += chunk.logprobs
             tops += chunk.top_logprobs
@@ -131,6 +146,7 @@ class Completion:
             usage=last.usage if last else None,
             route=last.route if last else None,
             tool_calls=tuple(ToolCall(*calls[i]) for i in sorted(calls)),
+            prompt_logprobs=scored,
         )
 
 
@@ -158,6 +174,17 @@ def chunk_from_pb(message: generation_pb2.GenerateResponse) -> GenerationChunk:
         usage=_usage_from_pb(message.usage) if final else None,
         route=_route_from_pb(message.route) if final else None,
         tool_calls=tuple(ToolCallDelta(c.index, c.id, c.name, c.arguments) for c in message.tool_calls),
+        prompt_logprobs=_prompt_logprobs_from_pb(message) if message.prompt_token_ids else None,
+    )
+
+
+def _prompt_logprobs_from_pb(message: generation_pb2.GenerateResponse) -> PromptLogprobs:
+    return PromptLogprobs(
+        token_ids=tuple(message.prompt_token_ids),
+        logprobs=tuple(message.prompt_logprobs),
+        top_logprobs=tuple(
+            tuple((top.token_id, top.logprob) for top in token.top) for token in message.prompt_top_logprobs
+        ),
     )
 
 

@@ -178,3 +178,21 @@ def test_the_openai_sdk_reads_echo_logprobs_as_lm_eval_asks(cluster, scorer, nam
     assert all(len(top) >= 5 for top in logprobs.top_logprobs[1:])
     # lm-eval's continuation log-likelihood: the tail of the prompt, summed
     assert sum(logprobs.token_logprobs[-2:]) == pytest.approx(sum(scorer(ids)[-2:]))
+
+
+def test_the_sdk_takes_prompt_logprobs_and_returns_them_on_the_completion(cluster, scorer):
+    from sdk import Client
+
+    with Client(f"127.0.0.1:{cluster.router.port}") as client:
+        done = client.generate(prompt_ids=IDS, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
+        chunks = list(
+            client.generate_stream(prompt_ids=IDS, max_tokens=3, ignore_eos=True, prompt_logprobs=0)
+        )
+        plain = client.generate(prompt_ids=IDS, max_tokens=3, ignore_eos=True)
+    scored = done.prompt_logprobs
+    assert scored.token_ids == tuple(IDS) and list(scored.logprobs) == scorer(IDS)
+    assert [len(top) for top in scored.top_logprobs] == [2] * (len(IDS) - 1)
+    assert (
+        chunks[0].prompt_logprobs.logprobs == scored.logprobs and chunks[0].prompt_logprobs.top_logprobs == ()
+    )
+    assert all(c.prompt_logprobs is None for c in chunks[1:]) and plain.prompt_logprobs is None

@@ -102,6 +102,8 @@ def test_prompt_ids_and_messages_fill_their_oneof():
         ({"prompt": "a", "logit_bias": {1: "up"}}, "logit_bias[1]"),
         ({"prompt": "a", "presence_penalty": "x"}, "presence_penalty"),
         ({"prompt": "a", "repetition_penalty": None}, "repetition_penalty"),
+        ({"prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"prompt": "a", "prompt_logprobs": 1.5}, "prompt_logprobs"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
