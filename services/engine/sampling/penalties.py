@@ -16,21 +16,23 @@ a verify position would depend on the drafts before it, so they always decode on
 
 import torch
 
-from kernels.logit_penalties.batched import penalize_rows
+from kernels.logit_penalties.batched import penalize_rows, token_counts
 
 from ..request import Request
 
 
 class TokenCounts:
-    """One request's output-token counts (float32) and seen tokens (bool), ``[vocab]`` on ``device``;
-    ``sync`` adds the output tokens generated since the last call."""
+    """One request's output-token counts (float32) and seen tokens (bool), ``[vocab]`` on ``device``:
+    built from its prompt by ``token_counts``; ``sync`` adds the output tokens generated since."""
 
     def __init__(self, request: Request, vocab: int, device: torch.device):
-        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
-        self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
-        split = len(request.prompt_ids) - request.num_resumed
-        self.seen[self._on_device(request.prompt_ids[:split])] = True
-        self._add(request.prompt_ids[split:])
+        prompt = torch.tensor(request.prompt_ids, dtype=torch.int64).to(device, non_blocking=True)
+        resumed = (
+            torch.arange(len(request.prompt_ids), device=device)
+            >= len(request.prompt_ids) - request.num_resumed
+        )
+        counts, seen = token_counts(1, vocab, torch.zeros_like(prompt), prompt, resumed)
+        self.counts, self.seen = counts[0], seen[0]
         self.consumed = 0  # of ``request.output_ids``
 
     def sync(self, request: Request) -> None:
@@ -39,12 +41,9 @@ class TokenCounts:
 
     def _add(self, tokens: list[int]) -> None:
         if tokens:
-            ids = self._on_device(tokens)
+            ids = torch.tensor(tokens, dtype=torch.int64).to(self.counts.device, non_blocking=True)
             self.counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
             self.seen[ids] = True
-
-    def _on_device(self, tokens: list[int]) -> torch.Tensor:
-        return torch.tensor(tokens, dtype=torch.int64).to(self.counts.device, non_blocking=True)
 
 
 def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
