@@ -14,7 +14,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from kernels.mla.lse_merge import merge_by_lse
 from services.engine.model.backends.attention import AttentionBackend, split_kv_b
 
 from .collectives import all_gather_cat
@@ -26,15 +25,25 @@ class DcpAttention(AttentionBackend):
 
     Args:
         paged_mla_decode: the kernel (``kernels.mla.paged_naive`` or ``paged_triton``'s signature).
-        kind: the backend name the kernel belongs to (``reference`` or ``triton``).
+        merge_by_lse: the merge of the gathered partials (``kernels.mla.lse_merge`` or
+            ``lse_merge_triton``'s signature).
+        kind: the backend name the kernels belong to (``reference`` or ``triton``).
         shard: this rank's place in the DCP group.
         group: the DCP process group (``ParallelContext.dcp_group``).
     """
 
     graph_safe = False  # the write selects the owned rows with a host-sized index
 
-    def __init__(self, paged_mla_decode: Callable, kind: str, shard: DcpShard, group: dist.ProcessGroup):
+    def __init__(
+        self,
+        paged_mla_decode: Callable,
+        merge_by_lse: Callable,
+        kind: str,
+        shard: DcpShard,
+        group: dist.ProcessGroup,
+    ):
         self.paged_mla_decode = paged_mla_decode
+        self.merge_by_lse = merge_by_lse
         self.kind = kind
         self.shard = shard
         self.group = group
@@ -65,5 +74,5 @@ class DcpAttention(AttentionBackend):
         )
         outs = all_gather_cat(out[None], self.group)  # [R, T, H, Dc] in rank order
         lses = all_gather_cat(lse[None], self.group)
-        merged, _ = merge_by_lse(outs, lses)
+        merged, _ = self.merge_by_lse(outs, lses)
         return torch.einsum("thc,hdc->thd", merged.to(q_nope.dtype), w_uv)

@@ -13,6 +13,7 @@ Batch-invariant mode is refused with ``dcp > 1`` (``check_dcp_numerics``).
 import dataclasses
 
 from kernels.dsa import paged_naive as indexer_reference
+from kernels.mla import lse_merge as merge_reference
 from kernels.mla import paged_naive as attention_reference
 from services.engine.model.backends import KernelSet
 
@@ -41,15 +42,16 @@ def dcp_kernel_set(
     check_dcp_numerics(context.layout.dcp, batch_invariant)
     shard, group = DcpShard(context.coordinates.dcp, context.layout.dcp), context.dcp_group
     if kernels.attention.kind == "triton":
+        from kernels.mla.lse_merge_triton import merge_by_lse
         from kernels.mla.paged_triton import paged_mla_decode
     else:
-        paged_mla_decode = attention_reference.paged_mla_decode
+        paged_mla_decode, merge_by_lse = attention_reference.paged_mla_decode, merge_reference.merge_by_lse
     if kernels.indexer.kind == "triton":
         from kernels.dsa.paged_triton import paged_indexer_scores
     else:
         paged_indexer_scores = indexer_reference.paged_indexer_scores
     return dataclasses.replace(
         kernels,
-        attention=DcpAttention(paged_mla_decode, kernels.attention.kind, shard, group),
+        attention=DcpAttention(paged_mla_decode, merge_by_lse, kernels.attention.kind, shard, group),
         indexer=DcpIndexer(paged_indexer_scores, kernels.indexer.kind, shard, group, candidates),
     )

@@ -75,7 +75,11 @@ class GatheredDcpAttention(DcpAttention):
     @staticmethod
     def of(attention: DcpAttention) -> "GatheredDcpAttention":
         return GatheredDcpAttention(
-            attention.paged_mla_decode, attention.kind, attention.shard, attention.group
+            attention.paged_mla_decode,
+            attention.merge_by_lse,
+            attention.kind,
+            attention.shard,
+            attention.group,
         )
 
     def write(self, cache, meta, latent, k_rope, index_keys):
