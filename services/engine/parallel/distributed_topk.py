@@ -105,8 +105,7 @@ def distributed_topk(
     local = torch.arange(scores.shape[1], device=scores.device)
     positions = shard.global_positions(local).expand(scores.shape[0], -1)
     held = (scores > float("-inf")).sum(dim=-1)
-    best_scores, best_positions = best_candidates(scores, positions, topk)
-    gathered = _all_gather(group, best_scores[:, :sent], best_positions[:, :sent], held, stats)
+    gathered = _all_gather(group, *best_candidates(scores, positions, sent), held, stats)
     _, merged = merge_candidates(gathered[0], gathered[1], topk)
     if sent == topk:
         return merged
@@ -114,6 +113,8 @@ def distributed_topk(
     if rows.numel():  # the same count on every rank: computed from the same gathered bytes
         stats.refills += 1
         stats.refilled_rows += rows.numel()
-        again = _all_gather(group, best_scores[rows], best_positions[rows], held[rows], stats)
+        # A rank's best k of these rows only (round 1 ranked c: the first c of the same order).
+        best_scores, best_positions = best_candidates(scores[rows], positions[rows], topk)
+        again = _all_gather(group, best_scores, best_positions, held[rows], stats)
         merged[rows] = merge_candidates(again[0], again[1], topk)[1]
     return merged
