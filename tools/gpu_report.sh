@@ -3,7 +3,7 @@
 #
 #   tools/gpu_report.sh [STEP ...]     steps: tests tests-engine engine engine-k3 invariant kernels
 #                                    spec-tests verify-graphs spec checksum checksum-tests trust eval
-#                                    eval-invariant
+#                                    eval-invariant layouts
 #                                    (default: tests engine engine-k3 invariant kernels)
 #
 # The spec and eval steps run the shipped pair (models/k3-demo and its draft) on held-out text read from
@@ -72,6 +72,7 @@ for step in "${steps[@]}"; do
         eval-invariant) run_step eval-invariant 200 "${baton[@]}" eval "${pair[@]}" --draft models/k3-demo-draft \
             --batch-invariant --text "$heldout" --seq-len 256 --max-windows 4 --kv-windows 1 --prompts 2 \
             --draft-tokens 3,7 --json "$OUT/eval_invariant.json" ;;
+        layouts) run_step layouts 420 python3 -m services.engine.benchmark.layout_attention --json ;;
         *) echo "unknown step $step (see the header)" >&2; exit 2 ;;
     esac
 done

@@ -108,7 +108,7 @@ def _fill_fp8_rows(view: torch.Tensor, values: int, groups: int) -> None:
         )
 
 
-class _Step:
+class PagedDecodeStep:
     """One decode step's inputs: ``batch`` sequences of ``seq_len`` tokens in a shuffled pool."""
 
     def __init__(self, shapes: AttentionShapes, kv_format: str, seq_len: int, batch: int, device: str):
@@ -147,7 +147,7 @@ def _each_step(context: KernelBenchContext, rows_of) -> list[KernelResult]:
 
 def _decode_rows(shapes, kv_format, seq_len, batch, context: KernelBenchContext) -> list[KernelResult]:
     device = context.device
-    step = _Step(shapes, kv_format, seq_len, batch, device)
+    step = PagedDecodeStep(shapes, kv_format, seq_len, batch, device)
     h, dc, dr = shapes.heads, shapes.kv_lora_rank, shapes.rope_dim
     q_latent = torch.randn(batch, h, dc, device=device).to(torch.bfloat16) * 0.05
     q_rope = torch.randn(batch, h, dr, device=device).to(torch.bfloat16) * 0.05
@@ -178,7 +178,7 @@ def _decode_rows(shapes, kv_format, seq_len, batch, context: KernelBenchContext)
 
 def _prefill_row(shapes, kv_format, seq_len, context: KernelBenchContext) -> KernelResult:
     device, chunk = context.device, min(PREFILL_CHUNK, seq_len)
-    step = _Step(shapes, kv_format, seq_len, 1, device)
+    step = PagedDecodeStep(shapes, kv_format, seq_len, 1, device)
     query_seq = torch.zeros(chunk, dtype=torch.int32, device=device)
     query_pos = torch.arange(seq_len - chunk, seq_len, dtype=torch.int32, device=device)
     h, dc, dr = shapes.heads, shapes.kv_lora_rank, shapes.rope_dim
@@ -197,7 +197,7 @@ def _prefill_row(shapes, kv_format, seq_len, context: KernelBenchContext) -> Ker
 
 def _indexer_rows(shapes, kv_format, seq_len, batch, context: KernelBenchContext) -> list[KernelResult]:
     device = context.device
-    step = _Step(shapes, kv_format, seq_len, batch, device)
+    step = PagedDecodeStep(shapes, kv_format, seq_len, batch, device)
     q_index = torch.randn(batch, shapes.index_heads, shapes.index_dim, device=device).to(torch.bfloat16)
     weights = torch.randn(batch, shapes.index_heads, device=device) * shapes.index_heads**-0.5
     index = (q_index, weights, step.pool.index_key, step.tables, step.query_seq, step.query_pos)
