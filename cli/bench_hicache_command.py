@@ -137,6 +137,8 @@ def _run_replays(args: argparse.Namespace) -> int:
     for flag, value in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value}")
+    if args.copies < 1:
+        raise ValueError(f"--copies: must be >= 1, got {args.copies}")
     setup = HicacheSetup(
         scale=args.scale,
         requests=args.requests,

@@ -14,6 +14,12 @@ FLAGS = {
     "scale": ("--scale", int, "K", "divide trace token counts by K, keeping its blocks (default 1)"),
     "max_input_tokens": ("--max-input-tokens", int, "N", "drop trace turns with longer prompts"),
     "salt": ("--salt", str, "TEXT", "mixed into trace prompts: a new salt gives uncached prompts"),
+    "copies": (
+        "--copies",
+        int,
+        "K",
+        "WEKA traces: K replays of each agent session, salted apart (K users of one agent; default 1)",
+    ),
     "sessions": ("--sessions", int, "N", "sessions to generate (synthetic 100, multiturn and tool_agent 8)"),
     "input_len": (
         "--input-len",
@@ -84,6 +90,7 @@ OPTIONS = {
         "scale": ("scale", 1),
         "max_input_tokens": ("max_input_tokens", None),
         "salt": ("salt", None),
+        "copies": ("copies", 1),
     },
 }
 SEEDED = ("synthetic", "shared_prefix", "multiturn", "tool_agent")

@@ -29,7 +29,7 @@ from services.engine.cache.layout import block_layout, slot_layout
 from services.engine.model.config_loader import load_model_config
 
 from .hicache_report import ArmResult, Comparison, arm_result
-from .hicache_workload import ReplayPlan, replay_plan, weka_copies
+from .hicache_workload import ReplayPlan, replay_plan
 from .worker_threads import worker_threads as torch_threads
 
 MODES = ("disaggregated", "colocated")
@@ -153,7 +153,7 @@ def load_replay(trace: str, setup: HicacheSetup) -> ReplayPlan:
     if not paths:
         raise ValueError(f"--trace: expected a trace file, got {trace!r}")
     if all(trace_format(path) == "weka" for path in paths):
-        workload = weka_copies(paths, VOCAB, setup.scale, setup.copies)
+        workload = load_trace(paths, VOCAB, setup.scale, copies=setup.copies)
         return replay_plan(workload, setup.requests, setup.block_size, max_tokens=setup.max_tokens)
     if len(paths) > 1:
         raise ValueError(f"--trace: give one Mooncake .jsonl per --trace, got {trace!r}")

@@ -31,7 +31,6 @@ import math
 from dataclasses import dataclass, replace
 
 from loadtest.workload import Session, Workload
-from loadtest.workloads.weka import load_weka
 
 
 @dataclass(frozen=True)
@@ -63,26 +62,6 @@ class ReplayPlan:
             raise ValueError(f"--pool-share: must be in (0, 1], got {share}")
         needed = -(-self.longest_tokens // self.block_size) + 1
         return max(math.ceil(share * self.working_set_blocks), needed)
-
-
-def weka_copies(paths: list, vocab: int, scale: int, copies: int) -> Workload:
-    """``copies`` replays of the WEKA traces ``paths``, salted apart, sessions renamed ``<id>/copy<k>``."""
-    if copies < 1:
-        raise ValueError(f"--copies: must be >= 1, got {copies}")
-    loads = [load_weka(paths, scale, vocab, salt=f"copy{k}") for k in range(copies)]
-    sessions = tuple(
-        _renamed(session, f"/copy{k}") for k, load in enumerate(loads) for session in load.sessions
-    )
-    first = loads[0]
-    return replace(first, sessions=sessions, meta=first.meta | {"copies": copies})
-
-
-def _renamed(session: Session, suffix: str) -> Session:
-    turns = tuple(
-        replace(turn, subagents=tuple(_renamed(child, suffix) for child in turn.subagents))
-        for turn in session.turns
-    )
-    return Session(session.session_id + suffix, turns)
 
 
 def replay_plan(

@@ -54,15 +54,19 @@ def load_trace(
     time_scale: float = 1.0,
     salt: str | None = None,
     low: int = DEFAULT_LOW_ID,
+    copies: int = 1,
 ) -> Workload:
     """A trace replay, its format detected from the file (a list or folder: WEKA files).
 
-    ``max_requests`` applies to Mooncake only (the first requests of the file); ``salt`` defaults to
-    the file name for Mooncake and to "" for WEKA (whose local ids are salted with the trace id).
+    ``max_requests`` applies to Mooncake only (the first requests of the file), ``copies`` to WEKA only
+    (replays of each agent session, salted apart: ``load_weka``); ``salt`` defaults to the file name
+    for Mooncake and to "" for WEKA (whose local ids are salted with the trace id).
     """
     paths = [path] if isinstance(path, str | Path) else list(path)
     formats = {trace_format(p) for p in paths}
     if formats == {"mooncake"} and len(paths) == 1:
+        if copies != 1:
+            raise ValueError("copies: applies to WEKA traces only (a Mooncake trace has many users already)")
         return load_mooncake(
             paths[0], scale, vocab, max_requests, max_input_tokens, salt, time_scale=time_scale, low=low
         )
@@ -78,6 +82,7 @@ def load_trace(
         max_input_tokens=max_input_tokens,
         salt=salt or "",
         low=low,
+        copies=copies,
     )
 
 

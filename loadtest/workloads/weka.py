@@ -105,6 +105,15 @@ def _context(
     return Session(session_id, tuple(replace(turn, subagents=tuple(subs)) for turn, subs in built))
 
 
+def _renamed(session: Session, suffix: str) -> Session:
+    """``session`` and its subagents with ``suffix`` added to their ids."""
+    turns = tuple(
+        replace(turn, subagents=tuple(_renamed(child, suffix) for child in turn.subagents))
+        for turn in session.turns
+    )
+    return Session(session.session_id + suffix, turns)
+
+
 def _trace_files(paths: str | Path | list) -> list[Path]:
     """The trace files: one path, a list of paths, or a folder (its ``*.json``, sorted)."""
     items = [paths] if isinstance(paths, str | Path) else list(paths)
@@ -126,8 +135,10 @@ def load_weka(
     max_input_tokens: int | None = None,
     salt: str = "",
     low: int = DEFAULT_LOW_ID,
+    copies: int = 1,
 ) -> Workload:
-    """One session per trace file, its requests in order as turns, subagents nested.
+    """One session per trace file, its requests in order as turns, subagents nested; with ``copies``
+    above 1, that many replays of each (``K`` users of the same agent), salted apart.
 
     Args:
         paths: a ``.json`` trace, a list of them, or a folder of them.
@@ -137,6 +148,8 @@ def load_weka(
         max_input_tokens: drop turns whose scaled prompt is longer (``meta["dropped_turns"]``); a
             session left with no turn is dropped too (``meta["dropped_sessions"]``).
         salt: mixed into every block's ids (change it to get fresh, uncached prompts).
+        copies: replays of every session; copy ``k`` is salted ``f"{salt}copy{k}"`` (its prompts share
+            nothing with another copy's) and its sessions are named ``<id>/copy<k>``.
 
     Returns:
         Sessions named by each file's ``id`` (``trace_0147``), subagents ``trace_0147/sub-<n>``
@@ -147,6 +160,18 @@ def load_weka(
             entry, e.g. ``requests[4].in``), an unknown ``type`` or ``hash_id_scope``, two files with
             one ``id``, bad arguments.
     """
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies: must be a positive integer, got {copies!r}")
+    if copies > 1:
+        loads = [
+            load_weka(paths, scale, vocab, time_scale=time_scale, max_input_tokens=max_input_tokens,
+                      salt=f"{salt}copy{k}", low=low)
+            for k in range(copies)
+        ]  # fmt: skip
+        sessions = tuple(
+            _renamed(session, f"/copy{k}") for k, one in enumerate(loads) for session in one.sessions
+        )
+        return replace(loads[0], sessions=sessions, meta=loads[0].meta | {"copies": copies, "salt": salt})
     load = _Load(
         TraceTurns(
             scale=TokenScale(scale),

@@ -173,3 +173,25 @@ def test_trace_needs_its_file(tmp_path, capsys):
         == 2
     )
     assert "--trace: required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "trace, copies, message",
+    [
+        ("trace.json", "0", "--copies: must be a positive integer, got 0"),
+        ("trace.jsonl", "2", "--copies: applies to WEKA traces only"),
+    ],
+)
+def test_copies_of_a_trace_are_checked(tmp_path, capsys, trace, copies, message):
+    path = tmp_path / trace
+    if trace.endswith(".jsonl"):
+        path.write_text(
+            json.dumps({"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1]}) + "\n"
+        )
+    else:
+        path.write_text(
+            json.dumps({"id": "t", "requests": [{"t": 0, "type": "n", "in": 64, "out": 4, "hash_ids": [1]}]})
+        )
+    args = ["loadtest", "--target", "grpc://127.0.0.1:1", "--workload", "trace", "--trace", str(path)]
+    assert main(args + ["--copies", copies, "--no-progress", "--out", str(tmp_path / "out")]) == 2
+    assert f"baton loadtest: error: {message}" in capsys.readouterr().err

@@ -210,6 +210,25 @@ def test_weka_subagents_nest_under_the_preceding_turn(tmp_path):
     assert common_prefix(child.turns[0].prompt_ids, per_context.sessions[0].turns[1].prompt_ids) == 0
 
 
+def test_weka_copies_are_salted_apart_and_named_per_copy(tmp_path):
+    path = _write(
+        tmp_path, [_request(0.0, 3, think=0.0), _subagent(1.0, [_request(0.0, 2)]), _request(2.0, 5)]
+    )
+    one, three = load_weka(path, 64, VOCAB), load_weka(path, 64, VOCAB, copies=3)
+    assert [s.session_id for s in three.sessions] == [f"trace_x/copy{k}" for k in range(3)]
+    subagents = [s.turns[0].subagents[0].session_id for s in three.sessions]
+    assert subagents == [f"trace_x/sub-1/copy{k}" for k in range(3)]
+    assert three.meta["copies"] == 3 and "copies" not in one.meta
+    lengths = [len(t.prompt_ids) for t in one.sessions[0].turns]
+    assert all([len(t.prompt_ids) for t in s.turns] == lengths for s in three.sessions)
+    firsts = [s.turns[0].prompt_ids for s in three.sessions]
+    assert max(common_prefix(a, b) for a in firsts for b in firsts if a is not b) == 0  # salted apart
+    for session in three.sessions:  # within a copy the later turn still extends the first one's blocks
+        assert common_prefix(session.turns[0].prompt_ids, session.turns[1].prompt_ids) == 3
+    with pytest.raises(ValueError, match="copies: must be a positive integer, got 0"):
+        load_weka(path, 64, VOCAB, copies=0)
+
+
 def test_weka_subagents_of_a_dropped_turn_attach_to_the_last_kept_turn(tmp_path):
     path = _write(tmp_path, [_request(0.0, 2), _request(1.0, 50), _subagent(2.0, [_request(0.0, 2)])])
     work = load_weka(path, 64, VOCAB, max_input_tokens=10)
