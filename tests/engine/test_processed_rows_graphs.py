@@ -8,7 +8,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from services.engine import LLM
-from tests.engine.test_structured_output_engine import REGEX, constrained
+from tests.engine.constrained_params import REGEX, constrained
 from tests.engine.test_verify_graphs import eager_graphs  # noqa: F401 (the fixture)
 
 ENGINE = {

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from common.structured_output import StructuredOutput
 from kernels.token_mask.naive import mask_rows
 from services.engine import LLM, model_runner
 from services.engine.sampling.grammar import RequestGrammar
 from tests.conftest import TEST_DEVICE
+from tests.engine.constrained_params import REGEX, constrained
 from tests.engine.test_draft_model import draft_overrides
 
 ENGINE = {"block_size": 8, "max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 256}
@@ -32,17 +32,11 @@ SCHEMA = {
     "required": ["name", "count", "ok", "tags"],
     "additionalProperties": False,
 }
-REGEX = r"[a-z]{3,6}-[0-9]{2}(\.[A-Z]{1,3})?"
 PROMPTS = [list(range(3, 3 + n)) for n in (17, 5, 30)]
 
 
 def engine(checkpoint, **options) -> LLM:
     return LLM(str(checkpoint), dtype="float32", device=TEST_DEVICE, **ENGINE, **options)
-
-
-def constrained(kind: str, spec: str = "", **fields) -> SamplingParams:
-    fields = {"temperature": 1.0, "max_tokens": 120, "logprobs": 0, **fields}
-    return SamplingParams(structured_output=StructuredOutput(kind, spec), **fields)
 
 
 def both(seed: int) -> list[SamplingParams]:
