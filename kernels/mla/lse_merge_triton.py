@@ -2,7 +2,7 @@
 
 The reference (``kernels.mla.lse_merge``) is a Python loop over the ``R`` parts, about eight torch
 launches each: at DCP 8 some seventy launches per MLA layer and step, 100-240 µs on the H200 for a few
-megabytes (docs/performance.md, "Eight-GPU run"). Here one program merges one ``(token, head)`` row's
+megabytes (docs/performance.md, "Eight-GPU layouts"). Here one program merges one ``(token, head)`` row's
 ``BLOCK_D`` columns over all parts, in float32 and in part order, as the reference does: the shift is
 the largest finite LSE (0 where every part is ``-inf``), a part that attended nothing adds nothing (its
 output may be anything, even NaN), and a row nobody attended gets zeros and ``-inf``. Every rank of a

@@ -23,7 +23,7 @@ collectives themselves are not run: on one device there is no NVLink to measure.
 rank would send per layer are exact (round 1 of the top-k, the refill rows it needed, the
 ``(out, lse)`` all-gather). Steps are timed as CUDA-graph replays (``timing.graph_us``).
 
-Run: ``python -m services.engine.benchmark.layout_attention`` (docs/performance.md, "Eight-GPU run").
+Run: ``python -m services.engine.benchmark.layout_attention`` (docs/performance.md, "Eight-GPU layouts").
 """
 
 import argparse
