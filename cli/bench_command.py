@@ -25,7 +25,7 @@ from deploy.benchmark.fuzz_client import FuzzClient
 from deploy.benchmark.pd_bench import DISAGGREGATED_MODES, check_setup
 from deploy.benchmark.router_latency import measure_router_latency
 from services.config_flags import add_config_flags
-from services.engine.benchmark.engine_bench import format_table, run_engine_bench
+from services.engine.benchmark.engine_bench import format_busiest, format_table, run_engine_bench
 from services.engine.benchmark.kernel_bench import KERNEL_BENCHES, format_results, make_context, resolve
 from services.engine.benchmark.kv_format_bench import measure_kv_format
 from services.engine.checkpoint.init_folder import init_checkpoint
@@ -79,6 +79,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     engine.add_argument(
         "--peer", default=True, action=argparse.BooleanOptionalAction, help="run transformers' model too"
+    )
+    engine.add_argument(
+        "--top-kernels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print each row's N kernels with the most device time in a decode step (CUDA; default 0)",
     )
     engine.add_argument("--json", type=Path, help="also write the report as JSON here")
     engine.set_defaults(run=run_engine)
@@ -218,6 +225,8 @@ def run_engine(args: argparse.Namespace) -> int:
         )
     if args.decode_tokens < 1:
         raise ValueError(f"--decode-tokens: must be >= 1, got {args.decode_tokens}")
+    if args.top_kernels < 0:
+        raise ValueError(f"--top-kernels: must be >= 0, got {args.top_kernels}")
     if args.layers is not None and args.preset != "full":
         raise ValueError("--layers: only with --preset full (the other presets fix their layers)")
     with tempfile.TemporaryDirectory() as scratch:
@@ -248,6 +257,8 @@ def run_engine(args: argparse.Namespace) -> int:
         f"CUDA graphs {'on' if args.cuda_graphs else 'off'}"
     )
     print(format_table(report))
+    if args.top_kernels:
+        print(format_busiest(report, args.top_kernels))
     if args.json:
         args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     return 0

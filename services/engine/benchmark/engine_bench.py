@@ -3,7 +3,8 @@
 For each (mode, kernels, batch, context): the engine prefills ``batch`` prompts of ``context`` tokens
 and decodes ``decode_tokens`` more each. Reported per row: prefill and decode tokens/s, the decode
 step time over the weights-once bound (every weight read once per step: weight bytes / 4.3 TB/s,
-and / the copy bandwidth measured in the same run), host launches and GPU kernels per decode step,
+and / the copy bandwidth measured in the same run), host launches and GPU kernels per decode step
+and the kernels' device time (``gpu ms``: a step much longer than it is bound by host work),
 and the peer: transformers' ``KimiLinearForCausalLM`` (fla-core kernels where installed) on the same
 checkpoint and prompts, as Baton / peer. Rows of another backend also show their decode rate over
 the ``reference`` backend's.
@@ -18,7 +19,7 @@ from services.engine import LLM, SamplingParams
 from services.engine.model.causal_lm import CausalLM
 
 from .hardware import HBM_BYTES_PER_S, copy_bandwidth
-from .launch_count import LaunchCount, count_launches
+from .launch_count import KernelTime, LaunchCount, count_launches
 from .peer import PeerModel
 from .timing import synchronize
 
@@ -37,6 +38,8 @@ class EngineBenchRow:
     launches_per_step: int | None
     kernels_per_step: int | None
     peer_decode_tokens_per_s: float | None
+    kernel_s_per_step: float | None = None  # device time of a decode step's kernels (less: host-bound)
+    busiest_kernels: tuple[KernelTime, ...] = ()  # a decode step's kernels with the most device time
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -160,6 +163,8 @@ def _measure(llm: LLM, mode: str, backend: str, prompts: list[list[int]], decode
         launches_per_step=None if launches is None else launches.launches,
         kernels_per_step=None if launches is None else launches.kernels,
         peer_decode_tokens_per_s=None,
+        kernel_s_per_step=None if launches is None else launches.kernel_us / 1e6,
+        busiest_kernels=() if launches is None else launches.busiest,
     )
 
 
@@ -188,7 +193,7 @@ def format_table(report: EngineBenchReport) -> str:
     ]
     header = (
         f"{'mode':<9} {'kernels':<9} {'batch':>5} {'context':>7} {'prefill tok/s':>13} {'decode tok/s':>12} "
-        f"{'ms/step':>8} {'step/bound':>10} {'launches':>8} {'kernels':>7} {'peer tok/s':>10} "
+        f"{'ms/step':>8} {'gpu ms':>7} {'step/bound':>10} {'launches':>8} {'kernels':>7} {'peer tok/s':>10} "
         f"{'baton/peer':>10} {'vs reference':>12}"
     )
     lines += [header, "-" * len(header)]
@@ -198,12 +203,34 @@ def format_table(report: EngineBenchReport) -> str:
         peer = r.peer_decode_tokens_per_s
         lines.append(
             f"{r.mode:<9} {r.kernels:<9} {r.batch:>5} {r.context:>7} {r.prefill_tokens_per_s:>13.0f} "
-            f"{r.decode_tokens_per_s:>12.1f} {r.decode_step_s * 1e3:>8.3f} {r.decode_step_s / bound:>10.1f} "
+            f"{r.decode_tokens_per_s:>12.1f} {r.decode_step_s * 1e3:>8.3f} {_ms(r.kernel_s_per_step):>7} "
+            f"{r.decode_step_s / bound:>10.1f} "
             f"{_count(r.launches_per_step):>8} {_count(r.kernels_per_step):>7} "
             f"{'' if peer is None else f'{peer:.1f}':>10} "
             f"{'' if peer is None else f'{r.decode_tokens_per_s / peer:.2f}':>10} {versus:>12}"
         )
     return "\n".join(lines)
+
+
+def format_busiest(report: EngineBenchReport, top: int) -> str:
+    """Each row's ``top`` busiest decode-step kernels: calls, device ms and share of the step time."""
+    lines = []
+    for r in report.rows:
+        if not r.busiest_kernels:
+            continue
+        lines.append(
+            f"busiest kernels of a decode step: {r.mode} {r.kernels} batch {r.batch} context {r.context}"
+        )
+        for kernel in r.busiest_kernels[:top]:
+            share = kernel.total_us / 1e6 / r.decode_step_s
+            lines.append(
+                f"  {kernel.total_us / 1e3:8.3f} ms {share:6.1%} {kernel.calls:5d}x  {kernel.name[:110]}"
+            )
+    return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
 def _count(value: int | None) -> str:
