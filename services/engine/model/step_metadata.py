@@ -18,6 +18,7 @@ on the fast path and never read a device value back; the ``*_host`` tuples are t
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .spec_split import SpecSplit, plan_split
@@ -229,7 +230,7 @@ def build_step_metadata(
         "seq_lens": lens,
         "past_lens": past,
         "query_seq": query_seq,
-        "block_tables": [b for t in tables for b in (*t, *(0,) * (width - len(t)))],
+        "block_tables": _padded_rows(tables, width),
         "kda_slots": [step.slot for step in steps],
         "adapter_ids": adapter_ids,
     }
@@ -286,10 +287,25 @@ def _spec_split(
     )
 
 
-def _pack(values: dict[str, list[int]], has_state: list[bool], pin: bool) -> torch.Tensor:
-    parts = [torch.tensor(values[name], dtype=torch.int64).view(torch.uint8) for name in _INT64]
+def _padded_rows(tables: list[tuple[int, ...]], width: int) -> np.ndarray:
+    """The block tables as one flat int32 array of ``width``-wide rows, zero padded.
+
+    Row by row through numpy, not one Python list of every entry: at batch 64 and 32K tokens a step's
+    tables are 131K ids, which a flattened list and ``torch.tensor`` took ~70 ms a step to pack on the
+    host (docs/performance.md, "Eight-GPU layouts").
+    """
+    rows = np.zeros((len(tables), width), dtype=np.int32)
+    for row, table in zip(rows, tables, strict=True):
+        row[: len(table)] = table
+    return rows.reshape(-1)
+
+
+def _pack(values: dict[str, list[int] | np.ndarray], has_state: list[bool], pin: bool) -> torch.Tensor:
+    parts = [torch.as_tensor(values[name], dtype=torch.int64).view(torch.uint8) for name in _INT64]
     parts += [
-        torch.tensor(values[name], dtype=torch.int32).view(torch.uint8) for name in _INT32 if name in values
+        torch.as_tensor(values[name], dtype=torch.int32).view(torch.uint8)
+        for name in _INT32
+        if name in values
     ]
     parts.append(torch.tensor(has_state, dtype=torch.bool).view(torch.uint8))
     host = torch.cat(parts)
