@@ -36,6 +36,7 @@ import torch
 
 from kernels.dsa.paged_triton import paged_indexer_scores, topk_by_score
 from kernels.dsa.topk_merge import best_candidates, merge_candidates, needs_refill
+from kernels.fp8.naive import index_key_fp8_bytes, latent_fp8_bytes
 from kernels.mla import lse_merge, lse_merge_triton
 from kernels.mla.paged_triton import paged_mla_decode
 from services.engine.checkpoint.presets import preset_config, with_layers
@@ -189,7 +190,10 @@ def measure(
 
 def _fits(shapes: AttentionShapes, kv_format: str, context: int, batch: int, budget_bytes: int) -> bool:
     """Whether every rank's pool of the group (the whole context, ``batch`` sequences) fits ``budget``."""
-    row = (shapes.kv_lora_rank + shapes.rope_dim + shapes.index_dim) * 2 if kv_format == "bf16" else 656 + 132
+    if kv_format == "bf16":
+        row = (shapes.kv_lora_rank + shapes.rope_dim + shapes.index_dim) * 2
+    else:
+        row = latent_fp8_bytes(shapes.kv_lora_rank, shapes.rope_dim) + index_key_fp8_bytes(shapes.index_dim)
     scores = batch * context * (4 + 8 + 8)  # float32 scores, int64 order keys and positions
     return batch * context * row + scores <= budget_bytes
 
